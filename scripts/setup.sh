@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Sets a fresh Debian 12 machine up for LiteLLaMA: installs the Debian packages listed in
+# scripts/debian-packages.txt, configures and builds the project, and fetches/creates the assets
+# (tokenizer files, the embedded default model).
+# Usage: scripts/setup.sh [--no-build] [--build-type Release|Debug]
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+build_type=Release
+do_build=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-build) do_build=0 ;;
+    --build-type) build_type="$2"; shift ;;
+    *) echo "setup.sh: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+mapfile -t pkgs < <(grep -v '^\s*#' scripts/debian-packages.txt | tr -s ' \t' '\n' | grep -v '^$')
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "setup: installing ${#missing[@]} Debian packages: ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+bash scripts/fetch-assets.sh
+
+if [ "$do_build" -eq 1 ]; then
+  jobs="$(nproc)"
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE="$build_type"
+  cmake --build build -j"$jobs"
+  # The embedded default model: random weights generated from a fixed seed, with the Llama 3
+  # tokenizer's files beside it.
+  if [ ! -f assets/models/default/model.safetensors ]; then
+    build/bin/litellama make-model --preset default --out assets/models/default
+  fi
+fi

@@ -1,0 +1,67 @@
+// Checkpoint: a Hugging Face model directory as published (config.json, model.safetensors or a
+// sharded model.safetensors.index.json), memory-mapped. Open validates every tensor the config
+// implies (present, shape, dtype, inside its file) so backends can take weights without checks.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/mapped_file.h"
+#include "common/status.h"
+#include "services/worker/model_config.h"
+
+namespace litellama {
+
+struct TensorView {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;  // inside the mapping; valid while the Checkpoint lives
+  size_t size_bytes = 0;
+
+  int64_t numel() const;
+  // Copies into float32 (upcasting bf16/fp16).
+  std::vector<float> to_f32() const;
+};
+
+// Tensor names of one decoder layer, per architecture.
+struct LayerTensorNames {
+  std::string input_norm, q, k, v, o, q_bias, k_bias, v_bias, q_norm, k_norm;
+  std::string post_attention_norm, gate, up, down;
+};
+
+class Checkpoint {
+ public:
+  // Opens and validates `dir`. Errors say which file or tensor is wrong and how.
+  static Result<Checkpoint> open(const std::string& dir);
+
+  const ModelConfig& config() const { return config_; }
+  const std::string& dir() const { return dir_; }
+  bool has(const std::string& name) const { return tensors_.count(name) != 0; }
+  // The tensor, or kNotFound.
+  Result<TensorView> tensor(const std::string& name) const;
+  std::vector<std::string> tensor_names() const;
+
+  LayerTensorNames layer_names(int32_t layer) const;
+  std::string embed_name() const { return config_.text_prefix + "embed_tokens.weight"; }
+  std::string final_norm_name() const { return config_.text_prefix + "norm.weight"; }
+  // lm_head.weight, or the embedding when the embeddings are tied.
+  std::string lm_head_name() const;
+
+  // Total bytes of all tensors (as stored).
+  size_t size_bytes() const;
+
+ private:
+  Status validate() const;
+
+  std::string dir_;
+  ModelConfig config_;
+  std::vector<std::shared_ptr<MappedFile>> files_;
+  std::map<std::string, TensorView> tensors_;
+};
+
+}  // namespace litellama

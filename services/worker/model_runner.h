@@ -1,0 +1,97 @@
+// ModelRunner: the worker's one interface to a backend (CPU or CUDA). A step is a packed batch of
+// sequences, each bringing one or more new tokens (a prefill chunk or one decode token); prefill
+// and decode sequences mix freely in one step. The runner owns the KV pool memory but never
+// decides which slots a sequence uses: the caller names every slot in each sequence's slot table.
+//
+// KV contract ("token attention"): sequence s has kv_len[s] tokens after the step, at positions
+// 0..kv_len[s]-1, whose K/V live in slots slot_table[slot_start[s] + p]. Its n_new new tokens are
+// positions kv_len[s]-n_new .. kv_len[s]-1; the runner writes their K/V into the last n_new slots
+// of its table and reads the earlier ones as cached. Slots are in [0, n_kv_slots()).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "services/worker/model_config.h"
+#include "services/worker/sampling_params.h"
+
+namespace litellama {
+
+class Checkpoint;
+
+struct StepBatch {
+  // Per token, packed sequence after sequence.
+  std::vector<int32_t> token_ids;  // [n_tokens]
+  std::vector<int32_t> positions;  // [n_tokens]
+  // Per sequence.
+  std::vector<int32_t> token_start;  // [n_seqs + 1] offsets into token_ids
+  std::vector<int32_t> kv_len;       // [n_seqs] tokens in the KV cache after this step
+  std::vector<int32_t> slot_start;   // [n_seqs + 1] offsets into slot_table
+  std::vector<int32_t> slot_table;   // [sum kv_len] KV slot of each position, in position order
+  std::vector<uint8_t> sample;       // [n_seqs] 1: sample a token from this sequence's last token
+  std::vector<SamplingParams> sampling;  // [n_seqs]
+  std::vector<int32_t> n_generated;      // [n_seqs] tokens generated so far (keys the generator)
+  // Penalty history, only read for sequences whose params have penalties: prompt then generated
+  // ids of sequence s are history_ids[history_start[s] .. history_start[s+1]), the first
+  // n_prompt[s] of them from the prompt. May be empty when no sequence has penalties.
+  std::vector<int32_t> history_start;  // [n_seqs + 1] or empty
+  std::vector<int32_t> history_ids;
+  std::vector<int32_t> n_prompt;  // [n_seqs] or empty
+  // Return this many largest raw logits (before penalties) of each sampled sequence; 0: none.
+  int32_t n_top_logits = 0;
+
+  int32_t n_seqs() const { return static_cast<int32_t>(kv_len.size()); }
+  int32_t n_tokens() const { return static_cast<int32_t>(token_ids.size()); }
+
+  // Appends one sequence. `slots` holds the slots of all kv_len positions; `new_tokens` are the
+  // last new_tokens.size() positions.
+  void add_sequence(std::span<const int32_t> new_tokens, std::span<const int32_t> slots,
+                    bool sample_token, const SamplingParams& params, int32_t n_generated_so_far);
+  // Sets the penalty history of the sequence added last (call right after add_sequence).
+  void set_history(std::span<const int32_t> prompt_ids, std::span<const int32_t> generated_ids);
+  void clear();
+  // Checks sizes and ranges (slots against n_kv_slots, ids against vocab_size).
+  Status validate(int32_t n_kv_slots, int32_t vocab_size) const;
+};
+
+struct StepOutput {
+  std::vector<int32_t> sampled_ids;  // [n_seqs], -1 where the sequence was not sampled
+  // [n_seqs] (empty inner vector where not sampled or n_top_logits == 0): (id, raw logit),
+  // largest first.
+  std::vector<std::vector<std::pair<int32_t, float>>> top_logits;
+};
+
+enum class Device { kCpu, kCuda };
+
+struct RunnerOptions {
+  Device device = Device::kCpu;
+  DType compute_dtype = DType::kF32;  // CPU: float32 only
+  // KV pool size. 0: derive from kv_memory_fraction of free memory (CUDA) or kv_memory_bytes.
+  int32_t n_kv_slots = 0;
+  double kv_memory_fraction = 0.85;  // CUDA: share of free device memory after weights
+  int64_t kv_memory_bytes = int64_t{1} << 30;  // CPU: bytes for the pool when n_kv_slots == 0
+  int32_t n_threads = 0;  // CPU: 0 = all hardware threads
+  int32_t max_batch_tokens = 8192;  // largest n_tokens of one step (sizes workspaces)
+  int32_t max_batch_seqs = 256;     // largest n_seqs of one step
+};
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual int32_t n_kv_slots() const = 0;
+  // Runs one forward step and samples. Validates the batch first; on error nothing was written.
+  virtual Status step(const StepBatch& batch, StepOutput* out) = 0;
+};
+
+// Builds the runner for options.device from a loaded checkpoint. Unsupported devices, dtypes or
+// shapes are refused here with a clear message.
+Result<std::unique_ptr<ModelRunner>> create_model_runner(const Checkpoint& checkpoint,
+                                                         const RunnerOptions& options);
+
+}  // namespace litellama
