@@ -1,0 +1,16 @@
+// Subcommands of the `litellama` command. Each registers its flags on the app and returns the
+// function main() runs when the subcommand was chosen (its exit code).
+#pragma once
+
+#include <functional>
+
+#include <CLI/CLI.hpp>
+
+namespace litellama::cli {
+
+using CommandMain = std::function<int()>;
+
+CommandMain register_generate_command(CLI::App& app);
+CommandMain register_make_model_command(CLI::App& app);
+
+}  // namespace litellama::cli

@@ -1,0 +1,53 @@
+// OfflineEngine: in-process generation over a ModelRunner, for `litellama generate` and as the
+// reference the served path is tested against. Requests are admitted together, prefilled in one
+// packed step (mixed lengths), then decoded together; each finishes on its own stop condition.
+// Its KV slots come from a plain free list: the pool is the runner's, sized by RunnerOptions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "services/worker/model_runner.h"
+#include "services/worker/sampling_params.h"
+
+namespace litellama {
+
+enum class FinishReason { kStop, kLength };
+const char* finish_reason_name(FinishReason reason);
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt_ids;
+  SamplingParams sampling;
+  int32_t max_new_tokens = 16;
+  std::vector<int32_t> stop_token_ids;  // generation ends after emitting one of these
+  int32_t n_top_logits = 0;  // return the largest raw logits of the first generated position
+};
+
+struct GenerationResult {
+  std::vector<int32_t> output_ids;
+  FinishReason finish_reason = FinishReason::kLength;
+  std::vector<std::pair<int32_t, float>> top_logits;  // of the first generated position
+};
+
+struct OfflineEngineOptions {
+  // Largest number of prompt tokens packed in one prefill step; longer prompts are chunked.
+  int32_t max_prefill_tokens = 4096;
+};
+
+class OfflineEngine {
+ public:
+  explicit OfflineEngine(ModelRunner& runner, OfflineEngineOptions options = {});
+
+  // Runs all requests to completion. Fails (without partial results) when a request is invalid
+  // or the KV pool cannot hold all of them at full length.
+  Result<std::vector<GenerationResult>> generate(const std::vector<GenerationRequest>& requests);
+
+ private:
+  ModelRunner& runner_;
+  OfflineEngineOptions options_;
+};
+
+}  // namespace litellama
