@@ -1,0 +1,69 @@
+#include "cli/cli_util.h"
+
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "services/worker/random_checkpoint.h"
+
+#ifndef LITELLAMA_SOURCE_DIR
+#define LITELLAMA_SOURCE_DIR "."
+#endif
+
+namespace litellama::cli {
+
+namespace fs = std::filesystem;
+
+std::string assets_dir() {
+  if (const char* env = std::getenv("LITELLAMA_ASSETS_DIR"); env && *env) return env;
+  return (fs::path(LITELLAMA_SOURCE_DIR) / "assets").string();
+}
+
+Result<std::string> default_model_dir() {
+  const fs::path dir = fs::path(assets_dir()) / "models" / "default";
+  std::error_code ec;
+  if (fs::exists(dir / "model.safetensors", ec)) return dir.string();
+  LITELLAMA_ASSIGN_OR_RETURN(RandomCheckpointPreset preset,
+                             find_random_checkpoint_preset("default"));
+  RandomCheckpointOptions options;
+  options.storage_dtype = DType::kBF16;
+  const fs::path tok = fs::path(assets_dir()) / "tokenizers" / preset.tokenizer;
+  if (fs::exists(tok / "tokenizer.json", ec)) options.tokenizer_dir = tok.string();
+  std::fprintf(stderr, "litellama: creating the embedded default model (random weights) in %s\n",
+               dir.string().c_str());
+  LITELLAMA_RETURN_IF_ERROR(write_random_checkpoint(dir.string(), preset.config, options));
+  return dir.string();
+}
+
+Result<std::vector<int32_t>> parse_id_list(const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t end = text.find(',', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string item = text.substr(pos, end - pos);
+    while (!item.empty() && item.front() == ' ') item.erase(item.begin());
+    while (!item.empty() && item.back() == ' ') item.pop_back();
+    if (item.empty()) {
+      return make_error(StatusCode::kInvalidArgument, "empty element in id list '{}'", text);
+    }
+    char* tail = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(item.c_str(), &tail, 10);
+    if (*tail != '\0' || errno != 0 || v < 0 || v > INT32_MAX) {
+      return make_error(StatusCode::kInvalidArgument, "'{}' is not a token id", item);
+    }
+    ids.push_back(static_cast<int32_t>(v));
+    pos = end + 1;
+  }
+  return ids;
+}
+
+int fail(const char* command, const Status& status) {
+  std::fprintf(stderr, "litellama %s: error: %s\n", command, status.message().c_str());
+  return 1;
+}
+
+}  // namespace litellama::cli

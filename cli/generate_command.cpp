@@ -1,0 +1,219 @@
+// litellama generate: offline generation with the in-process engine.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+#include "services/worker/checkpoint.h"
+#include "services/worker/offline_engine.h"
+#ifdef LITELLAMA_WITH_TOKENIZER
+#include "services/tokenizer/tokenizer.h"
+#endif
+
+namespace litellama::cli {
+
+namespace {
+
+struct GenerateArgs {
+  std::string model;
+  std::string device = "cpu";
+  std::string dtype;
+  std::string input_ids;
+  std::string prompt;
+  bool chat = false;
+  int32_t max_new_tokens = 16;
+  SamplingParams sampling;
+  std::string stop_token_ids;
+  bool ignore_eos = false;
+  int32_t top_logits = 0;
+  bool json = false;
+  int32_t kv_slots = 0;
+  double kv_memory_fraction = 0.85;
+  int32_t threads = 0;
+};
+
+int run_generate(const GenerateArgs& a) {
+  const char* cmd = "generate";
+  if (a.input_ids.empty() == a.prompt.empty()) {
+    return fail(cmd, Status(StatusCode::kInvalidArgument,
+                            "give exactly one of --input-ids and --prompt"));
+  }
+  std::string model_dir = a.model;
+  if (model_dir.empty()) {
+    auto dir = default_model_dir();
+    if (!dir.is_ok()) return fail(cmd, dir.status());
+    model_dir = *dir;
+  }
+  auto ckpt = Checkpoint::open(model_dir);
+  if (!ckpt.is_ok()) return fail(cmd, ckpt.status());
+
+  RunnerOptions options;
+  if (a.device == "cpu") {
+    options.device = Device::kCpu;
+  } else if (a.device == "cuda") {
+    options.device = Device::kCuda;
+  } else {
+    return fail(cmd, make_error(StatusCode::kInvalidArgument,
+                                "unknown --device '{}' (cpu or cuda)", a.device));
+  }
+  const std::string dtype_name =
+      !a.dtype.empty() ? a.dtype : (options.device == Device::kCpu ? "float32" : "bfloat16");
+  auto dtype = dtype_from_torch_name(dtype_name);
+  if (!dtype) {
+    return fail(cmd, make_error(StatusCode::kInvalidArgument,
+                                "unknown --dtype '{}' (float32, bfloat16 or float16)",
+                                dtype_name));
+  }
+  options.compute_dtype = *dtype;
+  options.n_threads = a.threads;
+  options.kv_memory_fraction = a.kv_memory_fraction;
+
+  GenerationRequest req;
+  std::vector<int32_t> eos = ckpt->config().eos_token_ids;
+#ifdef LITELLAMA_WITH_TOKENIZER
+  std::unique_ptr<Tokenizer> tokenizer;
+  if (std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json")) {
+    auto tok = Tokenizer::load(model_dir);
+    if (!tok.is_ok()) return fail(cmd, tok.status());
+    tokenizer = std::make_unique<Tokenizer>(std::move(tok).value());
+    for (int32_t id : tokenizer->eos_token_ids()) {
+      if (std::find(eos.begin(), eos.end(), id) == eos.end()) eos.push_back(id);
+    }
+  }
+#endif
+  if (!a.input_ids.empty()) {
+    auto ids = parse_id_list(a.input_ids);
+    if (!ids.is_ok()) return fail(cmd, ids.status());
+    req.prompt_ids = std::move(ids).value();
+  } else {
+#ifdef LITELLAMA_WITH_TOKENIZER
+    if (!tokenizer) {
+      return fail(cmd, make_error(StatusCode::kNotFound,
+                                  "--prompt needs tokenizer.json in the model directory '{}'",
+                                  model_dir));
+    }
+    std::string text = a.prompt;
+    if (a.chat) {
+      auto rendered = tokenizer->apply_chat_template({{"user", a.prompt}}, true);
+      if (!rendered.is_ok()) return fail(cmd, rendered.status());
+      text = std::move(rendered).value();
+      req.prompt_ids = tokenizer->encode(text, /*add_special_tokens=*/false);
+    } else {
+      req.prompt_ids = tokenizer->encode(text, /*add_special_tokens=*/true);
+    }
+#else
+    return fail(cmd, Status(StatusCode::kUnsupported, "this build has no tokenizer: use "
+                                                      "--input-ids"));
+#endif
+  }
+  if (req.prompt_ids.empty()) {
+    return fail(cmd, Status(StatusCode::kInvalidArgument, "the prompt encodes to no tokens"));
+  }
+  req.sampling = a.sampling;
+  req.max_new_tokens = a.max_new_tokens;
+  req.n_top_logits = a.top_logits;
+  if (!a.ignore_eos) req.stop_token_ids = eos;
+  if (!a.stop_token_ids.empty()) {
+    auto ids = parse_id_list(a.stop_token_ids);
+    if (!ids.is_ok()) return fail(cmd, ids.status());
+    req.stop_token_ids.insert(req.stop_token_ids.end(), ids->begin(), ids->end());
+  }
+  // Exactly enough KV for this request unless told otherwise.
+  options.n_kv_slots = a.kv_slots > 0 ? a.kv_slots
+                                      : static_cast<int32_t>(req.prompt_ids.size()) +
+                                            std::max(a.max_new_tokens, 1);
+  options.max_batch_tokens = std::max<int32_t>(8192, static_cast<int32_t>(req.prompt_ids.size()));
+  auto runner = create_model_runner(*ckpt, options);
+  if (!runner.is_ok()) return fail(cmd, runner.status());
+
+  OfflineEngine engine(**runner);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto results = engine.generate({req});
+  const auto t1 = std::chrono::steady_clock::now();
+  if (!results.is_ok()) return fail(cmd, results.status());
+  const GenerationResult& r = results->front();
+  const double seconds = std::chrono::duration<double>(t1 - t0).count();
+
+  std::string text;
+#ifdef LITELLAMA_WITH_TOKENIZER
+  if (tokenizer) text = tokenizer->decode(r.output_ids, /*skip_special_tokens=*/true);
+#endif
+  if (a.json) {
+    nlohmann::json j;
+    j["output_ids"] = r.output_ids;
+    j["finish_reason"] = finish_reason_name(r.finish_reason);
+    j["n_prompt_tokens"] = req.prompt_ids.size();
+    if (a.top_logits > 0) {
+      nlohmann::json top = nlohmann::json::array();
+      for (const auto& [id, value] : r.top_logits) top.push_back({id, value});
+      j["top_logits"] = top;
+    }
+#ifdef LITELLAMA_WITH_TOKENIZER
+    if (tokenizer) j["text"] = text;
+#endif
+    j["seconds"] = seconds;
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  } else {
+#ifdef LITELLAMA_WITH_TOKENIZER
+    if (tokenizer) {
+      std::printf("%s\n", text.c_str());
+      return 0;
+    }
+#endif
+    for (size_t i = 0; i < r.output_ids.size(); ++i) {
+      std::printf("%s%d", i ? "," : "", r.output_ids[i]);
+    }
+    std::printf("\n");
+  }
+  return 0;
+}
+
+}  // namespace
+
+CommandMain register_generate_command(CLI::App& app) {
+  auto args = std::make_shared<GenerateArgs>();
+  CLI::App* sub = app.add_subcommand("generate", "Generate tokens for one prompt");
+  sub->add_option("--model", args->model,
+                  "Hugging Face model directory (default: the embedded random default model)");
+  sub->add_option("--device", args->device, "cpu or cuda")->capture_default_str();
+  sub->add_option("--dtype", args->dtype,
+                  "compute dtype: float32 (cpu), bfloat16 (cuda default) or float16");
+  sub->add_option("--input-ids", args->input_ids, "prompt token ids, comma-separated");
+  sub->add_option("--prompt", args->prompt, "prompt text (encoded with the model's tokenizer)");
+  sub->add_flag("--chat", args->chat, "wrap --prompt in the model's chat template as a user turn");
+  sub->add_option("--max-new-tokens", args->max_new_tokens, "tokens to generate")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--temperature", args->sampling.temperature, "0 = greedy")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0f, 100.0f));
+  sub->add_option("--top-k", args->sampling.top_k, "0 = off")->check(CLI::NonNegativeNumber);
+  sub->add_option("--top-p", args->sampling.top_p, "1 = off")
+      ->check(CLI::Range(0.0f, 1.0f) & CLI::PositiveNumber);
+  sub->add_option("--min-p", args->sampling.min_p, "0 = off")->check(CLI::Range(0.0f, 1.0f));
+  sub->add_option("--repetition-penalty", args->sampling.repetition_penalty, "1 = off")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--frequency-penalty", args->sampling.frequency_penalty, "0 = off");
+  sub->add_option("--presence-penalty", args->sampling.presence_penalty, "0 = off");
+  sub->add_option("--seed", args->sampling.seed, "sampling seed");
+  sub->add_option("--stop-token-ids", args->stop_token_ids, "extra stop ids, comma-separated");
+  sub->add_flag("--ignore-eos", args->ignore_eos, "do not stop at the model's EOS ids");
+  sub->add_option("--top-logits", args->top_logits,
+                  "report the K largest raw logits of the first generated position")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_flag("--json", args->json, "print one JSON object");
+  sub->add_option("--kv-slots", args->kv_slots, "KV pool size in tokens (default: just enough)");
+  sub->add_option("--kv-memory-fraction", args->kv_memory_fraction,
+                  "cuda: share of free device memory for the KV pool")
+      ->check(CLI::Range(0.01, 0.99));
+  sub->add_option("--threads", args->threads, "cpu: worker threads (default: all)");
+  return [args]() { return run_generate(*args); };
+}
+
+}  // namespace litellama::cli

@@ -1,0 +1,155 @@
+#include "services/worker/model_runner.h"
+
+#include "services/worker/checkpoint.h"
+#include "services/worker/cpu_model_runner.h"
+#ifdef LITELLAMA_WITH_CUDA
+#include "services/worker/cuda/cuda_model_runner.h"
+#endif
+
+namespace litellama {
+
+void StepBatch::add_sequence(std::span<const int32_t> new_tokens, std::span<const int32_t> slots,
+                             bool sample_token, const SamplingParams& params,
+                             int32_t n_generated_so_far) {
+  if (token_start.empty()) token_start.push_back(0);
+  if (slot_start.empty()) slot_start.push_back(0);
+  const auto n_kv = static_cast<int32_t>(slots.size());
+  const auto n_new = static_cast<int32_t>(new_tokens.size());
+  for (int32_t i = 0; i < n_new; ++i) {
+    token_ids.push_back(new_tokens[static_cast<size_t>(i)]);
+    positions.push_back(n_kv - n_new + i);
+  }
+  token_start.push_back(static_cast<int32_t>(token_ids.size()));
+  kv_len.push_back(n_kv);
+  slot_table.insert(slot_table.end(), slots.begin(), slots.end());
+  slot_start.push_back(static_cast<int32_t>(slot_table.size()));
+  sample.push_back(sample_token ? 1 : 0);
+  sampling.push_back(params);
+  n_generated.push_back(n_generated_so_far);
+  if (!history_start.empty()) history_start.push_back(history_start.back());
+  if (!n_prompt.empty()) n_prompt.push_back(0);
+}
+
+void StepBatch::set_history(std::span<const int32_t> prompt_ids,
+                            std::span<const int32_t> generated_ids) {
+  const size_t n = kv_len.size();
+  // History arrays are created lazily, covering every sequence added so far.
+  if (history_start.empty()) history_start.assign(n + 1, 0);
+  if (n_prompt.empty()) n_prompt.assign(n, 0);
+  history_ids.insert(history_ids.end(), prompt_ids.begin(), prompt_ids.end());
+  history_ids.insert(history_ids.end(), generated_ids.begin(), generated_ids.end());
+  history_start[n] = static_cast<int32_t>(history_ids.size());
+  n_prompt[n - 1] = static_cast<int32_t>(prompt_ids.size());
+}
+
+void StepBatch::clear() {
+  token_ids.clear();
+  positions.clear();
+  token_start.clear();
+  kv_len.clear();
+  slot_start.clear();
+  slot_table.clear();
+  sample.clear();
+  sampling.clear();
+  n_generated.clear();
+  history_start.clear();
+  history_ids.clear();
+  n_prompt.clear();
+  n_top_logits = 0;
+}
+
+Status StepBatch::validate(int32_t n_kv_slots, int32_t vocab_size) const {
+  const size_t n = kv_len.size();
+  if (n == 0) return make_error(StatusCode::kInvalidArgument, "step batch has no sequences");
+  if (token_start.size() != n + 1 || slot_start.size() != n + 1 || sample.size() != n ||
+      sampling.size() != n || n_generated.size() != n) {
+    return make_error(StatusCode::kInvalidArgument, "step batch per-sequence arrays disagree in "
+                      "length");
+  }
+  if (positions.size() != token_ids.size()) {
+    return make_error(StatusCode::kInvalidArgument, "step batch positions and token ids differ "
+                      "in length");
+  }
+  if (token_start[0] != 0 || slot_start[0] != 0 ||
+      token_start[n] != static_cast<int32_t>(token_ids.size()) ||
+      slot_start[n] != static_cast<int32_t>(slot_table.size())) {
+    return make_error(StatusCode::kInvalidArgument, "step batch offsets do not cover the arrays");
+  }
+  const bool has_history = !history_start.empty();
+  if (has_history && (history_start.size() != n + 1 || n_prompt.size() != n ||
+                      history_start[n] != static_cast<int32_t>(history_ids.size()))) {
+    return make_error(StatusCode::kInvalidArgument, "step batch history arrays are inconsistent");
+  }
+  if (n_top_logits < 0 || n_top_logits > vocab_size) {
+    return make_error(StatusCode::kInvalidArgument, "n_top_logits {} out of range", n_top_logits);
+  }
+  for (size_t s = 0; s < n; ++s) {
+    const int32_t n_new = token_start[s + 1] - token_start[s];
+    if (n_new < 1) {
+      return make_error(StatusCode::kInvalidArgument, "sequence {} brings no new token", s);
+    }
+    if (kv_len[s] < n_new || slot_start[s + 1] - slot_start[s] != kv_len[s]) {
+      return make_error(StatusCode::kInvalidArgument,
+                        "sequence {}: slot table has {} entries for kv_len {} and {} new tokens",
+                        s, slot_start[s + 1] - slot_start[s], kv_len[s], n_new);
+    }
+    for (int32_t i = 0; i < n_new; ++i) {
+      if (positions[static_cast<size_t>(token_start[s] + i)] != kv_len[s] - n_new + i) {
+        return make_error(StatusCode::kInvalidArgument,
+                          "sequence {}: positions must be kv_len - n_new .. kv_len - 1", s);
+      }
+    }
+    if (has_history) {
+      if (history_start[s + 1] < history_start[s] ||
+          n_prompt[s] > history_start[s + 1] - history_start[s] || n_prompt[s] < 0) {
+        return make_error(StatusCode::kInvalidArgument, "sequence {}: bad penalty history", s);
+      }
+    } else if (sample[s] && sampling[s].has_penalties()) {
+      return make_error(StatusCode::kInvalidArgument,
+                        "sequence {} uses penalties but the batch carries no history", s);
+    }
+    const SamplingParams& p = sampling[s];
+    if (!(p.temperature >= 0) || p.top_k < 0 || !(p.top_p > 0 && p.top_p <= 1) ||
+        !(p.min_p >= 0 && p.min_p <= 1) || !(p.repetition_penalty > 0)) {
+      return make_error(StatusCode::kInvalidArgument, "sequence {}: sampling parameters out of "
+                        "range", s);
+    }
+  }
+  for (int32_t id : token_ids) {
+    if (id < 0 || id >= vocab_size) {
+      return make_error(StatusCode::kInvalidArgument, "token id {} is outside the vocabulary "
+                        "(size {})", id, vocab_size);
+    }
+  }
+  for (int32_t id : history_ids) {
+    if (id < 0 || id >= vocab_size) {
+      return make_error(StatusCode::kInvalidArgument, "history token id {} is outside the "
+                        "vocabulary", id);
+    }
+  }
+  for (int32_t slot : slot_table) {
+    if (slot < 0 || slot >= n_kv_slots) {
+      return make_error(StatusCode::kInvalidArgument, "KV slot {} is outside the pool (size {})",
+                        slot, n_kv_slots);
+    }
+  }
+  return Status::ok();
+}
+
+Result<std::unique_ptr<ModelRunner>> create_model_runner(const Checkpoint& checkpoint,
+                                                         const RunnerOptions& options) {
+  switch (options.device) {
+    case Device::kCpu: return create_cpu_model_runner(checkpoint, options);
+    case Device::kCuda:
+#ifdef LITELLAMA_WITH_CUDA
+      return create_cuda_model_runner(checkpoint, options);
+#else
+      return make_error(StatusCode::kUnsupported,
+                        "this build has no CUDA backend (configure with nvcc present or "
+                        "-DLITELLAMA_CUDA=ON)");
+#endif
+  }
+  return make_error(StatusCode::kInvalidArgument, "unknown device");
+}
+
+}  // namespace litellama

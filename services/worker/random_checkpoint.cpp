@@ -1,0 +1,350 @@
+#include "services/worker/random_checkpoint.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "services/worker/model_config.h"
+#include "services/worker/safetensors.h"
+
+namespace litellama {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+json llama_config(int64_t vocab, int64_t hidden, int64_t inter, int64_t layers, int64_t heads,
+                  int64_t kv_heads, int64_t max_pos, double theta, bool tied) {
+  return json{{"architectures", {"LlamaForCausalLM"}},
+              {"model_type", "llama"},
+              {"vocab_size", vocab},
+              {"hidden_size", hidden},
+              {"intermediate_size", inter},
+              {"num_hidden_layers", layers},
+              {"num_attention_heads", heads},
+              {"num_key_value_heads", kv_heads},
+              {"head_dim", hidden / heads},
+              {"max_position_embeddings", max_pos},
+              {"rms_norm_eps", 1e-5},
+              {"rope_theta", theta},
+              {"rope_scaling", nullptr},
+              {"tie_word_embeddings", tied},
+              {"attention_bias", false},
+              {"mlp_bias", false},
+              {"hidden_act", "silu"},
+              {"bos_token_id", 128000},
+              {"eos_token_id", json::array({128001, 128008, 128009})}};
+}
+
+json llama3_rope(double factor, int64_t original) {
+  return json{{"rope_type", "llama3"},
+              {"factor", factor},
+              {"low_freq_factor", 1.0},
+              {"high_freq_factor", 4.0},
+              {"original_max_position_embeddings", original}};
+}
+
+json with_llama2_ids(json c) {
+  c["bos_token_id"] = 1;
+  c["eos_token_id"] = 2;
+  return c;
+}
+
+json qwen_config(const char* arch, const char* type, int64_t hidden, int64_t inter,
+                 int64_t layers, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                 int64_t max_pos, bool tied) {
+  return json{{"architectures", {arch}},
+              {"model_type", type},
+              {"vocab_size", 151936},
+              {"hidden_size", hidden},
+              {"intermediate_size", inter},
+              {"num_hidden_layers", layers},
+              {"num_attention_heads", heads},
+              {"num_key_value_heads", kv_heads},
+              {"head_dim", head_dim},
+              {"max_position_embeddings", max_pos},
+              {"rms_norm_eps", 1e-6},
+              {"rope_theta", 1000000.0},
+              {"rope_scaling", nullptr},
+              {"tie_word_embeddings", tied},
+              {"use_sliding_window", false},
+              {"sliding_window", nullptr},
+              {"hidden_act", "silu"},
+              {"attention_bias", std::string(type) == "qwen2"},
+              {"bos_token_id", 151643},
+              {"eos_token_id", 151645}};
+}
+
+std::vector<RandomCheckpointPreset> make_presets() {
+  std::vector<RandomCheckpointPreset> p;
+  // Test models: two layers, tiny widths, the real vocabulary sizes.
+  {
+    json c = llama_config(128256, 64, 128, 2, 4, 2, 131072, 500000.0, true);
+    c["rope_scaling"] = llama3_rope(8.0, 8192);
+    p.push_back({"llama3-tiny", "Llama 3.1 graph: GQA 4/2, tied embeddings, llama3 RoPE scaling",
+                 c, "llama3_1"});
+  }
+  {
+    json c = llama_config(128256, 64, 160, 2, 8, 2, 8192, 500000.0, false);
+    p.push_back({"llama3-untied-tiny", "Llama 3 graph: GQA 8/2, untied embeddings, plain RoPE",
+                 c, "llama3"});
+  }
+  {
+    json c = with_llama2_ids(llama_config(32000, 64, 128, 2, 4, 4, 4096, 10000.0, false));
+    c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+    p.push_back({"llama2-linear-tiny", "Llama 2 graph: MHA, linear RoPE scaling", c, "llama2"});
+  }
+  {
+    json c = with_llama2_ids(llama_config(32000, 64, 128, 2, 4, 4, 32, 10000.0, false));
+    c["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};
+    p.push_back({"llama2-dynamic-tiny",
+                 "Llama 2 graph with dynamic NTK RoPE past a 32-token original context", c,
+                 "llama2"});
+  }
+  {
+    json c = with_llama2_ids(llama_config(32000, 64, 128, 2, 4, 1, 4096, 1000000.0, false));
+    c["architectures"] = {"MistralForCausalLM"};
+    c["model_type"] = "mistral";
+    c["sliding_window"] = nullptr;
+    c.erase("mlp_bias");
+    c.erase("attention_bias");
+    p.push_back({"mistral-tiny", "Mistral graph (no sliding window): GQA 4/1", c, "llama2"});
+  }
+  {
+    json c = qwen_config("Qwen2ForCausalLM", "qwen2", 64, 128, 2, 4, 2, 16, 4096, true);
+    p.push_back({"qwen2-tiny", "Qwen2 graph: q/k/v bias, tied embeddings", c, "qwen3"});
+  }
+  {
+    json c = qwen_config("Qwen2ForCausalLM", "qwen2", 64, 128, 2, 4, 2, 16, 128, false);
+    c["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0},
+                         {"original_max_position_embeddings", 32}};
+    p.push_back({"qwen2-yarn-tiny", "Qwen2 graph with YaRN RoPE scaling (4x of 32)", c, "qwen3"});
+  }
+  {
+    json c = qwen_config("Qwen3ForCausalLM", "qwen3", 64, 128, 2, 4, 2, 32, 40960, true);
+    p.push_back({"qwen3-tiny", "Qwen3 graph: per-head q/k RMSNorm, head_dim 32 != hidden/heads", c,
+                 "qwen3"});
+  }
+  // The embedded default model: a small Llama 3 with the real Llama 3.1 tokenizer.
+  {
+    json c = llama_config(128256, 256, 768, 4, 8, 2, 131072, 500000.0, true);
+    c["rope_scaling"] = llama3_rope(8.0, 8192);
+    p.push_back({"default", "embedded default: Llama 3.1 graph, 4 layers, hidden 256, random",
+                 c, "llama3_1"});
+  }
+  // Benchmark shapes (published architectures, random weights).
+  {
+    json c = llama_config(128256, 2048, 8192, 16, 32, 8, 131072, 500000.0, true);
+    c["rope_scaling"] = llama3_rope(32.0, 8192);
+    p.push_back({"llama3.2-1b", "Llama-3.2-1B shape", c, "llama3_1"});
+  }
+  {
+    json c = llama_config(128256, 4096, 14336, 32, 32, 8, 131072, 500000.0, false);
+    c["rope_scaling"] = llama3_rope(8.0, 8192);
+    p.push_back({"llama3.1-8b", "Llama-3.1-8B shape", c, "llama3_1"});
+  }
+  {
+    json c = qwen_config("Qwen2ForCausalLM", "qwen2", 1536, 8960, 28, 12, 2, 128, 32768, true);
+    p.push_back({"qwen2.5-1.5b", "Qwen2.5-1.5B shape", c, "qwen3"});
+  }
+  return p;
+}
+
+// Scale of the uniform distribution per tensor kind: unit-variance-preserving projections,
+// norms around 1, embeddings and biases large enough that they matter.
+struct TensorInit {
+  float center = 0.0f;
+  float half_width = 1.0f;
+};
+
+TensorInit init_for(const std::string& name, const std::vector<int64_t>& shape) {
+  auto ends_with = [&](const char* s) {
+    const std::string suffix(s);
+    return name.size() >= suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  if (ends_with("norm.weight") || ends_with("layernorm.weight")) return {1.0f, 0.2f};
+  if (ends_with(".bias")) return {0.0f, 0.5f};
+  // Small next to the unit-variance layer outputs, so the layers (not the token's own embedding)
+  // decide the next token and greedy outputs are sensitive to every part of the graph.
+  if (ends_with("embed_tokens.weight")) return {0.0f, 0.1f};
+  const float fan_in = shape.size() == 2 ? static_cast<float>(shape[1]) : 1.0f;
+  return {0.0f, std::sqrt(3.0f / fan_in)};
+}
+
+std::vector<uint8_t> generate_tensor(uint64_t seed, const std::string& name,
+                                     const std::vector<int64_t>& shape, DType dtype) {
+  size_t numel = 1;
+  for (auto d : shape) numel *= static_cast<size_t>(d);
+  const TensorInit init = init_for(name, shape);
+  std::vector<uint8_t> bytes(numel * dtype_size_bytes(dtype));
+  const uint64_t key = splitmix64(seed ^ fnv1a(name));
+  constexpr size_t kChunk = 1 << 16;
+  const auto n_chunks = static_cast<int64_t>((numel + kChunk - 1) / kChunk);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    float buf[512];
+    const size_t begin = static_cast<size_t>(c) * kChunk;
+    const size_t end = std::min(numel, begin + kChunk);
+    for (size_t i = begin; i < end; i += 512) {
+      const size_t n = std::min<size_t>(512, end - i);
+      for (size_t j = 0; j < n; ++j) {
+        const uint64_t r = splitmix64(key + (i + j) * 0x9e3779b97f4a7c15ull);
+        const float unit = static_cast<float>(r >> 40) * (1.0f / 8388608.0f) - 1.0f;
+        buf[j] = init.center + init.half_width * unit;
+      }
+      convert_from_f32(bytes.data() + i * dtype_size_bytes(dtype), dtype, buf, n);
+    }
+  }
+  return bytes;
+}
+
+}  // namespace
+
+float random_checkpoint_unit(uint64_t seed, const std::string& name, uint64_t index) {
+  const uint64_t key = splitmix64(seed ^ fnv1a(name));
+  const uint64_t r = splitmix64(key + index * 0x9e3779b97f4a7c15ull);
+  return static_cast<float>(r >> 40) * (1.0f / 8388608.0f) - 1.0f;
+}
+
+const std::vector<RandomCheckpointPreset>& random_checkpoint_presets() {
+  static const std::vector<RandomCheckpointPreset> kPresets = make_presets();
+  return kPresets;
+}
+
+Result<RandomCheckpointPreset> find_random_checkpoint_preset(const std::string& name) {
+  std::string names;
+  for (const auto& p : random_checkpoint_presets()) {
+    if (p.name == name) return p;
+    names += (names.empty() ? "" : ", ") + p.name;
+  }
+  return make_error(StatusCode::kNotFound, "no model preset '{}' (presets: {})", name, names);
+}
+
+Status write_random_checkpoint(const std::string& dir, json config,
+                               const RandomCheckpointOptions& options) {
+  if (options.storage_dtype != DType::kF32 && options.storage_dtype != DType::kBF16 &&
+      options.storage_dtype != DType::kF16) {
+    return make_error(StatusCode::kInvalidArgument, "storage dtype must be float32, bfloat16 or "
+                      "float16");
+  }
+  if (options.n_shards < 1) {
+    return make_error(StatusCode::kInvalidArgument, "n_shards must be at least 1");
+  }
+  config["torch_dtype"] = dtype_torch_name(options.storage_dtype);
+  LITELLAMA_ASSIGN_OR_RETURN(ModelConfig mc, parse_model_config(config));
+
+  // Tensor names and shapes come from the same table the loader validates against.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> specs;
+  const int64_t h = mc.hidden_size, q_dim = int64_t{mc.n_heads} * mc.head_dim,
+                kv_dim = int64_t{mc.n_kv_heads} * mc.head_dim, inter = mc.intermediate_size;
+  specs.push_back({"model.embed_tokens.weight", {mc.vocab_size, h}});
+  for (int32_t l = 0; l < mc.n_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    specs.push_back({p + "input_layernorm.weight", {h}});
+    specs.push_back({p + "self_attn.q_proj.weight", {q_dim, h}});
+    specs.push_back({p + "self_attn.k_proj.weight", {kv_dim, h}});
+    specs.push_back({p + "self_attn.v_proj.weight", {kv_dim, h}});
+    if (mc.qkv_bias) {
+      specs.push_back({p + "self_attn.q_proj.bias", {q_dim}});
+      specs.push_back({p + "self_attn.k_proj.bias", {kv_dim}});
+      specs.push_back({p + "self_attn.v_proj.bias", {kv_dim}});
+    }
+    if (mc.qk_norm) {
+      specs.push_back({p + "self_attn.q_norm.weight", {mc.head_dim}});
+      specs.push_back({p + "self_attn.k_norm.weight", {mc.head_dim}});
+    }
+    specs.push_back({p + "self_attn.o_proj.weight", {h, q_dim}});
+    specs.push_back({p + "post_attention_layernorm.weight", {h}});
+    specs.push_back({p + "mlp.gate_proj.weight", {inter, h}});
+    specs.push_back({p + "mlp.up_proj.weight", {inter, h}});
+    specs.push_back({p + "mlp.down_proj.weight", {h, inter}});
+  }
+  specs.push_back({"model.norm.weight", {h}});
+  if (!mc.tie_word_embeddings) specs.push_back({"lm_head.weight", {mc.vocab_size, h}});
+
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return make_error(StatusCode::kInvalidArgument, "cannot create '{}': {}", dir,
+                            ec.message());
+  {
+    std::ofstream out(fs::path(dir) / "config.json");
+    out << config.dump(2) << "\n";
+    if (!out) return make_error(StatusCode::kInternal, "cannot write config.json in '{}'", dir);
+  }
+  // Shards hold consecutive runs of tensors, of about equal byte size.
+  size_t total_bytes = 0;
+  for (const auto& [name, shape] : specs) {
+    size_t n = dtype_size_bytes(options.storage_dtype);
+    for (auto d : shape) n *= static_cast<size_t>(d);
+    total_bytes += n;
+  }
+  const size_t shard_target = (total_bytes + options.n_shards - 1) / options.n_shards;
+  json weight_map = json::object();
+  std::vector<SafetensorsTensor> shard;
+  size_t shard_bytes = 0;
+  int32_t shard_index = 0;
+  auto shard_name = [&](int32_t i) {
+    if (options.n_shards == 1) return std::string("model.safetensors");
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "model-%05d-of-%05d.safetensors", i + 1, options.n_shards);
+    return std::string(buf);
+  };
+  auto flush = [&]() -> Status {
+    const std::string name = shard_name(shard_index);
+    for (const auto& t : shard) weight_map[t.name] = name;
+    LITELLAMA_RETURN_IF_ERROR(write_safetensors((fs::path(dir) / name).string(), shard));
+    shard.clear();
+    shard_bytes = 0;
+    ++shard_index;
+    return Status::ok();
+  };
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const auto& [name, shape] = specs[i];
+    SafetensorsTensor t{name, options.storage_dtype, shape,
+                        generate_tensor(options.seed, name, shape, options.storage_dtype)};
+    shard_bytes += t.data.size();
+    shard.push_back(std::move(t));
+    const size_t remaining_tensors = specs.size() - i - 1;
+    const int32_t remaining_shards = options.n_shards - shard_index - 1;
+    if (remaining_shards > 0 &&
+        (shard_bytes >= shard_target || remaining_tensors == static_cast<size_t>(remaining_shards))) {
+      LITELLAMA_RETURN_IF_ERROR(flush());
+    }
+  }
+  if (!shard.empty() || shard_index < options.n_shards) LITELLAMA_RETURN_IF_ERROR(flush());
+  if (options.n_shards > 1) {
+    json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
+    std::ofstream out(fs::path(dir) / "model.safetensors.index.json");
+    out << index.dump(2) << "\n";
+  }
+  if (!options.tokenizer_dir.empty()) {
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+      const fs::path src = fs::path(options.tokenizer_dir) / f;
+      if (!fs::exists(src)) {
+        return make_error(StatusCode::kNotFound, "tokenizer file '{}' not found (run "
+                          "scripts/fetch-assets.sh)", src.string());
+      }
+      fs::copy_file(src, fs::path(dir) / f, fs::copy_options::overwrite_existing, ec);
+      if (ec) return make_error(StatusCode::kInternal, "cannot copy '{}': {}", src.string(),
+                                ec.message());
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace litellama
