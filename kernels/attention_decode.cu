@@ -1,0 +1,705 @@
+// Split-K decode attention (FlashDecoding) over the token-attention KV pool.
+//
+// Grid: (split, sequence, KV head x head block). A CTA takes one contiguous key range of one
+// sequence for one KV head and computes up to 16 query heads of that KV head's group at once, so
+// the group shares every K/V byte read. The key range of split i is [i*chunk, (i+1)*chunk) with
+// chunk = ceil(kv_len / n_splits) rounded up to whole tiles, computed on the device from the
+// sequence's own kv_len: short sequences use fewer splits of the same grid and the result never
+// depends on the host's max_kv_len hint. With n_splits == 1 the CTA writes the output directly;
+// otherwise it writes (normalized partial output, base-2 log-sum-exp) to the workspace and
+// attention_decode_merge_kernel combines the splits of each (sequence, head).
+//
+// bf16/fp16: 4 warps, tiles of 64 keys gathered through the slot table with cp.async (16 bytes per
+// thread, 2 tiles in flight ahead of the one being consumed), each warp takes 16 keys of a tile:
+// S = Q K^T and O += P V as mma.sync m16n8k16 with the group's heads as the 16 rows (zero rows
+// past the group), fp32 accumulators and a base-2 online softmax per warp; the 4 warps' states
+// merge through shared memory at the end.
+// float32: exact fp32 SIMT path (32 keys per step, expf, no TF32).
+#include "kernels/attention_decode.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+#include "kernels/cuda_check.h"
+
+namespace litellama {
+namespace {
+
+constexpr int kThreads = 128;     // 4 warps
+constexpr int kHeadsPerCta = 16;  // query heads of one group per CTA (the mma M dimension)
+constexpr int kBlockN = 64;       // keys per tile (16 per warp on the tensor-core path)
+constexpr int kStages = 3;        // tensor-core path: tiles resident in shared memory
+constexpr int kF32Keys = 32;      // fp32 path: keys per step (one per lane for the scores)
+constexpr int kMinKeysPerSplit = 64;
+constexpr int kMaxSplits = 64;
+constexpr int kCtasPerSmTarget = 2;
+
+// ---- PTX wrappers ------------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global->shared copy; copies nothing and zero-fills when !valid (src is not read then).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// d += a * b, m16n8k16, fp32 accumulators.
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ T from_f32(float x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __float2bfloat16_rn(x);
+  } else {
+    return __float2half_rn(x);
+  }
+}
+
+// Keys per split for a sequence of kv_len keys: whole tiles, so every split but the last is full.
+// The merge kernel recomputes it to know how many splits hold data (ceil(kv_len / chunk)).
+__host__ __device__ __forceinline__ int split_chunk(int kv_len, int n_splits) {
+  const int per_split = (kv_len + n_splits - 1) / n_splits;
+  return (per_split + kBlockN - 1) / kBlockN * kBlockN;
+}
+
+template <typename T>
+struct DecodeParams {
+  T* out;
+  const T* q;
+  const T* k_pool;
+  const T* v_pool;
+  const int32_t* token_start;
+  const int32_t* kv_len;
+  const int32_t* slot_start;
+  const int32_t* slot_table;
+  const int32_t* seq_ids;
+  float* part_o;    // [n_work, n_splits, n_heads, head_dim] (n_splits > 1)
+  float* part_lse;  // [n_work, n_splits, n_heads] base-2 log-sum-exp of scaled scores
+  int n_heads;
+  int n_kv_heads;
+  int group;
+  int n_head_blocks;
+  float scale;
+};
+
+// Where a CTA's result goes: directly to out (one split) or to the workspace.
+template <typename T, int D>
+__device__ __forceinline__ void store_result(const DecodeParams<T>& p, int work, int split,
+                                             int head, int64_t token, int d, float o_sum,
+                                             float l_sum, float m_log2) {
+  if (gridDim.x == 1) {
+    p.out[(token * p.n_heads + head) * D + d] = from_f32<T>(o_sum / l_sum);
+    return;
+  }
+  const int64_t row = (static_cast<int64_t>(work) * gridDim.x + split) * p.n_heads + head;
+  p.part_o[row * D + d] = o_sum / l_sum;
+  if (d == 0) p.part_lse[row] = m_log2 + log2f(l_sum);
+}
+
+// ---- tensor-core kernel (bf16 / fp16) ----------------------------------------------------------
+
+template <typename T, int D>
+struct TcLayout {
+  static constexpr int kStride = D + 8;  // shared row in elements: +16 bytes against bank conflicts
+  static constexpr int kTileElems = kBlockN * kStride;
+  static constexpr int kChunksPerRow = D * static_cast<int>(sizeof(T)) / 16;
+  static constexpr int kElemsPerChunk = 16 / static_cast<int>(sizeof(T));
+  static constexpr int kChunksPerThread = kBlockN * kChunksPerRow / kThreads;
+  static constexpr int kQElems = kHeadsPerCta * kStride;
+  static constexpr int kMergeStride = D + 4;                         // floats
+  static constexpr size_t kStageBytes = 2 * kTileElems * sizeof(T);  // K and V
+  static constexpr size_t kMergeBytes =
+      (4 * kHeadsPerCta * kMergeStride + 2 * 4 * kHeadsPerCta) * sizeof(float);
+  static constexpr size_t kSmemBytes =
+      kQElems * sizeof(T) + std::max(kStages * kStageBytes, kMergeBytes);
+  static_assert(kBlockN * kChunksPerRow % kThreads == 0, "whole chunks per thread");
+};
+
+// Gathers K and V rows key0 .. key0+kBlockN-1 (one slot lookup per row for both); rows at or past
+// key_end are zero-filled and never read from memory.
+template <typename T, int D>
+__device__ __forceinline__ void load_kv_stage(T* s_k, T* s_v, const DecodeParams<T>& p,
+                                              const int32_t* slots, int key0, int key_end,
+                                              int kvh) {
+  using L = TcLayout<T, D>;
+#pragma unroll
+  for (int i = 0; i < L::kChunksPerThread; ++i) {
+    const int c = threadIdx.x + i * kThreads;
+    const int row = c / L::kChunksPerRow;
+    const int col = (c % L::kChunksPerRow) * L::kElemsPerChunk;
+    const int pos = key0 + row;
+    const bool valid = pos < key_end;
+    int64_t off = 0;
+    if (valid) off = (static_cast<int64_t>(slots[pos]) * p.n_kv_heads + kvh) * D + col;
+    cp_async_16(s_k + row * L::kStride + col, p.k_pool + off, valid);
+    cp_async_16(s_v + row * L::kStride + col, p.v_pool + off, valid);
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) attention_decode_tc_kernel(const DecodeParams<T> p) {
+  using L = TcLayout<T, D>;
+  constexpr int kStride = L::kStride;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* s_q = reinterpret_cast<T*>(smem_raw);
+  T* s_stage = s_q + L::kQElems;
+
+  const int split = blockIdx.x;
+  const int work = blockIdx.y;
+  const int kvh = blockIdx.z / p.n_head_blocks;
+  const int head0 = kvh * p.group + (blockIdx.z % p.n_head_blocks) * kHeadsPerCta;
+  const int n_rows = min(kHeadsPerCta, kvh * p.group + p.group - head0);
+  const int seq = p.seq_ids[work];
+  const int64_t token = p.token_start[seq];
+  const int kv_len = p.kv_len[seq];
+  const int chunk = split_chunk(kv_len, gridDim.x);
+  const int key_begin = split * chunk;
+  if (key_begin >= kv_len) return;  // this sequence needs fewer splits; the merge skips this one
+  const int key_end = min(kv_len, key_begin + chunk);
+  const int n_tiles = (key_end - key_begin + kBlockN - 1) / kBlockN;
+  const int32_t* slots = p.slot_table + p.slot_start[seq];
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const float scale_log2 = p.scale * 1.4426950408889634f;
+
+  // Q rows of this head block; rows past the group are zero.
+  for (int c = threadIdx.x; c < kHeadsPerCta * L::kChunksPerRow; c += kThreads) {
+    const int r = c / L::kChunksPerRow;
+    const int col = (c % L::kChunksPerRow) * L::kElemsPerChunk;
+    const bool valid = r < n_rows;
+    const T* src = valid ? p.q + (token * p.n_heads + head0 + r) * D + col : p.q;
+    cp_async_16(s_q + r * kStride + col, src, valid);
+  }
+  cp_async_commit();
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < n_tiles) {
+      T* s_k = s_stage + s * 2 * L::kTileElems;
+      load_kv_stage<T, D>(s_k, s_k + L::kTileElems, p, slots, key_begin + s * kBlockN, key_end,
+                          kvh);
+    }
+    cp_async_commit();
+  }
+  cp_async_wait<kStages - 1>();  // the Q group has landed
+  __syncthreads();
+  uint32_t q_frag[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    ldmatrix_x4(q_frag[kk], s_q + (lane % 16) * kStride + kk * 16 + (lane / 16) * 8);
+  }
+
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.0f, 0.0f};
+  float o[D / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+
+  for (int t = 0; t < n_tiles; ++t) {
+    cp_async_wait<kStages - 2>();  // tile t has landed
+    __syncthreads();               // ... for every thread, and stage (t-1) % kStages is free
+    {
+      const int next = t + kStages - 1;
+      if (next < n_tiles) {
+        T* s_k = s_stage + (next % kStages) * 2 * L::kTileElems;
+        load_kv_stage<T, D>(s_k, s_k + L::kTileElems, p, slots, key_begin + next * kBlockN, key_end,
+                            kvh);
+      }
+      cp_async_commit();
+    }
+    const T* s_k = s_stage + (t % kStages) * 2 * L::kTileElems + warp * 16 * kStride;
+    const T* s_v = s_k + L::kTileElems;
+    const int key0 = key_begin + t * kBlockN + warp * 16;
+
+    float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t b[4];
+      ldmatrix_x4(b, s_k + (lane % 8 + (lane / 16) * 8) * kStride + kk * 16 + ((lane / 8) % 2) * 8);
+      mma_16816<T>(s[0], q_frag[kk], b[0], b[1]);
+      mma_16816<T>(s[1], q_frag[kk], b[2], b[3]);
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = key0 + nt * 8 + 2 * (lane % 4) + (e & 1);
+        s[nt][e] = key < key_end ? s[nt][e] * scale_log2 : -INFINITY;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float mx = fmaxf(fmaxf(s[0][2 * i], s[0][2 * i + 1]), fmaxf(s[1][2 * i], s[1][2 * i + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[i], mx);
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no key for this warp yet
+      const float corr = exp2f(m[i] - m_use);
+      m[i] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        s[nt][2 * i] = exp2f(s[nt][2 * i] - m_use);
+        s[nt][2 * i + 1] = exp2f(s[nt][2 * i + 1] - m_use);
+        sum += s[nt][2 * i] + s[nt][2 * i + 1];
+      }
+      l[i] = l[i] * corr + sum;
+#pragma unroll
+      for (int nt = 0; nt < D / 8; ++nt) {
+        o[nt][2 * i] *= corr;
+        o[nt][2 * i + 1] *= corr;
+      }
+    }
+    uint32_t a[4];
+    a[0] = pack2<T>(s[0][0], s[0][1]);
+    a[1] = pack2<T>(s[0][2], s[0][3]);
+    a[2] = pack2<T>(s[1][0], s[1][1]);
+    a[3] = pack2<T>(s[1][2], s[1][3]);
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(
+          b, s_v + (lane % 8 + ((lane / 8) % 2) * 8) * kStride + dp * 16 + (lane / 16) * 8);
+      mma_16816<T>(o[2 * dp], a, b[0], b[1]);
+      mma_16816<T>(o[2 * dp + 1], a, b[2], b[3]);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the stages: they become the merge area
+
+  // Merge the 4 warps' (m, l, o) of each row through shared memory.
+  float* s_o = reinterpret_cast<float*>(s_stage);         // [4][kHeadsPerCta][kMergeStride]
+  float* s_m = s_o + 4 * kHeadsPerCta * L::kMergeStride;  // [4][kHeadsPerCta]
+  float* s_l = s_m + 4 * kHeadsPerCta;                    // [4][kHeadsPerCta]
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = lane / 4 + 8 * i;
+    float sum = l[i];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    float* dst = s_o + (warp * kHeadsPerCta + r) * L::kMergeStride + 2 * (lane % 4);
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+      *reinterpret_cast<float2*>(dst + nt * 8) = make_float2(o[nt][2 * i], o[nt][2 * i + 1]);
+    }
+    if (lane % 4 == 0) {
+      s_m[warp * kHeadsPerCta + r] = m[i];
+      s_l[warp * kHeadsPerCta + r] = sum;
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < n_rows * D; idx += kThreads) {
+    const int r = idx / D;
+    const int d = idx % D;
+    float m_max = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) m_max = fmaxf(m_max, s_m[w * kHeadsPerCta + r]);
+    float l_sum = 0.0f;
+    float o_sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const float mw = s_m[w * kHeadsPerCta + r];
+      const float f = mw == -INFINITY ? 0.0f : exp2f(mw - m_max);
+      l_sum += s_l[w * kHeadsPerCta + r] * f;
+      o_sum += s_o[(w * kHeadsPerCta + r) * L::kMergeStride + d] * f;
+    }
+    store_result<T, D>(p, work, split, head0 + r, token, d, o_sum, l_sum, m_max);
+  }
+}
+
+// ---- fp32 SIMT kernel --------------------------------------------------------------------------
+
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    attention_decode_f32_kernel(const DecodeParams<float> p) {
+  constexpr int kAcc = kHeadsPerCta * D / kThreads;  // (head, dim) outputs per thread
+  __shared__ __align__(16) float s_q[kHeadsPerCta][D];
+  __shared__ float s_k[kF32Keys][D + 1];  // +1: lanes read different rows of one column
+  __shared__ __align__(16) float s_v[kF32Keys][D];
+  __shared__ float s_p[kHeadsPerCta][kF32Keys];
+  __shared__ float s_m[kHeadsPerCta];
+  __shared__ float s_l[kHeadsPerCta];
+  __shared__ float s_corr[kHeadsPerCta];
+
+  const int split = blockIdx.x;
+  const int work = blockIdx.y;
+  const int kvh = blockIdx.z / p.n_head_blocks;
+  const int head0 = kvh * p.group + (blockIdx.z % p.n_head_blocks) * kHeadsPerCta;
+  const int n_rows = min(kHeadsPerCta, kvh * p.group + p.group - head0);
+  const int seq = p.seq_ids[work];
+  const int64_t token = p.token_start[seq];
+  const int kv_len = p.kv_len[seq];
+  const int chunk = split_chunk(kv_len, gridDim.x);
+  const int key_begin = split * chunk;
+  if (key_begin >= kv_len) return;
+  const int key_end = min(kv_len, key_begin + chunk);
+  const int32_t* slots = p.slot_table + p.slot_start[seq];
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+
+  for (int c = threadIdx.x; c < kHeadsPerCta * D / 4; c += kThreads) {
+    const int r = c / (D / 4);
+    const int col = (c % (D / 4)) * 4;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (r < n_rows)
+      v = *reinterpret_cast<const float4*>(p.q + (token * p.n_heads + head0 + r) * D + col);
+    *reinterpret_cast<float4*>(&s_q[r][col]) = v;
+  }
+  if (threadIdx.x < kHeadsPerCta) {
+    s_m[threadIdx.x] = -INFINITY;
+    s_l[threadIdx.x] = 0.0f;
+  }
+  float acc[kAcc];
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+
+  for (int key0 = key_begin; key0 < key_end; key0 += kF32Keys) {
+    __syncthreads();  // previous step's reads of s_k, s_v, s_p are done
+    for (int c = threadIdx.x; c < kF32Keys * D / 4; c += kThreads) {
+      const int r = c / (D / 4);
+      const int col = (c % (D / 4)) * 4;
+      const int pos = key0 + r;
+      float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      float4 vv = kv;
+      if (pos < key_end) {
+        const int64_t off = (static_cast<int64_t>(slots[pos]) * p.n_kv_heads + kvh) * D + col;
+        kv = *reinterpret_cast<const float4*>(p.k_pool + off);
+        vv = *reinterpret_cast<const float4*>(p.v_pool + off);
+      }
+      s_k[r][col] = kv.x;
+      s_k[r][col + 1] = kv.y;
+      s_k[r][col + 2] = kv.z;
+      s_k[r][col + 3] = kv.w;
+      *reinterpret_cast<float4*>(&s_v[r][col]) = vv;
+    }
+    __syncthreads();
+    // Scores and the online-softmax update: warp w owns heads 4w..4w+3, lane = key.
+#pragma unroll
+    for (int rr = 0; rr < kHeadsPerCta / 4; ++rr) {
+      const int r = warp * (kHeadsPerCta / 4) + rr;
+      float dot = 0.0f;
+#pragma unroll 16
+      for (int d = 0; d < D; ++d) dot = fmaf(s_q[r][d], s_k[lane][d], dot);
+      const float x = key0 + lane < key_end ? dot * p.scale : -INFINITY;
+      float mx = x;
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      const float m_old = s_m[r];
+      const float m_new = fmaxf(m_old, mx);  // finite: key0 < key_end
+      const float e = expf(x - m_new);
+      float sum = e;
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+      s_p[r][lane] = e;
+      __syncwarp();
+      if (lane == 0) {
+        const float corr = expf(m_old - m_new);
+        s_corr[r] = corr;
+        s_m[r] = m_new;
+        s_l[r] = s_l[r] * corr + sum;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) {
+      const int idx = threadIdx.x + i * kThreads;
+      const int r = idx / D;
+      const int d = idx % D;
+      float a = acc[i] * s_corr[r];
+#pragma unroll 8
+      for (int n = 0; n < kF32Keys; ++n) a = fmaf(s_p[r][n], s_v[n][d], a);
+      acc[i] = a;
+    }
+  }
+  __syncthreads();  // s_m, s_l final
+  constexpr float kLog2e = 1.4426950408889634f;
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) {
+    const int idx = threadIdx.x + i * kThreads;
+    const int r = idx / D;
+    const int d = idx % D;
+    if (r >= n_rows) continue;
+    // The merge works in base 2: m (natural-base max of scaled scores) times log2(e).
+    store_result<float, D>(p, work, split, head0 + r, token, d, acc[i], s_l[r], s_m[r] * kLog2e);
+  }
+}
+
+// ---- split merge
+// ---------------------------------------------------------------------------------
+
+// One thread per 4 dimensions of one (sequence, head): out = sum_i w_i o_i / sum_i w_i with
+// w_i = 2^(lse_i - max lse) over the splits that hold keys.
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads)
+    attention_decode_merge_kernel(const DecodeParams<T> p, int n_work, int n_splits) {
+  constexpr int kThreadsPerHead = D / 4;
+  const int64_t gh = static_cast<int64_t>(blockIdx.x) * (kThreads / kThreadsPerHead) +
+                     threadIdx.x / kThreadsPerHead;
+  if (gh >= static_cast<int64_t>(n_work) * p.n_heads) return;
+  const int work = static_cast<int>(gh / p.n_heads);
+  const int head = static_cast<int>(gh % p.n_heads);
+  const int d = (threadIdx.x % kThreadsPerHead) * 4;
+  const int seq = p.seq_ids[work];
+  const int kv_len = p.kv_len[seq];
+  const int chunk = split_chunk(kv_len, n_splits);
+  const int n_used = (kv_len + chunk - 1) / chunk;
+  const int64_t row0 = static_cast<int64_t>(work) * n_splits * p.n_heads + head;
+  float m_max = -INFINITY;
+  for (int s = 0; s < n_used; ++s) m_max = fmaxf(m_max, p.part_lse[row0 + s * p.n_heads]);
+  float w_sum = 0.0f;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int s = 0; s < n_used; ++s) {
+    const int64_t row = row0 + s * p.n_heads;
+    const float w = exp2f(p.part_lse[row] - m_max);
+    const float4 v = *reinterpret_cast<const float4*>(p.part_o + row * D + d);
+    w_sum += w;
+    acc.x += w * v.x;
+    acc.y += w * v.y;
+    acc.z += w * v.z;
+    acc.w += w * v.w;
+  }
+  const float inv = 1.0f / w_sum;
+  T* dst = p.out + (static_cast<int64_t>(p.token_start[seq]) * p.n_heads + head) * D + d;
+  dst[0] = from_f32<T>(acc.x * inv);
+  dst[1] = from_f32<T>(acc.y * inv);
+  dst[2] = from_f32<T>(acc.z * inv);
+  dst[3] = from_f32<T>(acc.w * inv);
+}
+
+// ---- launch ------------------------------------------------------------------------------------
+
+int32_t n_head_blocks(int32_t n_heads, int32_t n_kv_heads) {
+  const int32_t group = n_heads / n_kv_heads;
+  return (group + kHeadsPerCta - 1) / kHeadsPerCta;
+}
+
+size_t workspace_bytes_for(int32_t n_work, int32_t n_heads, int32_t head_dim, int32_t n_splits) {
+  if (n_splits <= 1) return 0;
+  const size_t rows = static_cast<size_t>(n_work) * n_splits * n_heads;
+  return rows * (static_cast<size_t>(head_dim) + 1) * sizeof(float);
+}
+
+struct LaunchArgs {
+  void* out;
+  const void* q;
+  const void* k_pool;
+  const void* v_pool;
+  const int32_t* token_start;
+  const int32_t* kv_len;
+  const int32_t* slot_start;
+  const int32_t* slot_table;
+  const int32_t* seq_ids;
+  int32_t n_work;
+  int32_t n_heads;
+  int32_t n_kv_heads;
+  int32_t n_splits;
+  float scale;
+  void* workspace;
+  cudaStream_t stream;
+};
+
+template <typename T, int D>
+Status launch_typed(const LaunchArgs& a) {
+  float* part_o = static_cast<float*>(a.workspace);
+  float* part_lse = part_o == nullptr
+                        ? nullptr
+                        : part_o + static_cast<size_t>(a.n_work) * a.n_splits * a.n_heads * D;
+  const int32_t blocks = n_head_blocks(a.n_heads, a.n_kv_heads);
+  const DecodeParams<T> p{static_cast<T*>(a.out),
+                          static_cast<const T*>(a.q),
+                          static_cast<const T*>(a.k_pool),
+                          static_cast<const T*>(a.v_pool),
+                          a.token_start,
+                          a.kv_len,
+                          a.slot_start,
+                          a.slot_table,
+                          a.seq_ids,
+                          part_o,
+                          part_lse,
+                          a.n_heads,
+                          a.n_kv_heads,
+                          a.n_heads / a.n_kv_heads,
+                          blocks,
+                          a.scale};
+  const dim3 grid(a.n_splits, a.n_work, a.n_kv_heads * blocks);
+  if constexpr (std::is_same_v<T, float>) {
+    attention_decode_f32_kernel<D><<<grid, kThreads, 0, a.stream>>>(p);
+    LITELLAMA_CUDA_CHECK_LAUNCH("attention_decode_f32_kernel");
+  } else {
+    using L = TcLayout<T, D>;
+    LITELLAMA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(attention_decode_tc_kernel<T, D>,
+                                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                        static_cast<int>(L::kSmemBytes)));
+    attention_decode_tc_kernel<T, D><<<grid, kThreads, L::kSmemBytes, a.stream>>>(p);
+    LITELLAMA_CUDA_CHECK_LAUNCH("attention_decode_tc_kernel");
+  }
+  if (a.n_splits > 1) {
+    constexpr int kHeadsPerBlock = kThreads / (D / 4);
+    const int64_t n_rows = static_cast<int64_t>(a.n_work) * a.n_heads;
+    const unsigned merge_blocks =
+        static_cast<unsigned>((n_rows + kHeadsPerBlock - 1) / kHeadsPerBlock);
+    attention_decode_merge_kernel<T, D>
+        <<<merge_blocks, kThreads, 0, a.stream>>>(p, a.n_work, a.n_splits);
+    LITELLAMA_CUDA_CHECK_LAUNCH("attention_decode_merge_kernel");
+  }
+  return Status::ok();
+}
+
+// The one place where runtime dtype and head_dim become template parameters.
+template <typename T>
+Status dispatch_head_dim(const LaunchArgs& a, int32_t head_dim) {
+  switch (head_dim) {
+    case 64:
+      return launch_typed<T, 64>(a);
+    case 128:
+      return launch_typed<T, 128>(a);
+    default:
+      break;
+  }
+  return make_error(StatusCode::kUnsupported, "attention_decode: head_dim {} not supported",
+                    head_dim);
+}
+
+Status dispatch(const LaunchArgs& a, DType dtype, int32_t head_dim) {
+  switch (dtype) {
+    case DType::kF32:
+      return dispatch_head_dim<float>(a, head_dim);
+    case DType::kBF16:
+      return dispatch_head_dim<__nv_bfloat16>(a, head_dim);
+    case DType::kF16:
+      return dispatch_head_dim<__half>(a, head_dim);
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
+      break;
+  }
+  return make_error(StatusCode::kUnsupported, "attention_decode: dtype {} not supported",
+                    dtype_torch_name(dtype));
+}
+
+}  // namespace
+
+bool attention_decode_supports(DType dtype, int32_t head_dim, int32_t n_heads, int32_t n_kv_heads) {
+  const bool dtype_ok = dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
+  const bool heads_ok = n_kv_heads > 0 && n_heads > 0 && n_heads % n_kv_heads == 0;
+  return dtype_ok && (head_dim == 64 || head_dim == 128) && heads_ok;
+}
+
+int32_t attention_decode_n_splits(int32_t n_work, int32_t n_heads, int32_t n_kv_heads,
+                                  int32_t max_kv_len, int32_t n_sms) {
+  if (n_work <= 0 || n_kv_heads <= 0 || n_heads < n_kv_heads || max_kv_len <= 0 || n_sms <= 0) {
+    return 1;
+  }
+  // Enough CTAs for about kCtasPerSmTarget per multiprocessor, but no split shorter than
+  // kMinKeysPerSplit keys (the merge and the per-CTA setup would dominate).
+  const int64_t base =
+      static_cast<int64_t>(n_work) * n_kv_heads * n_head_blocks(n_heads, n_kv_heads);
+  const int64_t target = static_cast<int64_t>(kCtasPerSmTarget) * n_sms;
+  if (base >= target) return 1;
+  const int64_t want = (target + base - 1) / base;
+  const int64_t by_len =
+      (static_cast<int64_t>(max_kv_len) + kMinKeysPerSplit - 1) / kMinKeysPerSplit;
+  return static_cast<int32_t>(std::clamp<int64_t>(std::min(want, by_len), 1, kMaxSplits));
+}
+
+size_t attention_decode_workspace_size_bytes(int32_t max_n_work, int32_t n_heads,
+                                             int32_t n_kv_heads, int32_t head_dim,
+                                             int32_t max_kv_len, int32_t n_sms) {
+  size_t bytes = 0;
+  for (int32_t n = 1; n <= max_n_work; ++n) {
+    const int32_t n_splits = attention_decode_n_splits(n, n_heads, n_kv_heads, max_kv_len, n_sms);
+    bytes = std::max(bytes, workspace_bytes_for(n, n_heads, head_dim, n_splits));
+    if (n_splits == 1) break;  // more sequences never need splits again (base only grows)
+  }
+  return bytes;
+}
+
+Status launch_attention_decode(void* out, const void* q, const void* k_pool, const void* v_pool,
+                               const int32_t* token_start, const int32_t* kv_len,
+                               const int32_t* slot_start, const int32_t* slot_table,
+                               const int32_t* seq_ids, int32_t n_work, int32_t max_kv_len,
+                               int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, DType dtype,
+                               float scale, int32_t n_sms, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream) {
+  if (!attention_decode_supports(dtype, head_dim, n_heads, n_kv_heads)) {
+    return make_error(StatusCode::kUnsupported,
+                      "attention_decode: unsupported dtype {}, head_dim {} or heads {}/{}",
+                      dtype_torch_name(dtype), head_dim, n_heads, n_kv_heads);
+  }
+  const int64_t grid_z = static_cast<int64_t>(n_kv_heads) * n_head_blocks(n_heads, n_kv_heads);
+  if (n_work < 0 || n_work > 65535 || grid_z > 65535) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "attention_decode: n_work {} or heads {}/{} out of range", n_work, n_heads,
+                      n_kv_heads);
+  }
+  if (n_work == 0) return Status::ok();
+  const int32_t n_splits =
+      attention_decode_n_splits(n_work, n_heads, n_kv_heads, max_kv_len, n_sms);
+  const size_t need = workspace_bytes_for(n_work, n_heads, head_dim, n_splits);
+  if (need > 0 && (workspace == nullptr || workspace_bytes < need ||
+                   reinterpret_cast<uintptr_t>(workspace) % 16 != 0)) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "attention_decode: workspace of {} bytes at {} but {} aligned bytes needed",
+                      workspace_bytes, workspace, need);
+  }
+  const LaunchArgs args{out,        q,          k_pool,    v_pool, token_start, kv_len,
+                        slot_start, slot_table, seq_ids,   n_work, n_heads,     n_kv_heads,
+                        n_splits,   scale,      workspace, stream};
+  return dispatch(args, dtype, head_dim);
+}
+
+}  // namespace litellama

@@ -1,0 +1,60 @@
+// Split-K decode attention (FlashDecoding) over the token-attention KV pool, for sequences with
+// exactly one new token (n_new == 1: the query is token token_start[s] at position kv_len[s]-1 and
+// attends to all kv_len[s] positions through the slot table; see services/worker/model_runner.h).
+// One CTA handles one (sequence, KV head, split of the key range) and computes all query heads of
+// that KV head's group (up to 16 per CTA), so each KV head's K/V rows are read once for the whole
+// group; a second small kernel merges the splits with a log-sum-exp weighted sum. bf16/fp16 use
+// tensor cores (mma.sync m16n8k16, the group's heads as the 16 rows), fp32 accumulation and
+// softmax; float32 runs an exact fp32 SIMT path (no TF32).
+//
+// Split plan: the number of splits is a launch-time choice from (n_work, n_kv_heads, max_kv_len,
+// n_sms) so that the grid fills the GPU; each CTA divides its own sequence's kv_len on the device,
+// so results are correct for any kv_len (max_kv_len is only a hint: a CUDA graph captured with one
+// value stays correct as sequences grow).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/dtype.h"
+#include "common/status.h"
+
+namespace litellama {
+
+// True for dtype kF32/kBF16/kF16, head_dim 64 or 128 and n_heads a positive multiple of
+// n_kv_heads.
+bool attention_decode_supports(DType dtype, int32_t head_dim, int32_t n_heads, int32_t n_kv_heads);
+
+// Splits per (sequence, KV head) that launch_attention_decode uses for these arguments (1 means
+// no merge kernel and no workspace use). n_sms: the device's multiprocessor count, read once by
+// the caller (cudaDevAttrMultiProcessorCount).
+int32_t attention_decode_n_splits(int32_t n_work, int32_t n_heads, int32_t n_kv_heads,
+                                  int32_t max_kv_len, int32_t n_sms);
+
+// Workspace bytes enough for every call with n_work <= max_n_work and max_kv_len <= max_kv_len
+// (and the same heads, head_dim and n_sms), so one allocation can serve all steps (and graphs).
+size_t attention_decode_workspace_size_bytes(int32_t max_n_work, int32_t n_heads,
+                                             int32_t n_kv_heads, int32_t head_dim,
+                                             int32_t max_kv_len, int32_t n_sms);
+
+// Processes the sequences listed in seq_ids (each must have n_new == 1) and writes exactly their
+// rows of `out`; rows of other sequences are untouched. workspace: device memory of at least
+// attention_decode_workspace_size_bytes(n_work, ...) bytes (kInvalidArgument when smaller), 16-byte
+// aligned. Returns kUnsupported when attention_decode_supports() is false.
+Status launch_attention_decode(void* out,                   // [n_tokens, n_heads, head_dim]
+                               const void* q,               // [n_tokens, n_heads, head_dim]
+                               const void* k_pool,          // [n_slots, n_kv_heads, head_dim]
+                               const void* v_pool,          // [n_slots, n_kv_heads, head_dim]
+                               const int32_t* token_start,  // [n_seqs + 1]
+                               const int32_t* kv_len,       // [n_seqs]
+                               const int32_t* slot_start,   // [n_seqs + 1]
+                               const int32_t* slot_table,   // [sum kv_len]
+                               const int32_t* seq_ids,      // [n_work]
+                               int32_t n_work, int32_t max_kv_len, int32_t n_heads,
+                               int32_t n_kv_heads, int32_t head_dim, DType dtype, float scale,
+                               int32_t n_sms, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream);
+
+}  // namespace litellama

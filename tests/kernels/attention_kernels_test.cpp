@@ -1,0 +1,696 @@
+// Prefill and decode attention kernels against the CPU reference (kernels/reference/attention.h):
+// mixed batches with shuffled slot tables, cached prefixes, GQA ratios, seq_ids subsets; every
+// processed row written and finite, rows of other sequences untouched. Also prints the time and
+// achieved bandwidth of realistic decode calls (and one prefill) measured with CUDA events.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "kernels/attention_decode.h"
+#include "kernels/attention_prefill.h"
+#include "kernels/reference/attention.h"
+
+namespace litellama {
+namespace {
+
+bool cuda_device_present() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define SKIP_WITHOUT_CUDA_DEVICE()                                \
+  do {                                                            \
+    if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device"; \
+  } while (0)
+
+#define ASSERT_CUDA(expr)                                                      \
+  do {                                                                         \
+    const cudaError_t _err = (expr);                                           \
+    ASSERT_EQ(_err, cudaSuccess) << #expr << ": " << cudaGetErrorString(_err); \
+  } while (0)
+
+#define ASSERT_OK(expr)                                           \
+  do {                                                            \
+    const ::litellama::Status _st = (expr);                       \
+    ASSERT_TRUE(_st.is_ok()) << #expr << ": " << _st.to_string(); \
+  } while (0)
+
+// Owns one device allocation.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+    if (bytes > 0 && cudaMalloc(&ptr_, bytes) != cudaSuccess) ptr_ = nullptr;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; }
+  ~DeviceBuffer() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  void* get() const { return ptr_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+template <typename T>
+DeviceBuffer upload(const std::vector<T>& host) {
+  DeviceBuffer buf(std::max<size_t>(host.size() * sizeof(T), 16));
+  if (buf.get() != nullptr && !host.empty()) {
+    cudaMemcpy(buf.get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  return buf;
+}
+
+const char* dtype_label(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return "f32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "f16";
+    case DType::kI32:
+      return "i32";
+    case DType::kI64:
+      return "i64";
+    case DType::kU8:
+      return "u8";
+  }
+  return "?";
+}
+
+// ||out - ref|| / ||ref|| over all processed rows, and per (token, head) row.
+double tolerance(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return 1e-5;
+    case DType::kBF16:
+      return 1e-2;
+    case DType::kF16:
+      return 3e-3;
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
+      break;
+  }
+  return 0.0;
+}
+constexpr double kRowToleranceFactor = 4.0;
+
+// Values drawn uniformly, stored in `dtype`, and read back as the float values the kernel sees.
+struct Tensor {
+  std::vector<uint8_t> bytes;
+  std::vector<float> values;
+};
+
+Tensor random_tensor(size_t n, DType dtype, float amplitude, std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(-amplitude, amplitude);
+  std::vector<float> raw(n);
+  for (float& x : raw) x = dist(rng);
+  Tensor t;
+  t.bytes.resize(n * dtype_size_bytes(dtype));
+  convert_from_f32(t.bytes.data(), dtype, raw.data(), n);
+  t.values.resize(n);
+  convert_to_f32(t.values.data(), t.bytes.data(), dtype, n);
+  return t;
+}
+
+struct SeqSpec {
+  int32_t n_new;
+  int32_t n_cached;
+};
+
+struct Shape {
+  DType dtype;
+  int32_t head_dim;
+  int32_t n_heads;
+  int32_t n_kv_heads;
+};
+
+// A packed step: sequences after one another, slot tables drawn from a shuffled pool.
+struct Batch {
+  std::vector<SeqSpec> seqs;
+  std::vector<int32_t> token_start{0};
+  std::vector<int32_t> kv_len;
+  std::vector<int32_t> slot_start{0};
+  std::vector<int32_t> slot_table;
+  int32_t n_slots = 0;
+  int32_t n_tokens() const { return token_start.back(); }
+};
+
+Batch make_batch(const std::vector<SeqSpec>& seqs, std::mt19937& rng) {
+  Batch b;
+  b.seqs = seqs;
+  int32_t total_kv = 0;
+  for (const SeqSpec& s : seqs) total_kv += s.n_new + s.n_cached;
+  b.n_slots = total_kv + total_kv / 3 + 17;  // unused slots in between
+  std::vector<int32_t> perm(b.n_slots);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  int32_t next = 0;
+  for (const SeqSpec& s : seqs) {
+    const int32_t len = s.n_new + s.n_cached;
+    b.token_start.push_back(b.token_start.back() + s.n_new);
+    b.kv_len.push_back(len);
+    for (int32_t p = 0; p < len; ++p) b.slot_table.push_back(perm[next++]);
+    b.slot_start.push_back(static_cast<int32_t>(b.slot_table.size()));
+  }
+  return b;
+}
+
+// Which kernel processes which sequences; sequences in neither must stay untouched.
+struct Work {
+  std::vector<int32_t> prefill_ids;
+  std::vector<int32_t> decode_ids;
+  int32_t n_sms = 0;  // decode split plan; 0: the device's count
+};
+
+void run_and_check(const Shape& shape, const Batch& batch, const Work& work, float q_amplitude,
+                   uint32_t seed, const std::string& label) {
+  std::mt19937 rng(seed);
+  const int32_t D = shape.head_dim;
+  const size_t elem = dtype_size_bytes(shape.dtype);
+  const size_t n_q = static_cast<size_t>(batch.n_tokens()) * shape.n_heads * D;
+  const size_t n_kv = static_cast<size_t>(batch.n_slots) * shape.n_kv_heads * D;
+  const Tensor q = random_tensor(n_q, shape.dtype, q_amplitude, rng);
+  const Tensor k = random_tensor(n_kv, shape.dtype, 1.0f, rng);
+  const Tensor v = random_tensor(n_kv, shape.dtype, 1.0f, rng);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+
+  DeviceBuffer d_q = upload(q.bytes);
+  DeviceBuffer d_k = upload(k.bytes);
+  DeviceBuffer d_v = upload(v.bytes);
+  DeviceBuffer d_token_start = upload(batch.token_start);
+  DeviceBuffer d_kv_len = upload(batch.kv_len);
+  DeviceBuffer d_slot_start = upload(batch.slot_start);
+  DeviceBuffer d_slot_table = upload(batch.slot_table);
+  DeviceBuffer d_prefill_ids = upload(work.prefill_ids);
+  DeviceBuffer d_decode_ids = upload(work.decode_ids);
+  DeviceBuffer d_out(n_q * elem);
+  ASSERT_NE(d_out.get(), nullptr);
+  ASSERT_CUDA(cudaMemset(d_out.get(), 0xFF, n_q * elem));  // NaN in every dtype
+
+  if (!work.prefill_ids.empty()) {
+    int32_t max_n_new = 0;
+    for (int32_t s : work.prefill_ids) max_n_new = std::max(max_n_new, batch.seqs[s].n_new);
+    ASSERT_OK(launch_attention_prefill(
+        d_out.get(), d_q.get(), d_k.get(), d_v.get(), d_token_start.as<int32_t>(),
+        d_kv_len.as<int32_t>(), d_slot_start.as<int32_t>(), d_slot_table.as<int32_t>(),
+        d_prefill_ids.as<int32_t>(), static_cast<int32_t>(work.prefill_ids.size()), max_n_new,
+        shape.n_heads, shape.n_kv_heads, D, shape.dtype, scale, nullptr));
+  }
+  if (!work.decode_ids.empty()) {
+    int32_t n_sms = work.n_sms;
+    if (n_sms == 0) ASSERT_CUDA(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, 0));
+    int32_t max_kv_len = 0;
+    for (int32_t s : work.decode_ids) max_kv_len = std::max(max_kv_len, batch.kv_len[s]);
+    const int32_t n_work = static_cast<int32_t>(work.decode_ids.size());
+    const size_t ws_bytes = attention_decode_workspace_size_bytes(
+        n_work, shape.n_heads, shape.n_kv_heads, D, max_kv_len, n_sms);
+    DeviceBuffer ws(ws_bytes);
+    ASSERT_OK(launch_attention_decode(
+        d_out.get(), d_q.get(), d_k.get(), d_v.get(), d_token_start.as<int32_t>(),
+        d_kv_len.as<int32_t>(), d_slot_start.as<int32_t>(), d_slot_table.as<int32_t>(),
+        d_decode_ids.as<int32_t>(), n_work, max_kv_len, shape.n_heads, shape.n_kv_heads, D,
+        shape.dtype, scale, n_sms, ws.get(), ws_bytes, nullptr));
+    ASSERT_CUDA(cudaDeviceSynchronize());  // before ws goes out of scope
+  }
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  ASSERT_CUDA(cudaGetLastError());
+
+  std::vector<uint8_t> out_bytes(n_q * elem);
+  ASSERT_CUDA(cudaMemcpy(out_bytes.data(), d_out.get(), out_bytes.size(), cudaMemcpyDeviceToHost));
+  std::vector<float> out(n_q);
+  convert_to_f32(out.data(), out_bytes.data(), shape.dtype, n_q);
+
+  // Reference, one sequence per task (disjoint rows).
+  std::vector<int32_t> processed = work.prefill_ids;
+  processed.insert(processed.end(), work.decode_ids.begin(), work.decode_ids.end());
+  std::vector<float> ref(n_q, 0.0f);
+  std::vector<std::future<Status>> tasks;
+  for (int32_t s : processed) {
+    tasks.push_back(std::async(std::launch::async, [&, s] {
+      const int32_t ids[1] = {s};
+      return attention_reference(ref.data(), q.values.data(), k.values.data(), v.values.data(),
+                                 batch.token_start, batch.kv_len, batch.slot_start,
+                                 batch.slot_table, ids, batch.n_slots, shape.n_heads,
+                                 shape.n_kv_heads, D, scale);
+    }));
+  }
+  for (auto& t : tasks) ASSERT_OK(t.get());
+
+  std::vector<uint8_t> is_processed(batch.seqs.size(), 0);
+  for (int32_t s : processed) is_processed[s] = 1;
+  const double tol = tolerance(shape.dtype);
+  double err_sq = 0.0;
+  double ref_sq = 0.0;
+  double worst_row = 0.0;
+  int64_t n_bad_rows = 0;
+  int64_t n_not_written = 0;
+  int64_t n_touched = 0;
+  const size_t row_bytes = static_cast<size_t>(D) * elem;
+  for (size_t s = 0; s < batch.seqs.size(); ++s) {
+    for (int32_t t = batch.token_start[s]; t < batch.token_start[s + 1]; ++t) {
+      for (int32_t h = 0; h < shape.n_heads; ++h) {
+        const size_t row = (static_cast<size_t>(t) * shape.n_heads + h) * D;
+        if (!is_processed[s]) {
+          const uint8_t* bytes = out_bytes.data() + row * elem;
+          if (std::any_of(bytes, bytes + row_bytes, [](uint8_t x) { return x != 0xFF; })) {
+            ++n_touched;
+          }
+          continue;
+        }
+        double row_err = 0.0;
+        double row_ref = 0.0;
+        bool finite = true;
+        for (int32_t d = 0; d < D; ++d) {
+          const double o = out[row + d];
+          const double r = ref[row + d];
+          if (!std::isfinite(o)) finite = false;
+          row_err += (o - r) * (o - r);
+          row_ref += r * r;
+        }
+        if (!finite) {
+          ++n_not_written;
+          continue;
+        }
+        err_sq += row_err;
+        ref_sq += row_ref;
+        const double rel = std::sqrt(row_err / std::max(row_ref, 1e-30));
+        worst_row = std::max(worst_row, rel);
+        if (rel > kRowToleranceFactor * tol) ++n_bad_rows;
+      }
+    }
+  }
+  const double rel = std::sqrt(err_sq / std::max(ref_sq, 1e-30));
+  std::printf("[ %s ] %s d%d heads %d/%d: rel err %.3g, worst row %.3g (tol %.1g)\n", label.c_str(),
+              dtype_label(shape.dtype), D, shape.n_heads, shape.n_kv_heads, rel, worst_row, tol);
+  EXPECT_EQ(n_not_written, 0) << label << ": rows not written or not finite";
+  EXPECT_EQ(n_touched, 0) << label << ": rows of sequences outside seq_ids were written";
+  EXPECT_LE(rel, tol) << label;
+  EXPECT_EQ(n_bad_rows, 0) << label << ": rows over " << kRowToleranceFactor * tol << ", worst "
+                           << worst_row;
+}
+
+std::vector<int32_t> all_ids(size_t n, std::mt19937& rng) {
+  std::vector<int32_t> ids(n);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  return ids;
+}
+
+class AttentionTest : public ::testing::TestWithParam<std::tuple<DType, int32_t>> {
+ protected:
+  DType dtype() const { return std::get<0>(GetParam()); }
+  int32_t head_dim() const { return std::get<1>(GetParam()); }
+  Shape shape(int32_t n_heads, int32_t n_kv_heads) const {
+    return Shape{dtype(), head_dim(), n_heads, n_kv_heads};
+  }
+};
+
+TEST_P(AttentionTest, PrefillSmall) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  std::mt19937 rng(11);
+  const Batch batch = make_batch({{1, 0}, {3, 0}, {7, 5}, {19, 1}, {1, 300}, {3, 60}, {2, 0}}, rng);
+  Work work;
+  work.prefill_ids = all_ids(batch.seqs.size(), rng);
+  for (auto [h, kv] : {std::pair{8, 2}, std::pair{14, 2}, std::pair{4, 4}}) {
+    run_and_check(shape(h, kv), batch, work, 2.0f, 101 + h, "prefill small");
+  }
+}
+
+TEST_P(AttentionTest, DecodeSmall) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  std::mt19937 rng(12);
+  const Batch batch =
+      make_batch({{1, 0}, {1, 1}, {1, 4}, {1, 62}, {1, 63}, {1, 64}, {1, 299}, {1, 130}}, rng);
+  for (int32_t n_sms : {1, 132}) {  // one split; many splits
+    Work work;
+    work.decode_ids = all_ids(batch.seqs.size(), rng);
+    work.n_sms = n_sms;
+    for (auto [h, kv] : {std::pair{8, 2}, std::pair{40, 2}}) {
+      run_and_check(shape(h, kv), batch, work, 2.0f, 201 + h + n_sms,
+                    "decode small, n_sms " + std::to_string(n_sms));
+    }
+  }
+}
+
+TEST_P(AttentionTest, MixedBatchSmall) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  std::mt19937 rng(13);
+  // Prefill chunks (with and without cached prefix) and decode tokens in one packed step; the
+  // sequence at index 4 is in neither list and must stay untouched.
+  const Batch batch =
+      make_batch({{1, 40}, {7, 0}, {1, 3}, {19, 5}, {3, 0}, {1, 200}, {5, 1}, {1, 0}}, rng);
+  Work work;
+  work.prefill_ids = {6, 3, 1};
+  work.decode_ids = {5, 0, 7, 2};
+  run_and_check(shape(16, 2), batch, work, 2.0f, 301, "mixed small");
+}
+
+TEST_P(AttentionTest, PrefillRealistic) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  std::mt19937 rng(21);
+  const Batch batch = make_batch(
+      {{733, 300}, {133, 0}, {19, 1}, {7, 5}, {3, 4097}, {1, 4099}, {1, 0}, {57, 0}}, rng);
+  Work work;
+  work.prefill_ids = all_ids(batch.seqs.size(), rng);
+  work.prefill_ids.erase(std::find(work.prefill_ids.begin(), work.prefill_ids.end(), 7));
+  for (auto [h, kv] : {std::pair{4, 4}, std::pair{8, 2}, std::pair{8, 1}}) {
+    run_and_check(shape(h, kv), batch, work, 4.0f, 401 + h * 10 + kv, "prefill realistic");
+  }
+}
+
+TEST_P(AttentionTest, DecodeRealistic) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  std::mt19937 rng(22);
+  std::vector<SeqSpec> seqs;
+  for (int32_t len : {4100, 1, 17, 64, 300, 1000, 2047, 4096, 511, 129})
+    seqs.push_back({1, len - 1});
+  const Batch batch = make_batch(seqs, rng);
+  Work work;
+  work.decode_ids = all_ids(batch.seqs.size(), rng);
+  work.decode_ids.erase(std::find(work.decode_ids.begin(), work.decode_ids.end(), 3));
+  for (auto [h, kv] :
+       {std::pair{4, 4}, std::pair{32, 8}, std::pair{16, 2}, std::pair{28, 4}, std::pair{32, 2}}) {
+    run_and_check(shape(h, kv), batch, work, 4.0f, 501 + h * 10 + kv, "decode realistic");
+  }
+}
+
+TEST_P(AttentionTest, DecodeAgreesWithPrefill) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  // The same decode sequences through the prefill kernel (n_new == 1 is a valid prefill).
+  std::mt19937 rng(23);
+  const Batch batch = make_batch({{1, 4099}, {1, 0}, {1, 777}, {1, 63}}, rng);
+  Work work;
+  work.prefill_ids = all_ids(batch.seqs.size(), rng);
+  run_and_check(shape(32, 8), batch, work, 4.0f, 601, "prefill of decode tokens");
+}
+
+std::string param_name(const ::testing::TestParamInfo<std::tuple<DType, int32_t>>& info) {
+  return std::string(dtype_label(std::get<0>(info.param))) + "_d" +
+         std::to_string(std::get<1>(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(Attention, AttentionTest,
+                         ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16,
+                                                              DType::kF16),
+                                            ::testing::Values(64, 128)),
+                         param_name);
+
+TEST(AttentionSupport, RefusesUnsupportedShapes) {
+  for (int32_t head_dim : {32, 80, 96, 256}) {
+    EXPECT_FALSE(attention_prefill_supports(DType::kBF16, head_dim, 32, 8));
+    EXPECT_FALSE(attention_decode_supports(DType::kBF16, head_dim, 32, 8));
+    const Status p = launch_attention_prefill(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                              nullptr, nullptr, nullptr, 1, 1, 32, 8, head_dim,
+                                              DType::kBF16, 0.1f, nullptr);
+    EXPECT_EQ(p.code(), StatusCode::kUnsupported);
+    const Status d = launch_attention_decode(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                             nullptr, nullptr, nullptr, 1, 1, 32, 8, head_dim,
+                                             DType::kBF16, 0.1f, 132, nullptr, 0, nullptr);
+    EXPECT_EQ(d.code(), StatusCode::kUnsupported);
+  }
+  EXPECT_FALSE(attention_prefill_supports(DType::kI32, 128, 32, 8));
+  EXPECT_FALSE(attention_decode_supports(DType::kBF16, 128, 30, 8));  // not a multiple
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (int32_t head_dim : {64, 128}) {
+      EXPECT_TRUE(attention_prefill_supports(dtype, head_dim, 32, 8));
+      EXPECT_TRUE(attention_decode_supports(dtype, head_dim, 32, 8));
+    }
+  }
+}
+
+TEST(AttentionSupport, DecodeSplitPlanAndWorkspace) {
+  // Small batches split long sequences; large batches do not; workspace covers every n_work.
+  EXPECT_GT(attention_decode_n_splits(1, 32, 8, 4096, 132), 1);
+  EXPECT_EQ(attention_decode_n_splits(64, 32, 8, 4096, 132), 1);
+  EXPECT_EQ(attention_decode_n_splits(1, 32, 8, 10, 132), 1);
+  const size_t ws = attention_decode_workspace_size_bytes(256, 32, 8, 128, 8192, 132);
+  for (int32_t n = 1; n <= 256; ++n) {
+    const int32_t splits = attention_decode_n_splits(n, 32, 8, 8192, 132);
+    const size_t need = splits > 1 ? static_cast<size_t>(n) * splits * 32 * 129 * 4 : 0;
+    EXPECT_GE(ws, need) << n;
+  }
+  // A workspace that is too small is refused before anything is launched.
+  const Status st = launch_attention_decode(
+      reinterpret_cast<void*>(16), reinterpret_cast<const void*>(16),
+      reinterpret_cast<const void*>(16), reinterpret_cast<const void*>(16),
+      reinterpret_cast<const int32_t*>(16), reinterpret_cast<const int32_t*>(16),
+      reinterpret_cast<const int32_t*>(16), reinterpret_cast<const int32_t*>(16),
+      reinterpret_cast<const int32_t*>(16), 1, 4096, 32, 8, 128, DType::kBF16, 0.1f, 132, nullptr,
+      0, nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+}
+
+// ---- timing ------------------------------------------------------------------------------------
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Device-to-device copy bandwidth (bytes read + written), the ceiling the decode numbers compare
+// with.
+double copy_bandwidth_gbs() {
+  const size_t bytes = size_t{1} << 30;
+  DeviceBuffer a(bytes);
+  DeviceBuffer b(bytes);
+  if (a.get() == nullptr || b.get() == nullptr) return 0.0;
+  cudaEvent_t start;
+  cudaEvent_t stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  cudaMemcpy(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice);
+  std::vector<double> ms;
+  for (int i = 0; i < 7; ++i) {
+    cudaEventRecord(start);
+    cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice);
+    cudaEventRecord(stop);
+    cudaEventSynchronize(stop);
+    float t = 0.0f;
+    cudaEventElapsedTime(&t, start, stop);
+    ms.push_back(t);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return 2.0 * static_cast<double>(bytes) / (median(ms) * 1e-3) / 1e9;
+}
+
+// Median microseconds per call of call(i % n_rot, stream), timed with CUDA events over graph
+// replays of calls_per_sample calls (launch gaps as in the server's decode graphs).
+void time_calls(const std::function<Status(int32_t, cudaStream_t)>& call, int32_t n_rot,
+                int32_t calls_per_sample, double* us_per_call) {
+  cudaStream_t stream;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (int32_t r = 0; r < n_rot; ++r) ASSERT_OK(call(r, stream));
+  ASSERT_CUDA(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  for (int32_t i = 0; i < calls_per_sample; ++i) ASSERT_OK(call(i % n_rot, stream));
+  ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
+  ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+  ASSERT_CUDA(cudaStreamSynchronize(stream));
+  cudaEvent_t start;
+  cudaEvent_t stop;
+  ASSERT_CUDA(cudaEventCreate(&start));
+  ASSERT_CUDA(cudaEventCreate(&stop));
+  std::vector<double> us;
+  for (int rep = 0; rep < 15; ++rep) {
+    ASSERT_CUDA(cudaEventRecord(start, stream));
+    ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+    ASSERT_CUDA(cudaEventRecord(stop, stream));
+    ASSERT_CUDA(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    ASSERT_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    us.push_back(1e3 * ms / calls_per_sample);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  *us_per_call = median(us);
+}
+
+TEST(AttentionTiming, DecodeBf16HeadDim64) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const int32_t n_heads = 32;
+  const int32_t n_kv_heads = 8;
+  const int32_t D = 64;
+  const DType dtype = DType::kBF16;
+  int32_t n_sms = 0;
+  ASSERT_CUDA(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaDeviceProp prop{};
+  ASSERT_CUDA(cudaGetDeviceProperties(&prop, 0));
+  const double copy_gbs = copy_bandwidth_gbs();
+  std::printf("[ timing ] %s, %d SMs, L2 %d MB; device copy %.0f GB/s (read + write)\n", prop.name,
+              n_sms, prop.l2CacheSize >> 20, copy_gbs);
+  std::mt19937 rng(7);
+  constexpr size_t kPoolSliceElems = size_t{1} << 24;
+  const Tensor pool_slice = random_tensor(kPoolSliceElems, dtype, 1.0f, rng);
+  for (bool shuffled : {true, false}) {
+    for (int32_t batch_size : {1, 64}) {
+      for (int32_t kv : {512, 4096}) {
+        // Rotate over enough disjoint slot sets that one pass is well past the L2.
+        const size_t kv_bytes_per_call =
+            static_cast<size_t>(batch_size) * kv * n_kv_heads * D * 2 * dtype_size_bytes(dtype);
+        const int32_t n_rot = static_cast<int32_t>(
+            std::clamp<size_t>((size_t{512} << 20) / kv_bytes_per_call, 1, 256));
+        const int32_t slots_per_call = batch_size * kv;
+        const int32_t n_slots = slots_per_call * n_rot;
+        std::vector<int32_t> perm(n_slots);
+        std::iota(perm.begin(), perm.end(), 0);
+        if (shuffled) std::shuffle(perm.begin(), perm.end(), rng);
+        std::vector<int32_t> token_start(batch_size + 1);
+        std::vector<int32_t> kv_len(batch_size, kv);
+        std::vector<int32_t> slot_start(batch_size + 1);
+        std::vector<int32_t> seq_ids(batch_size);
+        for (int32_t s = 0; s <= batch_size; ++s) {
+          token_start[s] = s;
+          slot_start[s] = s * kv;
+        }
+        std::iota(seq_ids.begin(), seq_ids.end(), 0);
+        std::vector<DeviceBuffer> tables;
+        for (int32_t r = 0; r < n_rot; ++r) {
+          tables.push_back(upload(std::vector<int32_t>(perm.begin() + r * slots_per_call,
+                                                       perm.begin() + (r + 1) * slots_per_call)));
+        }
+        const size_t pool_elems = static_cast<size_t>(n_slots) * n_kv_heads * D;
+        const Tensor qt =
+            random_tensor(static_cast<size_t>(batch_size) * n_heads * D, dtype, 4.0f, rng);
+        DeviceBuffer d_q = upload(qt.bytes);
+        DeviceBuffer d_k(pool_elems * 2);
+        DeviceBuffer d_v(pool_elems * 2);
+        // Random pool contents (not zeros): one random slice repeated over the pool.
+        for (size_t off = 0; off < pool_elems; off += kPoolSliceElems) {
+          const size_t n = std::min(kPoolSliceElems, pool_elems - off);
+          ASSERT_CUDA(cudaMemcpy(d_k.as<uint8_t>() + off * 2, pool_slice.bytes.data(), n * 2,
+                                 cudaMemcpyHostToDevice));
+          ASSERT_CUDA(cudaMemcpy(d_v.as<uint8_t>() + off * 2,
+                                 pool_slice.bytes.data() + 2 * kPoolSliceElems - n * 2, n * 2,
+                                 cudaMemcpyHostToDevice));
+        }
+        DeviceBuffer d_token_start = upload(token_start);
+        DeviceBuffer d_kv_len = upload(kv_len);
+        DeviceBuffer d_slot_start = upload(slot_start);
+        DeviceBuffer d_seq_ids = upload(seq_ids);
+        DeviceBuffer d_out(static_cast<size_t>(batch_size) * n_heads * D * 2);
+        // The split plan for this device first; then, for shuffled slots, larger plans (as for a
+        // device with more multiprocessors) to show how the split count moves the time.
+        constexpr int32_t kMaxSmFactor = 8;
+        const size_t ws_bytes = attention_decode_workspace_size_bytes(
+            batch_size, n_heads, n_kv_heads, D, kv, n_sms * kMaxSmFactor);
+        DeviceBuffer ws(ws_bytes);
+        const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+        int32_t last_splits = 0;
+        for (int32_t factor = 1; factor <= (shuffled ? kMaxSmFactor : 1); factor *= 2) {
+          const int32_t plan_sms = n_sms * factor;
+          const int32_t splits =
+              attention_decode_n_splits(batch_size, n_heads, n_kv_heads, kv, plan_sms);
+          if (splits == last_splits) continue;
+          last_splits = splits;
+          auto call = [&](int32_t r, cudaStream_t stream) {
+            return launch_attention_decode(
+                d_out.get(), d_q.get(), d_k.get(), d_v.get(), d_token_start.as<int32_t>(),
+                d_kv_len.as<int32_t>(), d_slot_start.as<int32_t>(), tables[r].as<int32_t>(),
+                d_seq_ids.as<int32_t>(), batch_size, kv, n_heads, n_kv_heads, D, dtype, scale,
+                plan_sms, ws.get(), ws_bytes, stream);
+          };
+          const int32_t calls_per_sample = std::max(n_rot, 16);
+          double t_us = 0.0;
+          ASSERT_NO_FATAL_FAILURE(time_calls(call, n_rot, calls_per_sample, &t_us));
+          const double bytes = static_cast<double>(kv_bytes_per_call) +
+                               static_cast<double>(batch_size) * kv * sizeof(int32_t) +
+                               2.0 * batch_size * n_heads * D * 2;
+          const double gbs = bytes / (t_us * 1e-6) / 1e9;
+          std::printf(
+              "[ timing ] decode bf16 d64 heads 32/8 batch %2d kv %4d (%s slots): %8.2f us, "
+              "%6.0f GB/s (%4.1f%% of copy), splits %d%s\n",
+              batch_size, kv, shuffled ? "shuffled" : "contiguous", t_us, gbs,
+              copy_gbs > 0 ? 100.0 * gbs / copy_gbs : 0.0, splits,
+              factor == 1 ? " (this device's plan)" : "");
+        }
+      }
+    }
+  }
+}
+
+TEST(AttentionTiming, PrefillBf16HeadDim128) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const int32_t n_heads = 32;
+  const int32_t n_kv_heads = 8;
+  const int32_t D = 128;
+  const int32_t n = 4096;
+  const DType dtype = DType::kBF16;
+  std::mt19937 rng(8);
+  const Batch batch = make_batch({{n, 0}}, rng);
+  const Tensor q = random_tensor(static_cast<size_t>(n) * n_heads * D, dtype, 4.0f, rng);
+  const Tensor kv =
+      random_tensor(static_cast<size_t>(batch.n_slots) * n_kv_heads * D, dtype, 1.0f, rng);
+  DeviceBuffer d_q = upload(q.bytes);
+  DeviceBuffer d_k = upload(kv.bytes);
+  DeviceBuffer d_v = upload(kv.bytes);
+  DeviceBuffer d_token_start = upload(batch.token_start);
+  DeviceBuffer d_kv_len = upload(batch.kv_len);
+  DeviceBuffer d_slot_start = upload(batch.slot_start);
+  DeviceBuffer d_slot_table = upload(batch.slot_table);
+  DeviceBuffer d_ids = upload(std::vector<int32_t>{0});
+  DeviceBuffer d_out(q.bytes.size());
+  auto call = [&] {
+    return launch_attention_prefill(d_out.get(), d_q.get(), d_k.get(), d_v.get(),
+                                    d_token_start.as<int32_t>(), d_kv_len.as<int32_t>(),
+                                    d_slot_start.as<int32_t>(), d_slot_table.as<int32_t>(),
+                                    d_ids.as<int32_t>(), 1, n, n_heads, n_kv_heads, D, dtype,
+                                    1.0f / std::sqrt(static_cast<float>(D)), nullptr);
+  };
+  ASSERT_OK(call());
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  cudaEvent_t start;
+  cudaEvent_t stop;
+  ASSERT_CUDA(cudaEventCreate(&start));
+  ASSERT_CUDA(cudaEventCreate(&stop));
+  std::vector<double> ms;
+  for (int rep = 0; rep < 9; ++rep) {
+    ASSERT_CUDA(cudaEventRecord(start));
+    ASSERT_OK(call());
+    ASSERT_CUDA(cudaEventRecord(stop));
+    ASSERT_CUDA(cudaEventSynchronize(stop));
+    float t = 0.0f;
+    ASSERT_CUDA(cudaEventElapsedTime(&t, start, stop));
+    ms.push_back(t);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  const double t_ms = median(ms);
+  const double flops = 4.0 * n_heads * D * (static_cast<double>(n) * (n + 1) / 2.0);
+  std::printf(
+      "[ timing ] prefill bf16 d128 heads 32/8, one sequence of %d tokens (shuffled "
+      "slots): %.3f ms, %.0f TFLOP/s (causal FLOPs)\n",
+      n, t_ms, flops / (t_ms * 1e-3) / 1e12);
+}
+
+}  // namespace
+}  // namespace litellama
