@@ -1,0 +1,39 @@
+// MetricsServer: one HTTP listener per service (civetweb) serving the service's prometheus-cpp
+// registry at /metrics, liveness at /health (200 while the process runs) and readiness at /ready
+// (200, or 503 with the reason while loading or while a peer is down).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <prometheus/registry.h>
+
+#include "common/status.h"
+
+class CivetServer;
+
+namespace litellama::net {
+
+class MetricsServer {
+ public:
+  // Returns "" when ready, else why not. Called from the HTTP threads: must be thread-safe.
+  using ReadyCheck = std::function<std::string()>;
+
+  // `listen` is "PORT" or "HOST:PORT" (port 0 picks a free one).
+  static Result<std::unique_ptr<MetricsServer>> start(
+      const std::string& listen, std::shared_ptr<prometheus::Registry> registry, ReadyCheck ready);
+  ~MetricsServer();
+
+  int port() const { return port_; }
+
+ private:
+  struct Handlers;
+  MetricsServer() = default;
+
+  std::unique_ptr<Handlers> handlers_;
+  std::unique_ptr<CivetServer> server_;
+  int port_ = 0;
+};
+
+}  // namespace litellama::net

@@ -1,0 +1,182 @@
+#include "common/net/scheduler_client.h"
+
+#include <chrono>
+#include <thread>
+
+#include "common/log.h"
+#include "common/net/zmq_util.h"
+
+namespace litellama::net {
+
+Result<std::unique_ptr<SchedulerClient>> SchedulerClient::connect(const std::string& endpoint) {
+  LITELLAMA_RETURN_IF_ERROR(prepare_endpoint(endpoint));
+  std::unique_ptr<SchedulerClient> client(new SchedulerClient());
+  try {
+    client->socket_ = zmq::socket_t(client->context_, zmq::socket_type::dealer);
+    configure_socket(client->socket_);
+    client->socket_.connect(endpoint);
+  } catch (const zmq::error_t& e) {
+    return make_error(StatusCode::kInvalidArgument, "cannot connect to '{}': {}", endpoint,
+                      e.what());
+  }
+  return client;
+}
+
+SchedulerClient::~SchedulerClient() = default;
+
+Result<uint64_t> SchedulerClient::submit(proto::GenerateRequest request) {
+  request.request_id = next_request_id_++;
+  if (send_one(socket_, proto::encode(request)) != SendResult::kSent) {
+    return make_error(StatusCode::kUnavailable, "scheduler queue is full");
+  }
+  return request.request_id;
+}
+
+Status SchedulerClient::abort(uint64_t request_id) {
+  proto::AbortRequest abort;
+  abort.request_id = request_id;
+  if (send_one(socket_, proto::encode(abort)) != SendResult::kSent) {
+    return make_error(StatusCode::kUnavailable, "scheduler queue is full");
+  }
+  return Status::ok();
+}
+
+Result<bool> SchedulerClient::receive(int timeout_ms, std::optional<proto::ServerInfoReply>* info) {
+  zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+  const int n = zmq::poll(&item, 1, std::chrono::milliseconds(timeout_ms));
+  if (n == 0) return false;
+  std::vector<zmq::message_t> frames;
+  if (!recv_frames(socket_, &frames)) return false;
+  if (frames.size() != 1) {
+    ++n_protocol_errors_;
+    return true;
+  }
+  auto envelope = proto::Envelope::parse(frame_view(frames[0]));
+  if (!envelope) {
+    ++n_protocol_errors_;
+    LITELLAMA_LOG_WARN("dropped a frame from the scheduler: {}", envelope.status().to_string());
+    return true;
+  }
+  switch (envelope->type()) {
+    case proto::MessageType::kGenerateChunk: {
+      auto chunk = envelope->as<proto::GenerateChunk>();
+      if (!chunk) break;
+      ClientEvent event;
+      event.kind = ClientEvent::Kind::kChunk;
+      event.chunk = std::move(chunk).value();
+      events_.push_back(std::move(event));
+      return true;
+    }
+    case proto::MessageType::kRequestError: {
+      auto error = envelope->as<proto::RequestError>();
+      if (!error) break;
+      ClientEvent event;
+      event.kind = ClientEvent::Kind::kError;
+      event.error = std::move(error).value();
+      events_.push_back(std::move(event));
+      return true;
+    }
+    case proto::MessageType::kServerInfoReply: {
+      auto reply = envelope->as<proto::ServerInfoReply>();
+      if (!reply) break;
+      *info = std::move(reply).value();
+      return true;
+    }
+    default:
+      break;
+  }
+  ++n_protocol_errors_;
+  return true;
+}
+
+Result<std::optional<ClientEvent>> SchedulerClient::next_event(int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (events_.empty()) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now())
+                          .count();
+    if (left <= 0) return std::optional<ClientEvent>();
+    std::optional<proto::ServerInfoReply> ignored;
+    LITELLAMA_ASSIGN_OR_RETURN(bool got, receive(static_cast<int>(left), &ignored));
+    (void)got;
+  }
+  ClientEvent event = std::move(events_.front());
+  events_.pop_front();
+  return std::optional<ClientEvent>(std::move(event));
+}
+
+Result<proto::ServerInfoReply> SchedulerClient::server_info(int timeout_ms) {
+  proto::ServerInfoRequest request;
+  request.request_id = next_request_id_++;
+  if (send_one(socket_, proto::encode(request)) != SendResult::kSent) {
+    return make_error(StatusCode::kUnavailable, "scheduler queue is full");
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now())
+                          .count();
+    if (left <= 0) return make_error(StatusCode::kUnavailable, "the scheduler did not answer");
+    std::optional<proto::ServerInfoReply> info;
+    LITELLAMA_ASSIGN_OR_RETURN(bool got, receive(static_cast<int>(left), &info));
+    (void)got;
+    if (info && info->request_id == request.request_id) return std::move(*info);
+  }
+}
+
+Status SchedulerClient::wait_ready(int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  std::string why = "the scheduler did not answer";
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto info = server_info(500);
+    if (info && info->ready) return Status::ok();
+    if (info) {
+      why = !info->worker_up ? "no worker is up" : "no tokenizer is up";
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  return make_error(StatusCode::kUnavailable, "not ready after {} ms: {}", timeout_ms, why);
+}
+
+Result<Completion> SchedulerClient::generate(proto::GenerateRequest request,
+                                             const ChunkCallback& on_chunk, int idle_timeout_ms) {
+  const double start = monotonic_seconds();
+  LITELLAMA_ASSIGN_OR_RETURN(uint64_t id, submit(std::move(request)));
+  Completion completion;
+  while (true) {
+    LITELLAMA_ASSIGN_OR_RETURN(std::optional<ClientEvent> event, next_event(idle_timeout_ms));
+    if (!event) {
+      (void)abort(id);
+      return make_error(StatusCode::kUnavailable, "no answer from the scheduler for {} ms",
+                        idle_timeout_ms);
+    }
+    if (event->request_id() != id) continue;
+    if (event->kind == ClientEvent::Kind::kError) {
+      StatusCode code = StatusCode::kInternal;
+      for (StatusCode c :
+           {StatusCode::kInvalidArgument, StatusCode::kNotFound, StatusCode::kUnsupported,
+            StatusCode::kDataLoss, StatusCode::kResourceExhausted, StatusCode::kUnavailable}) {
+        if (event->error.code == status_code_name(c)) code = c;
+      }
+      return Status(code, event->error.message);
+    }
+    const proto::GenerateChunk& chunk = event->chunk;
+    const double now = monotonic_seconds() - start;
+    if (!chunk.token_ids.empty()) {
+      if (completion.token_ids.empty()) completion.first_token_seconds = now;
+      completion.token_times_seconds.push_back(now);
+    }
+    completion.text += chunk.text;
+    completion.token_ids.insert(completion.token_ids.end(), chunk.token_ids.begin(),
+                                chunk.token_ids.end());
+    completion.n_prompt_tokens = chunk.n_prompt_tokens;
+    if (on_chunk) on_chunk(chunk);
+    if (chunk.finished) {
+      completion.finish_reason = chunk.finish_reason;
+      completion.total_seconds = now;
+      return completion;
+    }
+  }
+}
+
+}  // namespace litellama::net

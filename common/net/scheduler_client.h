@@ -1,0 +1,77 @@
+// SchedulerClient: the client side of the client <-> scheduler hop (client_messages.h) over one
+// DEALER socket. Not thread-safe; one client may have many requests outstanding (the bench
+// command does), told apart by the ids submit() assigns.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "common/proto/client_messages.h"
+#include "common/status.h"
+
+namespace litellama::net {
+
+struct ClientEvent {
+  enum class Kind { kChunk, kError };
+  Kind kind = Kind::kChunk;
+  proto::GenerateChunk chunk;  // kChunk
+  proto::RequestError error;   // kError
+  uint64_t request_id() const { return kind == Kind::kChunk ? chunk.request_id : error.request_id; }
+};
+
+// A whole answer, with client-side timings (seconds since submit).
+struct Completion {
+  std::string text;
+  std::vector<int32_t> token_ids;
+  std::string finish_reason;
+  int32_t n_prompt_tokens = 0;
+  double first_token_seconds = 0.0;
+  double total_seconds = 0.0;
+  std::vector<double> token_times_seconds;  // arrival of each chunk that carried tokens
+};
+
+class SchedulerClient {
+ public:
+  using ChunkCallback = std::function<void(const proto::GenerateChunk&)>;
+
+  static Result<std::unique_ptr<SchedulerClient>> connect(const std::string& endpoint);
+  ~SchedulerClient();
+
+  // Sends `request` under a fresh id (its request_id is overwritten) and returns that id.
+  Result<uint64_t> submit(proto::GenerateRequest request);
+  Status abort(uint64_t request_id);
+  // The next chunk or error of any request, or nullopt after timeout_ms without one.
+  Result<std::optional<ClientEvent>> next_event(int timeout_ms);
+
+  Result<proto::ServerInfoReply> server_info(int timeout_ms);
+  // Asks until the scheduler says it is ready (worker and a tokenizer up) or timeout_ms passed.
+  Status wait_ready(int timeout_ms);
+
+  // Runs one request to its end, calling on_chunk for every chunk. Fails with the scheduler's
+  // error, or kUnavailable when nothing arrived for idle_timeout_ms.
+  Result<Completion> generate(proto::GenerateRequest request, const ChunkCallback& on_chunk,
+                              int idle_timeout_ms = 60000);
+
+  // Frames from the scheduler that could not be decoded (counted and dropped).
+  int64_t n_protocol_errors() const { return n_protocol_errors_; }
+
+ private:
+  SchedulerClient() = default;
+  // Receives one frame and decodes it; sets *info for a ServerInfoReply.
+  Result<bool> receive(int timeout_ms, std::optional<proto::ServerInfoReply>* info);
+
+  zmq::context_t context_{1};
+  zmq::socket_t socket_;
+  uint64_t next_request_id_ = 1;
+  std::deque<ClientEvent> events_;
+  int64_t n_protocol_errors_ = 0;
+};
+
+}  // namespace litellama::net

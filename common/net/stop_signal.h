@@ -1,0 +1,12 @@
+// SIGINT/SIGTERM handling for the services and the launcher: the first signal asks the process to
+// stop (the callback must only store to an atomic); a second one exits at once.
+#pragma once
+
+#include <atomic>
+
+namespace litellama::net {
+
+// Sets *flag to true on SIGINT or SIGTERM. The flag must outlive the process's signal handling.
+void install_stop_signal(std::atomic<bool>* flag);
+
+}  // namespace litellama::net

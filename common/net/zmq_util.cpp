@@ -1,0 +1,93 @@
+#include "common/net/zmq_util.h"
+
+#include <chrono>
+#include <filesystem>
+#include <random>
+
+namespace litellama::net {
+
+int64_t unix_now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+double monotonic_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+uint64_t random_id() {
+  static thread_local std::mt19937_64 gen{std::random_device{}() ^
+                                          static_cast<uint64_t>(unix_now_ns())};
+  uint64_t id = 0;
+  while (id == 0) id = gen();
+  return id;
+}
+
+std::string ipc_endpoint(const std::string& dir, const std::string& name) {
+  return "ipc://" + dir + "/" + name + ".sock";
+}
+
+Status prepare_endpoint(const std::string& endpoint) {
+  constexpr std::string_view kIpc = "ipc://";
+  constexpr std::string_view kTcp = "tcp://";
+  if (endpoint.rfind(kTcp, 0) == 0) return Status::ok();
+  if (endpoint.rfind(kIpc, 0) != 0) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "endpoint '{}' must start with ipc:// or tcp://", endpoint);
+  }
+  const std::filesystem::path path(endpoint.substr(kIpc.size()));
+  if (path.has_parent_path()) {
+    std::error_code ec;
+    std::filesystem::create_directories(path.parent_path(), ec);
+    if (ec) {
+      return make_error(StatusCode::kUnavailable, "cannot create '{}': {}",
+                        path.parent_path().string(), ec.message());
+    }
+  }
+  return Status::ok();
+}
+
+void configure_socket(zmq::socket_t& socket) {
+  socket.set(zmq::sockopt::linger, 0);
+  socket.set(zmq::sockopt::sndhwm, 100000);
+  socket.set(zmq::sockopt::rcvhwm, 100000);
+}
+
+void configure_router(zmq::socket_t& socket) {
+  configure_socket(socket);
+  socket.set(zmq::sockopt::router_mandatory, 1);
+}
+
+SendResult send_to(zmq::socket_t& router, std::string_view identity, std::string_view payload) {
+  try {
+    auto sent = router.send(zmq::buffer(identity.data(), identity.size()),
+                            zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+    if (!sent) return SendResult::kWouldBlock;
+    router.send(zmq::buffer(payload.data(), payload.size()), zmq::send_flags::dontwait);
+    return SendResult::kSent;
+  } catch (const zmq::error_t& e) {
+    if (e.num() == EHOSTUNREACH) return SendResult::kPeerGone;
+    throw;
+  }
+}
+
+SendResult send_one(zmq::socket_t& socket, std::string_view payload) {
+  auto sent = socket.send(zmq::buffer(payload.data(), payload.size()), zmq::send_flags::dontwait);
+  return sent ? SendResult::kSent : SendResult::kWouldBlock;
+}
+
+bool recv_frames(zmq::socket_t& socket, std::vector<zmq::message_t>* frames) {
+  frames->clear();
+  while (true) {
+    zmq::message_t msg;
+    auto got =
+        socket.recv(msg, frames->empty() ? zmq::recv_flags::dontwait : zmq::recv_flags::none);
+    if (!got) return false;
+    const bool more = msg.more();
+    frames->push_back(std::move(msg));
+    if (!more) return true;
+  }
+}
+
+}  // namespace litellama::net

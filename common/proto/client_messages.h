@@ -1,0 +1,112 @@
+// Client <-> scheduler hop: the client API on the scheduler's ROUTER socket (the CLI's DEALER
+// speaks it). One frame per message. A client names its requests with ids unique per connection;
+// the scheduler answers each GenerateRequest with GenerateChunk messages (text deltas and the new
+// token ids, in order) ending in one with finished = true, or with one RequestError. An
+// AbortRequest is answered by the final chunk (finish_reason "abort") when the request was known.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/proto/codec.h"
+
+namespace litellama::proto {
+
+struct ChatMessage {
+  std::string role;
+  std::string content;
+  MSGPACK_DEFINE_MAP(role, content);
+};
+
+// Mirrors the engine's SamplingParams (same meaning, same defaults: greedy).
+struct SamplingOptions {
+  float temperature = 0.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  uint64_t seed = 0;
+  MSGPACK_DEFINE_MAP(temperature, top_k, top_p, min_p, repetition_penalty, frequency_penalty,
+                     presence_penalty, seed);
+};
+
+// client -> scheduler. The input is prompt_ids when non-empty, else messages (the chat template is
+// applied with a generation prompt) when non-empty, else the text prompt.
+struct GenerateRequest {
+  static constexpr MessageType kType = MessageType::kGenerateRequest;
+  uint64_t request_id = 0;
+  std::string prompt;
+  std::vector<ChatMessage> messages;
+  std::vector<int32_t> prompt_ids;
+  bool add_special_tokens = true;  // text prompt only: prepend BOS etc. as the tokenizer says
+  SamplingOptions sampling;
+  int32_t max_tokens = 16;
+  std::vector<int32_t> stop_token_ids;  // besides the model's EOS ids
+  std::vector<std::string> stop;        // stop strings; the text ends before the first match
+  bool ignore_eos = false;              // do not stop on the model's EOS ids
+  bool skip_special_tokens = true;      // leave special tokens out of the text
+  MSGPACK_DEFINE_MAP(request_id, prompt, messages, prompt_ids, add_special_tokens, sampling,
+                     max_tokens, stop_token_ids, stop, ignore_eos, skip_special_tokens);
+};
+
+// scheduler -> client: the next piece of one request's output.
+struct GenerateChunk {
+  static constexpr MessageType kType = MessageType::kGenerateChunk;
+  uint64_t request_id = 0;
+  std::string text;                // UTF-8 text delta (never splits a character)
+  std::vector<int32_t> token_ids;  // ids generated since the previous chunk
+  bool finished = false;
+  std::string finish_reason;  // when finished: "stop", "length" or "abort"
+  int32_t n_prompt_tokens = 0;
+  int32_t n_generated_tokens = 0;  // so far
+  MSGPACK_DEFINE_MAP(request_id, text, token_ids, finished, finish_reason, n_prompt_tokens,
+                     n_generated_tokens);
+};
+
+// client -> scheduler: stop a request and free its KV slots now.
+struct AbortRequest {
+  static constexpr MessageType kType = MessageType::kAbortRequest;
+  uint64_t request_id = 0;
+  MSGPACK_DEFINE_MAP(request_id);
+};
+
+// scheduler -> client: the request failed (or the message with this id was not understood); no
+// further message about it follows. `code` is a status_code_name; `message` is fixed text.
+struct RequestError {
+  static constexpr MessageType kType = MessageType::kRequestError;
+  uint64_t request_id = 0;
+  std::string code;
+  std::string message;
+  MSGPACK_DEFINE_MAP(request_id, code, message);
+};
+
+// client -> scheduler: what is being served and whether it is ready.
+struct ServerInfoRequest {
+  static constexpr MessageType kType = MessageType::kServerInfoRequest;
+  uint64_t request_id = 0;
+  MSGPACK_DEFINE_MAP(request_id);
+};
+
+struct ServerInfoReply {
+  static constexpr MessageType kType = MessageType::kServerInfoReply;
+  uint64_t request_id = 0;
+  bool ready = false;  // a worker and at least one tokenizer are up
+  bool worker_up = false;
+  int32_t n_tokenizers = 0;
+  std::string model;  // the worker's model name
+  std::string device;
+  int32_t n_kv_slots = 0;
+  int32_t n_kv_slots_used = 0;
+  int32_t n_requests_running = 0;
+  int32_t n_requests_waiting = 0;
+  int64_t max_model_len = 0;
+  std::vector<int32_t> eos_token_ids;
+  MSGPACK_DEFINE_MAP(request_id, ready, worker_up, n_tokenizers, model, device, n_kv_slots,
+                     n_kv_slots_used, n_requests_running, n_requests_waiting, max_model_len,
+                     eos_token_ids);
+};
+
+}  // namespace litellama::proto

@@ -1,0 +1,17 @@
+// Scheduler -> worker and tokenizers: the scheduler is alive. Peers mark it down (and report 503
+// on /ready) when none arrived for their peer timeout, and re-announce themselves on the next one.
+#pragma once
+
+#include <cstdint>
+
+#include "common/proto/codec.h"
+
+namespace litellama::proto {
+
+struct SchedulerHeartbeat {
+  static constexpr MessageType kType = MessageType::kSchedulerHeartbeat;
+  uint64_t incarnation = 0;  // random per scheduler start
+  MSGPACK_DEFINE_MAP(incarnation);
+};
+
+}  // namespace litellama::proto

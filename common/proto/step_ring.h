@@ -1,0 +1,106 @@
+// StepRing: the shared-memory channel for step data between the scheduler and the worker
+// (Boost.Interprocess). The worker creates it once its KV pool size is known and names it in its
+// heartbeat; the scheduler opens it. Two buffers, so the scheduler writes step N+1 while the
+// worker runs step N; the StepRequest/StepResult doorbells on ZeroMQ hand a buffer back and forth
+// and are the only synchronisation: a side touches a buffer only while it owns it.
+//
+// Each buffer holds one step as fixed-capacity arrays (layout below) plus the sampled ids the
+// worker writes back. All offsets derive from StepRingLimits, which the region's header records,
+// so both sides compute the same layout; the header's magic and layout version are checked on
+// open.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "common/status.h"
+
+namespace litellama::proto {
+
+inline constexpr uint64_t kStepRingMagic = 0x4c4c4d5354455031ull;  // "LLMSTEP1"
+inline constexpr uint32_t kStepRingLayoutVersion = 1;
+inline constexpr int kStepRingBuffers = 2;
+
+struct StepRingLimits {
+  int32_t max_tokens = 0;   // tokens of one step
+  int32_t max_seqs = 0;     // sequences of one step
+  int32_t max_slots = 0;    // slot-table entries of one step (sum of kv_len)
+  int32_t max_history = 0;  // penalty-history ids of one step
+};
+
+// Per-sequence sampling parameters, fixed layout (mirrors SamplingParams).
+struct StepSampling {
+  float temperature;
+  int32_t top_k;
+  float top_p;
+  float min_p;
+  float repetition_penalty;
+  float frequency_penalty;
+  float presence_penalty;
+  uint32_t reserved;
+  uint64_t seed;
+};
+static_assert(sizeof(StepSampling) == 40);
+
+struct StepHeader {
+  uint64_t step_id;
+  int32_t n_seqs;
+  int32_t n_tokens;
+  int32_t n_slots;
+  int32_t n_history;  // 0: no sequence has penalties
+  int32_t n_top_logits;
+  int32_t reserved;
+};
+
+// One buffer's arrays, as pointers into the mapping. Sizes are capacities; the header says how
+// many entries of each are in use. Meanings match StepBatch in services/worker/model_runner.h,
+// except that token_ids and history_ids may hold placeholders (< 0, see StepRequest).
+struct StepView {
+  StepHeader* header = nullptr;
+  std::span<int32_t> token_ids;      // [max_tokens]
+  std::span<int32_t> positions;      // [max_tokens]
+  std::span<int32_t> token_start;    // [max_seqs + 1]
+  std::span<int32_t> kv_len;         // [max_seqs]
+  std::span<int32_t> slot_start;     // [max_seqs + 1]
+  std::span<int32_t> slot_table;     // [max_slots]
+  std::span<uint8_t> sample;         // [max_seqs]
+  std::span<StepSampling> sampling;  // [max_seqs]
+  std::span<int32_t> n_generated;    // [max_seqs]
+  std::span<int32_t> history_start;  // [max_seqs + 1]
+  std::span<int32_t> history_ids;    // [max_history]
+  std::span<int32_t> n_prompt;       // [max_seqs]
+  std::span<int32_t> sampled_ids;    // [max_seqs] written by the worker
+};
+
+class StepRing {
+ public:
+  // Creates (replacing a stale one of the same name) and owns the object; removed on destruction.
+  static Result<std::unique_ptr<StepRing>> create(const std::string& name,
+                                                  const StepRingLimits& limits);
+  // Opens an existing ring; does not remove it on destruction.
+  static Result<std::unique_ptr<StepRing>> open(const std::string& name);
+  // Removes a ring left behind by a process that died (no error when there is none).
+  static void remove(const std::string& name);
+
+  ~StepRing();
+  StepRing(const StepRing&) = delete;
+  StepRing& operator=(const StepRing&) = delete;
+
+  const std::string& name() const { return name_; }
+  const StepRingLimits& limits() const { return limits_; }
+  StepView buffer(int index);
+  size_t size_bytes() const;
+
+ private:
+  struct Impl;
+  StepRing(std::string name, bool owner, std::unique_ptr<Impl> impl, StepRingLimits limits);
+
+  std::string name_;
+  bool owner_ = false;
+  std::unique_ptr<Impl> impl_;
+  StepRingLimits limits_;
+};
+
+}  // namespace litellama::proto

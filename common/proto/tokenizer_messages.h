@@ -1,0 +1,80 @@
+// Scheduler <-> tokenizer hop. Tokenizers are stateless: each connects a DEALER to the scheduler's
+// tokenizer ROUTER, announces itself with TokenizerHeartbeat (and keeps doing so), and answers
+// EncodeRequest and DetokenizeRequest from whoever asks. Incremental detokenization carries its
+// state in the request (a window of ids and a read offset, as in vLLM), so any replica can serve
+// any request and a restart loses nothing.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/proto/client_messages.h"
+#include "common/proto/codec.h"
+
+namespace litellama::proto {
+
+// tokenizer -> scheduler, every heartbeat interval and at start.
+struct TokenizerHeartbeat {
+  static constexpr MessageType kType = MessageType::kTokenizerHeartbeat;
+  uint64_t incarnation = 0;  // random per process start: a restart is a new tokenizer
+  std::vector<int32_t> eos_token_ids;
+  int32_t bos_token_id = -1;
+  MSGPACK_DEFINE_MAP(incarnation, eos_token_ids, bos_token_id);
+};
+
+// scheduler -> tokenizer: text or chat messages to ids.
+struct EncodeRequest {
+  static constexpr MessageType kType = MessageType::kEncodeRequest;
+  uint64_t request_id = 0;
+  std::string text;
+  std::vector<ChatMessage> messages;  // when non-empty: apply the chat template, then encode
+  bool add_special_tokens = true;     // text only
+  int64_t sent_unix_ns = 0;
+  MSGPACK_DEFINE_MAP(request_id, text, messages, add_special_tokens, sent_unix_ns);
+};
+
+struct EncodeReply {
+  static constexpr MessageType kType = MessageType::kEncodeReply;
+  uint64_t request_id = 0;
+  std::vector<int32_t> token_ids;
+  std::string error;  // empty on success
+  MSGPACK_DEFINE_MAP(request_id, token_ids, error);
+};
+
+// One request's detokenization window: text of ids[read_offset:] given ids[:read_offset] as
+// context (the context makes leading-space and multi-byte handling right).
+struct DetokenizeItem {
+  uint64_t request_id = 0;
+  std::vector<int32_t> token_ids;
+  int32_t read_offset = 0;
+  bool skip_special_tokens = true;
+  bool final = false;  // flush: emit the text even when it ends inside a UTF-8 character
+  MSGPACK_DEFINE_MAP(request_id, token_ids, read_offset, skip_special_tokens, final);
+};
+
+// scheduler -> tokenizer: one step's worth of windows.
+struct DetokenizeRequest {
+  static constexpr MessageType kType = MessageType::kDetokenizeRequest;
+  uint64_t batch_id = 0;
+  std::vector<DetokenizeItem> items;
+  int64_t sent_unix_ns = 0;
+  MSGPACK_DEFINE_MAP(batch_id, items, sent_unix_ns);
+};
+
+struct DetokenizeResult {
+  uint64_t request_id = 0;
+  std::string text;       // new text of ids[read_offset:]
+  bool advanced = false;  // false: the window ends inside a character; nothing consumed
+  MSGPACK_DEFINE_MAP(request_id, text, advanced);
+};
+
+struct DetokenizeReply {
+  static constexpr MessageType kType = MessageType::kDetokenizeReply;
+  uint64_t batch_id = 0;
+  std::vector<DetokenizeResult> items;  // same order as the request
+  std::string error;                    // empty on success
+  MSGPACK_DEFINE_MAP(batch_id, items, error);
+};
+
+}  // namespace litellama::proto

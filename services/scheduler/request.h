@@ -1,0 +1,76 @@
+// Request: everything the scheduler knows about one generation request, from arrival to its last
+// chunk. The ContinuousBatcher owns the generation fields (slots, fed/pending counts, outputs);
+// the SchedulerService owns the client, tokenizer and streaming fields.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/proto/client_messages.h"
+
+namespace litellama {
+
+enum class RequestState {
+  kTokenizing,  // waiting for the tokenizer's EncodeReply
+  kWaiting,     // in the admission queue
+  kRunning,     // admitted: has a reservation and is part of the running batch
+  kFinished,    // generation over (finish_reason set); text may still be flushing
+};
+
+enum class RequestFinish { kStop, kLength, kAbort, kError };
+const char* request_finish_name(RequestFinish finish);
+
+struct Request {
+  uint64_t id = 0;  // scheduler-assigned, unique for the scheduler's lifetime
+  RequestState state = RequestState::kTokenizing;
+
+  // Input and limits.
+  std::vector<int32_t> prompt_ids;
+  proto::SamplingOptions sampling;
+  int32_t max_tokens = 16;
+  std::vector<int32_t> stop_token_ids;  // besides the model's EOS ids
+  bool ignore_eos = false;
+
+  // Generation (ContinuousBatcher).
+  std::vector<int32_t> output_ids;   // sampled ids known so far
+  int32_t n_pending = 0;             // ids sampled by in-flight steps, not yet known
+  int32_t n_fed = 0;                 // positions whose KV is written or being written
+  std::vector<int32_t> slots;        // KV slot of each fed position
+  int64_t n_reserved = 0;            // slots promised but not yet allocated
+  uint64_t last_step_id = 0;         // last step that includes this request
+  uint64_t last_sample_step_id = 0;  // last step that samples for it
+  std::optional<RequestFinish> finish;
+
+  // Client and streaming (SchedulerService).
+  std::string client;  // ROUTER identity of the client
+  uint64_t client_request_id = 0;
+  bool client_gone = false;
+  std::vector<std::string> stop_strings;
+  bool skip_special_tokens = true;
+  int32_t detok_prefix = 0;  // detokenization window start (index into prompt + outputs)
+  int32_t detok_read = 0;    // ids before this were turned into text already
+  bool detok_in_flight = false;
+  bool detok_flushed = false;  // the final (flushing) window came back
+  std::string text;            // output text so far (cut at a stop string)
+  size_t n_text_sent = 0;
+  size_t n_ids_sent = 0;
+  uint64_t tokenizer_op = 0;  // pending encode or detokenize batch id (0: none)
+
+  // Timings (monotonic seconds).
+  double t_arrival = 0.0;
+  double t_scheduled = 0.0;
+  double t_first_token = 0.0;
+  double t_last_token = 0.0;
+
+  int32_t n_prompt() const { return static_cast<int32_t>(prompt_ids.size()); }
+  int32_t n_generated() const { return static_cast<int32_t>(output_ids.size()); }
+  // Token at index k of prompt + outputs (k < n_prompt() + n_generated()).
+  int32_t token_at(int32_t k) const {
+    return k < n_prompt() ? prompt_ids[static_cast<size_t>(k)]
+                          : output_ids[static_cast<size_t>(k - n_prompt())];
+  }
+};
+
+}  // namespace litellama

@@ -1,0 +1,94 @@
+#include "services/scheduler/scheduler_metrics.h"
+
+namespace litellama {
+
+namespace {
+
+// 1 ms .. ~60 s, roughly x2 per bucket.
+prometheus::Histogram::BucketBoundaries latency_buckets() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.02,  0.04,  0.08,  0.16, 0.32,
+          0.64,  1.28,   2.56,  5.12, 10.24, 20.48, 40.96, 81.92};
+}
+
+prometheus::Histogram::BucketBoundaries hop_buckets() {
+  return {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+          0.05,    0.1,    0.25,    0.5,    1.0,   2.5,    5.0,   10.0};
+}
+
+prometheus::Histogram* histogram(prometheus::Registry& r, const std::string& name,
+                                 const std::string& help,
+                                 const prometheus::Histogram::BucketBoundaries& buckets,
+                                 const prometheus::Labels& labels = {}) {
+  return &prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add(labels, buckets);
+}
+
+prometheus::Gauge* gauge(prometheus::Registry& r, const std::string& name,
+                         const std::string& help) {
+  return &prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
+}
+
+prometheus::Counter* counter(prometheus::Registry& r, const std::string& name,
+                             const std::string& help) {
+  return &prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
+}
+
+}  // namespace
+
+SchedulerMetrics::SchedulerMetrics(std::shared_ptr<prometheus::Registry> reg)
+    : registry(std::move(reg)) {
+  prometheus::Registry& r = *registry;
+  time_to_first_token =
+      histogram(r, "litellama_scheduler_time_to_first_token_seconds",
+                "Arrival of a request to its first generated token", latency_buckets());
+  inter_token_latency =
+      histogram(r, "litellama_scheduler_inter_token_latency_seconds",
+                "Time between consecutive generated tokens of a request", latency_buckets());
+  e2e_request_latency = histogram(r, "litellama_scheduler_e2e_request_latency_seconds",
+                                  "Arrival of a request to its last chunk", latency_buckets());
+  queue_time = histogram(r, "litellama_scheduler_queue_time_seconds",
+                         "Arrival of a request to its first scheduled step", latency_buckets());
+  auto& hop = prometheus::BuildHistogram()
+                  .Name("litellama_scheduler_hop_duration_seconds")
+                  .Help("Round trip of one process hop as seen by the scheduler")
+                  .Register(r);
+  hop_worker_step = &hop.Add({{"hop", "worker_step"}}, hop_buckets());
+  hop_tokenizer_encode = &hop.Add({{"hop", "tokenizer_encode"}}, hop_buckets());
+  hop_tokenizer_detokenize = &hop.Add({{"hop", "tokenizer_detokenize"}}, hop_buckets());
+  hop_client_chunk = &hop.Add({{"hop", "step_to_client_chunk"}}, hop_buckets());
+  requests_running = gauge(r, "litellama_scheduler_requests_running", "Requests in the batch");
+  requests_waiting =
+      gauge(r, "litellama_scheduler_requests_waiting", "Requests waiting for admission");
+  kv_slots_used = gauge(r, "litellama_scheduler_kv_slots_used", "KV slots holding tokens");
+  kv_slots_capacity =
+      gauge(r, "litellama_scheduler_kv_slots_capacity", "KV slots of the worker's pool");
+  worker_up = gauge(r, "litellama_scheduler_worker_up", "1 while a worker is registered");
+  tokenizers_up = gauge(r, "litellama_scheduler_tokenizers_up", "Tokenizer processes alive");
+  prompt_tokens =
+      counter(r, "litellama_scheduler_prompt_tokens_total", "Prompt tokens of admitted requests");
+  generation_tokens = counter(r, "litellama_scheduler_generation_tokens_total", "Generated tokens");
+  steps = counter(r, "litellama_scheduler_steps_total", "Steps run by the worker");
+  aborts = counter(r, "litellama_scheduler_aborts_total",
+                   "Requests aborted by the client or because the client went away");
+  worker_restarts = counter(r, "litellama_scheduler_worker_lost_total",
+                            "Times the registered worker was lost or replaced");
+  requests_finished_family = &prometheus::BuildCounter()
+                                  .Name("litellama_scheduler_requests_finished_total")
+                                  .Help("Finished requests by finish reason")
+                                  .Register(r);
+  protocol_errors_family = &prometheus::BuildCounter()
+                                .Name("litellama_scheduler_protocol_errors_total")
+                                .Help("Unknown or malformed messages, by socket")
+                                .Register(r);
+  for (const char* reason : {"stop", "length", "abort", "error"}) requests_finished(reason);
+  for (const char* socket : {"client", "worker", "tokenizer"}) protocol_errors(socket);
+}
+
+prometheus::Counter& SchedulerMetrics::requests_finished(const char* reason) {
+  return requests_finished_family->Add({{"reason", reason}});
+}
+
+prometheus::Counter& SchedulerMetrics::protocol_errors(const char* socket) {
+  return protocol_errors_family->Add({{"socket", socket}});
+}
+
+}  // namespace litellama

@@ -1,0 +1,166 @@
+// SchedulerService: the scheduler process. Binds three ROUTER sockets (clients, the worker,
+// tokenizers), keeps peers' liveness by heartbeats, turns client requests into prompt ids through
+// a tokenizer, runs the ContinuousBatcher against the worker through the shared-memory step ring
+// (keeping up to two steps queued so the worker never waits for planning), and streams text
+// deltas back through the tokenizers' stateless incremental detokenization.
+//
+// Every accepted request gets exactly one end: a final GenerateChunk or a RequestError. A peer
+// that dies fails only the requests that depended on its state (running requests when the worker
+// goes; nothing is lost when a tokenizer goes, its work is re-sent to another or waits).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "common/net/metrics_server.h"
+#include "common/proto/client_messages.h"
+#include "common/proto/step_ring.h"
+#include "common/proto/tokenizer_messages.h"
+#include "common/proto/worker_messages.h"
+#include "common/status.h"
+#include "services/scheduler/continuous_batcher.h"
+#include "services/scheduler/kv_slot_allocator.h"
+#include "services/scheduler/request.h"
+#include "services/scheduler/scheduler_metrics.h"
+
+namespace litellama {
+
+struct SchedulerOptions {
+  std::string client_endpoint;
+  std::string worker_endpoint;
+  std::string tokenizer_endpoint;
+  std::string metrics_listen;  // "" : no HTTP listener
+  int32_t heartbeat_interval_ms = 200;
+  int32_t peer_timeout_ms = 2000;
+  // How long a request may wait for a missing peer (worker for admission, tokenizer for
+  // encoding or text) before it fails.
+  int32_t peer_wait_ms = 30000;
+  BatcherOptions batcher;
+  int32_t max_tokens_limit = 1 << 20;  // largest max_tokens a request may ask for
+};
+
+class SchedulerService {
+ public:
+  explicit SchedulerService(SchedulerOptions options);
+  ~SchedulerService();
+
+  // Binds the sockets and starts the metrics listener.
+  Status start();
+  // Serves until request_stop(); returns after answering what can be answered.
+  void run();
+  void request_stop() { stop_.store(true); }
+  std::atomic<bool>* stop_flag() { return &stop_; }
+
+  int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
+
+ private:
+  struct WorkerPeer {
+    std::string identity;
+    proto::WorkerHeartbeat info;
+    std::unique_ptr<proto::StepRing> ring;
+    double last_seen = 0.0;
+  };
+  struct TokenizerPeer {
+    std::string identity;
+    uint64_t incarnation = 0;
+    double last_seen = 0.0;
+  };
+  struct TokenizerOp {
+    bool encode = false;
+    std::string tokenizer;  // identity it was sent to
+    double t_sent = 0.0;
+    std::vector<uint64_t> request_ids;
+    std::vector<int32_t> window_end;  // detokenize: ids covered by each item
+    std::vector<uint8_t> final;
+  };
+  struct InFlightStep {
+    PlannedStep plan;
+    int32_t buffer = 0;
+    double t_sent = 0.0;
+  };
+
+  // Sockets.
+  void on_client_frames(std::vector<zmq::message_t>& frames);
+  void on_worker_frames(std::vector<zmq::message_t>& frames);
+  void on_tokenizer_frames(std::vector<zmq::message_t>& frames);
+  void protocol_error(const char* socket, const Status& why);
+
+  // Clients.
+  void on_generate(const std::string& client, const proto::GenerateRequest& msg);
+  void on_abort(const std::string& client, const proto::AbortRequest& msg);
+  void on_server_info(const std::string& client, const proto::ServerInfoRequest& msg);
+  void send_error(const std::string& client, uint64_t client_request_id, StatusCode code,
+                  const std::string& message);
+  // Sends what is new for r; erases r once its last chunk went out.
+  void flush(Request* r);
+  void fail(Request* r, StatusCode code, const std::string& message);
+  void abort(Request* r, bool client_gone);
+  void erase(Request* r);
+
+  // Worker.
+  void on_worker_heartbeat(const std::string& identity, const proto::WorkerHeartbeat& hb);
+  void on_step_result(const proto::StepResult& result);
+  void worker_lost(const char* why);
+  void schedule_steps();
+
+  // Tokenizers.
+  void on_tokenizer_heartbeat(const std::string& identity, const proto::TokenizerHeartbeat& hb);
+  void on_encode_reply(const proto::EncodeReply& reply);
+  void on_detokenize_reply(const proto::DetokenizeReply& reply);
+  void tokenizer_lost(const std::string& identity, const char* why);
+  const TokenizerPeer* pick_tokenizer();
+  void dispatch_encodes();
+  void dispatch_detokenize();
+  void apply_stop_strings(Request* r, size_t search_from);
+
+  void on_tick();
+  void update_gauges();
+  std::string ready_reason() const;
+
+  SchedulerOptions options_;
+  std::atomic<bool> stop_{false};
+  uint64_t incarnation_ = 0;
+  zmq::context_t context_{1};
+  zmq::socket_t clients_;
+  zmq::socket_t workers_;
+  zmq::socket_t tokenizers_;
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  SchedulerMetrics metrics_data_;
+  std::unique_ptr<net::MetricsServer> metrics_;
+
+  KvSlotAllocator allocator_;
+  ContinuousBatcher batcher_;
+  std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
+  std::map<std::pair<std::string, uint64_t>, uint64_t> by_client_;
+  uint64_t next_request_id_ = 1;
+
+  std::unique_ptr<WorkerPeer> worker_;
+  std::atomic<bool> worker_up_{false};
+  std::atomic<bool> worker_loading_{false};
+  std::deque<InFlightStep> in_flight_;
+  uint64_t next_step_id_ = 1;
+  int32_t next_buffer_ = 0;
+
+  std::map<std::string, TokenizerPeer> tokenizer_peers_;
+  std::atomic<int32_t> n_tokenizers_up_{0};
+  size_t next_tokenizer_ = 0;
+  std::unordered_map<uint64_t, TokenizerOp> tokenizer_ops_;
+  uint64_t next_op_id_ = 1;
+  std::deque<uint64_t> encode_queue_;
+  std::unordered_map<uint64_t, proto::EncodeRequest>
+      pending_encodes_;  // by request id  // requests waiting for a tokenizer to encode them
+  std::vector<int32_t> tokenizer_eos_ids_;
+
+  double last_heartbeat_sent_ = 0.0;
+};
+
+}  // namespace litellama

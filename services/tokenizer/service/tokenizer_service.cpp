@@ -1,0 +1,268 @@
+#include "services/tokenizer/service/tokenizer_service.h"
+
+#include <chrono>
+#include <optional>
+#include <type_traits>
+#include <vector>
+
+#include "common/log.h"
+#include "common/net/zmq_util.h"
+#include "common/proto/heartbeat.h"
+#include "services/tokenizer/service/detokenize_window.h"
+#include "services/tokenizer/tokenizer.h"
+
+namespace litellama {
+
+namespace {
+
+using net::frame_view;
+using net::monotonic_seconds;
+
+template <typename T>
+struct IsResult : std::false_type {};
+template <typename T>
+struct IsResult<Result<T>> : std::true_type {};
+
+// The tokenizer library's calls as Results, whether they return values or Results.
+template <typename T>
+auto as_result(T&& v) {
+  using D = std::decay_t<T>;
+  if constexpr (IsResult<D>::value) {
+    return D(std::forward<T>(v));
+  } else {
+    return Result<D>(std::forward<T>(v));
+  }
+}
+
+using TokenizerHandle = std::decay_t<decltype(Tokenizer::load(std::string()).value())>;
+
+const Tokenizer& deref(const TokenizerHandle& h) {
+  if constexpr (std::is_same_v<TokenizerHandle, Tokenizer>) {
+    return h;
+  } else {
+    return *h;
+  }
+}
+
+template <typename T>
+int32_t optional_id(const T& v) {
+  if constexpr (std::is_integral_v<T>) {
+    return static_cast<int32_t>(v);
+  } else {
+    return v ? static_cast<int32_t>(*v) : -1;
+  }
+}
+
+prometheus::Histogram::BucketBoundaries op_buckets() {
+  return {0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
+          0.005,   0.01,     0.025,   0.05,   0.1,     0.25,   0.5,   1.0};
+}
+
+}  // namespace
+
+struct TokenizerService::Impl {
+  std::optional<TokenizerHandle> tokenizer;
+  std::vector<int32_t> eos_token_ids;
+  int32_t bos_token_id = -1;
+};
+
+TokenizerService::TokenizerService(TokenizerOptions options)
+    : options_(std::move(options)),
+      impl_(std::make_unique<Impl>()),
+      registry_(std::make_shared<prometheus::Registry>()) {
+  incarnation_ = net::random_id();
+  auto& r = *registry_;
+  auto& duration = prometheus::BuildHistogram()
+                       .Name("litellama_tokenizer_op_duration_seconds")
+                       .Help("Time to serve one encode or detokenize message")
+                       .Register(r);
+  encode_duration_ = &duration.Add({{"op", "encode"}}, op_buckets());
+  detokenize_duration_ = &duration.Add({{"op", "detokenize"}}, op_buckets());
+  request_latency_ = &prometheus::BuildHistogram()
+                          .Name("litellama_tokenizer_hop_latency_seconds")
+                          .Help("Scheduler sending a message to the tokenizer receiving it")
+                          .Register(r)
+                          .Add({}, op_buckets());
+  encode_requests_ = &prometheus::BuildCounter()
+                          .Name("litellama_tokenizer_encode_requests_total")
+                          .Help("Encode requests served")
+                          .Register(r)
+                          .Add({});
+  detokenize_items_ = &prometheus::BuildCounter()
+                           .Name("litellama_tokenizer_detokenize_items_total")
+                           .Help("Detokenization windows served")
+                           .Register(r)
+                           .Add({});
+  protocol_errors_ = &prometheus::BuildCounter()
+                          .Name("litellama_tokenizer_protocol_errors_total")
+                          .Help("Unknown or malformed messages")
+                          .Register(r)
+                          .Add({});
+}
+
+TokenizerService::~TokenizerService() = default;
+
+std::string TokenizerService::ready_reason() const {
+  if (!loaded_.load()) return "loading the tokenizer";
+  if (monotonic_seconds() - last_scheduler_seen_.load() > options_.peer_timeout_ms / 1000.0) {
+    return "the scheduler is down";
+  }
+  return "";
+}
+
+Status TokenizerService::start() {
+  if (!options_.metrics_listen.empty()) {
+    LITELLAMA_ASSIGN_OR_RETURN(metrics_,
+                               net::MetricsServer::start(options_.metrics_listen, registry_,
+                                                         [this] { return ready_reason(); }));
+  }
+  auto loaded = as_result(Tokenizer::load(options_.tokenizer_dir));
+  if (!loaded) return loaded.status();
+  impl_->tokenizer.emplace(std::move(loaded).value());
+  const Tokenizer& tok = deref(*impl_->tokenizer);
+  for (auto id : tok.eos_token_ids()) impl_->eos_token_ids.push_back(static_cast<int32_t>(id));
+  impl_->bos_token_id = optional_id(tok.bos_token_id());
+  loaded_.store(true);
+
+  LITELLAMA_RETURN_IF_ERROR(net::prepare_endpoint(options_.scheduler_endpoint));
+  try {
+    scheduler_ = zmq::socket_t(context_, zmq::socket_type::dealer);
+    net::configure_socket(scheduler_);
+    scheduler_.set(zmq::sockopt::routing_id, fmt::format("tokenizer-{:016x}", incarnation_));
+    scheduler_.connect(options_.scheduler_endpoint);
+  } catch (const zmq::error_t& e) {
+    return make_error(StatusCode::kUnavailable, "cannot connect to '{}': {}",
+                      options_.scheduler_endpoint, e.what());
+  }
+  LITELLAMA_LOG_INFO("tokenizer: {} loaded, scheduler at {}, metrics on {}", options_.tokenizer_dir,
+                     options_.scheduler_endpoint,
+                     metrics_ ? std::to_string(metrics_->port()) : std::string("(off)"));
+  return Status::ok();
+}
+
+proto::EncodeReply TokenizerService::encode(const proto::EncodeRequest& request) {
+  const Tokenizer& tok = deref(*impl_->tokenizer);
+  proto::EncodeReply reply;
+  reply.request_id = request.request_id;
+  std::string text = request.text;
+  bool add_special = request.add_special_tokens;
+  if (!request.messages.empty()) {
+    std::vector<Tokenizer::ChatMessage> messages;
+    for (const auto& m : request.messages) messages.push_back({m.role, m.content});
+    auto templated = as_result(tok.apply_chat_template(messages, true));
+    if (!templated) {
+      reply.error = templated.status().to_string();
+      return reply;
+    }
+    text = std::move(templated).value();
+    add_special = false;  // the template writes BOS itself
+  }
+  auto ids = as_result(tok.encode(text, add_special));
+  if (!ids) {
+    reply.error = ids.status().to_string();
+    return reply;
+  }
+  for (auto id : ids.value()) reply.token_ids.push_back(static_cast<int32_t>(id));
+  return reply;
+}
+
+proto::DetokenizeReply TokenizerService::detokenize(const proto::DetokenizeRequest& request) {
+  const Tokenizer& tok = deref(*impl_->tokenizer);
+  proto::DetokenizeReply reply;
+  reply.batch_id = request.batch_id;
+  for (const proto::DetokenizeItem& item : request.items) {
+    const DecodeFn decode = [&](std::span<const int32_t> ids) -> Result<std::string> {
+      const std::vector<int32_t> v(ids.begin(), ids.end());
+      auto text = as_result(tok.decode(v, item.skip_special_tokens));
+      if (!text) return text.status();
+      return std::string(std::move(text).value());
+    };
+    auto result = detokenize_window(item, decode);
+    if (!result) {
+      reply.error = result.status().to_string();
+      reply.items.clear();
+      return reply;
+    }
+    reply.items.push_back(std::move(result).value());
+  }
+  return reply;
+}
+
+void TokenizerService::run() {
+  std::vector<zmq::message_t> frames;
+  double last_heartbeat = 0.0;
+  proto::TokenizerHeartbeat hb;
+  hb.incarnation = incarnation_;
+  hb.eos_token_ids = impl_->eos_token_ids;
+  hb.bos_token_id = impl_->bos_token_id;
+  const std::string hb_bytes = proto::encode(hb);
+  while (!stop_.load()) {
+    const double now = monotonic_seconds();
+    if (now - last_heartbeat >= options_.heartbeat_interval_ms / 1000.0) {
+      last_heartbeat = now;
+      (void)net::send_one(scheduler_, hb_bytes);
+    }
+    zmq::pollitem_t item{scheduler_.handle(), 0, ZMQ_POLLIN, 0};
+    try {
+      zmq::poll(&item, 1,
+                std::chrono::milliseconds(std::max(1, options_.heartbeat_interval_ms / 2)));
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) throw;
+    }
+    while (net::recv_frames(scheduler_, &frames)) {
+      if (frames.size() != 1) {
+        protocol_errors_->Increment();
+        continue;
+      }
+      auto envelope = proto::Envelope::parse(frame_view(frames[0]));
+      if (!envelope) {
+        protocol_errors_->Increment();
+        LITELLAMA_LOG_WARN("tokenizer: dropped a message: {}", envelope.status().to_string());
+        continue;
+      }
+      last_scheduler_seen_.store(monotonic_seconds());
+      const double start = monotonic_seconds();
+      switch (envelope->type()) {
+        case proto::MessageType::kSchedulerHeartbeat:
+          break;
+        case proto::MessageType::kEncodeRequest: {
+          auto request = envelope->as<proto::EncodeRequest>();
+          if (!request) {
+            protocol_errors_->Increment();
+            break;
+          }
+          if (request->sent_unix_ns > 0) {
+            request_latency_->Observe(
+                std::max<int64_t>(0, net::unix_now_ns() - request->sent_unix_ns) * 1e-9);
+          }
+          (void)net::send_one(scheduler_, proto::encode(encode(*request)));
+          encode_requests_->Increment();
+          encode_duration_->Observe(monotonic_seconds() - start);
+          break;
+        }
+        case proto::MessageType::kDetokenizeRequest: {
+          auto request = envelope->as<proto::DetokenizeRequest>();
+          if (!request) {
+            protocol_errors_->Increment();
+            break;
+          }
+          if (request->sent_unix_ns > 0) {
+            request_latency_->Observe(
+                std::max<int64_t>(0, net::unix_now_ns() - request->sent_unix_ns) * 1e-9);
+          }
+          (void)net::send_one(scheduler_, proto::encode(detokenize(*request)));
+          detokenize_items_->Increment(static_cast<double>(request->items.size()));
+          detokenize_duration_->Observe(monotonic_seconds() - start);
+          break;
+        }
+        default:
+          protocol_errors_->Increment();
+          LITELLAMA_LOG_WARN("tokenizer: dropped an unexpected '{}' message",
+                             proto::message_type_name(envelope->type()));
+      }
+    }
+  }
+  LITELLAMA_LOG_INFO("tokenizer: stopped");
+}
+
+}  // namespace litellama

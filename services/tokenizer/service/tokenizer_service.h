@@ -1,0 +1,68 @@
+// TokenizerService: one stateless tokenizer process. Connects a DEALER to the scheduler's
+// tokenizer endpoint, announces itself with heartbeats, and answers EncodeRequest (text, or chat
+// messages through the model's chat template) and batched DetokenizeRequest. Any number of them
+// may serve one scheduler.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <zmq.hpp>
+
+#include "common/net/metrics_server.h"
+#include "common/proto/tokenizer_messages.h"
+#include "common/status.h"
+
+namespace litellama {
+
+struct TokenizerOptions {
+  std::string scheduler_endpoint;  // the scheduler's tokenizer endpoint
+  std::string tokenizer_dir;       // directory with tokenizer.json (a model directory)
+  std::string metrics_listen;      // "" : no HTTP listener
+  int32_t heartbeat_interval_ms = 200;
+  int32_t peer_timeout_ms = 2000;
+};
+
+class TokenizerService {
+ public:
+  explicit TokenizerService(TokenizerOptions options);
+  ~TokenizerService();
+
+  // Loads the tokenizer, connects, starts the metrics listener.
+  Status start();
+  void run();
+  void request_stop() { stop_.store(true); }
+  std::atomic<bool>* stop_flag() { return &stop_; }
+
+ private:
+  struct Impl;
+  proto::EncodeReply encode(const proto::EncodeRequest& request);
+  proto::DetokenizeReply detokenize(const proto::DetokenizeRequest& request);
+  std::string ready_reason() const;
+
+  TokenizerOptions options_;
+  std::unique_ptr<Impl> impl_;
+  uint64_t incarnation_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> loaded_{false};
+  std::atomic<double> last_scheduler_seen_{0.0};
+  zmq::context_t context_{1};
+  zmq::socket_t scheduler_;
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<net::MetricsServer> metrics_;
+  prometheus::Histogram* encode_duration_ = nullptr;
+  prometheus::Histogram* detokenize_duration_ = nullptr;
+  prometheus::Histogram* request_latency_ = nullptr;
+  prometheus::Counter* encode_requests_ = nullptr;
+  prometheus::Counter* detokenize_items_ = nullptr;
+  prometheus::Counter* protocol_errors_ = nullptr;
+};
+
+}  // namespace litellama

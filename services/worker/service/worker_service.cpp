@@ -1,0 +1,363 @@
+#include "services/worker/service/worker_service.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include "common/log.h"
+#include "common/net/zmq_util.h"
+#include "common/proto/heartbeat.h"
+#include "services/worker/checkpoint.h"
+
+namespace litellama {
+
+namespace {
+
+using net::frame_view;
+using net::monotonic_seconds;
+
+constexpr const char* kComputeEndpoint = "inproc://worker-compute";
+constexpr const char* kStopCompute = "stop";
+
+prometheus::Histogram::BucketBoundaries step_buckets() {
+  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+          0.1,    0.25,    0.5,    1.0,   2.5,    5.0,   10.0, 30.0};
+}
+
+SamplingParams to_sampling_params(const proto::StepSampling& s) {
+  SamplingParams p;
+  p.temperature = s.temperature;
+  p.top_k = s.top_k;
+  p.top_p = s.top_p;
+  p.min_p = s.min_p;
+  p.repetition_penalty = s.repetition_penalty;
+  p.frequency_penalty = s.frequency_penalty;
+  p.presence_penalty = s.presence_penalty;
+  p.seed = s.seed;
+  return p;
+}
+
+Status resolve(int32_t* id, const std::vector<int32_t>& previous) {
+  if (*id >= 0) return Status::ok();
+  const int64_t j = -static_cast<int64_t>(*id) - 1;
+  if (j >= static_cast<int64_t>(previous.size()) || previous[static_cast<size_t>(j)] < 0) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "placeholder for sequence {} of the previous step, which sampled nothing", j);
+  }
+  *id = previous[static_cast<size_t>(j)];
+  return Status::ok();
+}
+
+}  // namespace
+
+WorkerService::WorkerService(WorkerOptions options)
+    : options_(std::move(options)), registry_(std::make_shared<prometheus::Registry>()) {
+  incarnation_ = net::random_id();
+  if (options_.step_ring_name.empty()) {
+    options_.step_ring_name = "litellama-step-" + std::to_string(::getpid());
+  }
+  auto& r = *registry_;
+  step_duration_ = &prometheus::BuildHistogram()
+                        .Name("litellama_worker_step_duration_seconds")
+                        .Help("Compute time of one step (batch read, forward, sampling)")
+                        .Register(r)
+                        .Add({}, step_buckets());
+  doorbell_latency_ = &prometheus::BuildHistogram()
+                           .Name("litellama_worker_doorbell_latency_seconds")
+                           .Help(
+                               "Scheduler sending a step to the worker starting it (hop "
+                               "latency plus queueing behind the running step)")
+                           .Register(r)
+                           .Add({}, step_buckets());
+  steps_ = &prometheus::BuildCounter()
+                .Name("litellama_worker_steps_total")
+                .Help("Steps run")
+                .Register(r)
+                .Add({});
+  step_errors_ = &prometheus::BuildCounter()
+                      .Name("litellama_worker_step_errors_total")
+                      .Help("Steps refused or failed")
+                      .Register(r)
+                      .Add({});
+  step_tokens_ = &prometheus::BuildCounter()
+                      .Name("litellama_worker_step_tokens_total")
+                      .Help("Tokens fed through the model")
+                      .Register(r)
+                      .Add({});
+  protocol_errors_ = &prometheus::BuildCounter()
+                          .Name("litellama_worker_protocol_errors_total")
+                          .Help("Unknown or malformed messages")
+                          .Register(r)
+                          .Add({});
+  kv_slots_capacity_ = &prometheus::BuildGauge()
+                            .Name("litellama_worker_kv_slots_capacity")
+                            .Help("KV slots of the pool")
+                            .Register(r)
+                            .Add({});
+  scheduler_up_ = &prometheus::BuildGauge()
+                       .Name("litellama_worker_scheduler_up")
+                       .Help("1 while the scheduler's heartbeats arrive")
+                       .Register(r)
+                       .Add({});
+}
+
+WorkerService::~WorkerService() {
+  stop_.store(true);
+  if (compute_thread_.joinable()) {
+    try {
+      net::send_one(compute_io_, kStopCompute);
+    } catch (const zmq::error_t&) {
+    }
+    compute_thread_.join();
+  }
+}
+
+std::string WorkerService::ready_reason() const {
+  if (failed_.load()) return "the model failed to load";
+  if (!ready_.load()) return "loading the model";
+  if (monotonic_seconds() - last_scheduler_seen_.load() > options_.peer_timeout_ms / 1000.0) {
+    return "the scheduler is down";
+  }
+  return "";
+}
+
+Status WorkerService::start() {
+  LITELLAMA_RETURN_IF_ERROR(net::prepare_endpoint(options_.scheduler_endpoint));
+  try {
+    scheduler_ = zmq::socket_t(context_, zmq::socket_type::dealer);
+    net::configure_socket(scheduler_);
+    scheduler_.set(zmq::sockopt::routing_id, fmt::format("worker-{:016x}", incarnation_));
+    scheduler_.connect(options_.scheduler_endpoint);
+    compute_io_ = zmq::socket_t(context_, zmq::socket_type::pair);
+    compute_io_.set(zmq::sockopt::linger, 0);
+    compute_io_.bind(kComputeEndpoint);
+  } catch (const zmq::error_t& e) {
+    return make_error(StatusCode::kUnavailable, "cannot connect to '{}': {}",
+                      options_.scheduler_endpoint, e.what());
+  }
+  if (!options_.metrics_listen.empty()) {
+    LITELLAMA_ASSIGN_OR_RETURN(metrics_,
+                               net::MetricsServer::start(options_.metrics_listen, registry_,
+                                                         [this] { return ready_reason(); }));
+  }
+  LITELLAMA_LOG_INFO("worker: scheduler at {}, metrics on {}", options_.scheduler_endpoint,
+                     metrics_ ? std::to_string(metrics_->port()) : std::string("(off)"));
+  compute_thread_ = std::thread([this] { compute_main(); });
+  return Status::ok();
+}
+
+Status WorkerService::load() {
+  const double start = monotonic_seconds();
+  LITELLAMA_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open(options_.model_dir));
+  LITELLAMA_ASSIGN_OR_RETURN(runner_, create_model_runner(checkpoint, options_.runner));
+  const ModelConfig& config = runner_->config();
+  proto::StepRingLimits limits;
+  limits.max_tokens = options_.runner.max_batch_tokens;
+  limits.max_seqs = options_.runner.max_batch_seqs;
+  limits.max_slots = runner_->n_kv_slots();
+  limits.max_history = runner_->n_kv_slots();
+  LITELLAMA_ASSIGN_OR_RETURN(ring_, proto::StepRing::create(options_.step_ring_name, limits));
+  proto::WorkerHeartbeat info;
+  info.incarnation = incarnation_;
+  info.ready = true;
+  info.step_ring_name = options_.step_ring_name;
+  info.model = std::filesystem::path(options_.model_dir).filename().string();
+  if (info.model.empty()) {
+    info.model = std::filesystem::path(options_.model_dir).parent_path().filename().string();
+  }
+  info.device = options_.runner.device == Device::kCuda ? "cuda" : "cpu";
+  info.n_kv_slots = runner_->n_kv_slots();
+  info.vocab_size = config.vocab_size;
+  info.max_position_embeddings = config.max_position_embeddings;
+  info.eos_token_ids = config.eos_token_ids;
+  info.max_batch_tokens = limits.max_tokens;
+  info.max_batch_seqs = limits.max_seqs;
+  {
+    std::lock_guard<std::mutex> lock(info_mutex_);
+    info_ = info;
+  }
+  kv_slots_capacity_->Set(runner_->n_kv_slots());
+  LITELLAMA_LOG_INFO("worker: loaded {} ({}, {} KV slots) in {:.2f} s", info.model, info.device,
+                     info.n_kv_slots, monotonic_seconds() - start);
+  return Status::ok();
+}
+
+void WorkerService::compute_main() {
+  zmq::socket_t io(context_, zmq::socket_type::pair);
+  io.set(zmq::sockopt::linger, 0);
+  io.set(zmq::sockopt::rcvtimeo, 200);
+  io.connect(kComputeEndpoint);
+  load_status_ = load();
+  if (!load_status_) {
+    failed_.store(true);
+  } else {
+    ready_.store(true);
+  }
+  while (!stop_.load()) {
+    zmq::message_t msg;
+    auto got = io.recv(msg, zmq::recv_flags::none);
+    if (!got) continue;
+    const std::string bytes(frame_view(msg));
+    if (bytes == kStopCompute) break;
+    const std::string result = run_step(bytes);
+    io.send(zmq::buffer(result), zmq::send_flags::none);
+  }
+}
+
+Status WorkerService::read_step(const proto::StepView& view, const proto::StepRingLimits& limits,
+                                const std::vector<int32_t>& previous, StepBatch* batch) {
+  const proto::StepHeader h = *view.header;
+  if (h.n_seqs <= 0 || h.n_seqs > limits.max_seqs || h.n_tokens <= 0 ||
+      h.n_tokens > limits.max_tokens || h.n_slots < 0 || h.n_slots > limits.max_slots ||
+      h.n_history < 0 || h.n_history > limits.max_history) {
+    return make_error(StatusCode::kInvalidArgument, "step header out of range");
+  }
+  const auto n_seqs = static_cast<size_t>(h.n_seqs);
+  const auto n_tokens = static_cast<size_t>(h.n_tokens);
+  batch->clear();
+  batch->token_ids.assign(view.token_ids.begin(), view.token_ids.begin() + n_tokens);
+  batch->positions.assign(view.positions.begin(), view.positions.begin() + n_tokens);
+  batch->token_start.assign(view.token_start.begin(), view.token_start.begin() + n_seqs + 1);
+  batch->kv_len.assign(view.kv_len.begin(), view.kv_len.begin() + n_seqs);
+  batch->slot_start.assign(view.slot_start.begin(), view.slot_start.begin() + n_seqs + 1);
+  batch->slot_table.assign(view.slot_table.begin(), view.slot_table.begin() + h.n_slots);
+  batch->sample.assign(view.sample.begin(), view.sample.begin() + n_seqs);
+  batch->sampling.resize(n_seqs);
+  for (size_t s = 0; s < n_seqs; ++s) batch->sampling[s] = to_sampling_params(view.sampling[s]);
+  batch->n_generated.assign(view.n_generated.begin(), view.n_generated.begin() + n_seqs);
+  if (h.n_history > 0) {
+    batch->history_start.assign(view.history_start.begin(),
+                                view.history_start.begin() + n_seqs + 1);
+    batch->history_ids.assign(view.history_ids.begin(), view.history_ids.begin() + h.n_history);
+    batch->n_prompt.assign(view.n_prompt.begin(), view.n_prompt.begin() + n_seqs);
+    for (int32_t& id : batch->history_ids) LITELLAMA_RETURN_IF_ERROR(resolve(&id, previous));
+  }
+  batch->n_top_logits = 0;
+  for (int32_t& id : batch->token_ids) LITELLAMA_RETURN_IF_ERROR(resolve(&id, previous));
+  return Status::ok();
+}
+
+std::string WorkerService::run_step(const std::string& doorbell_bytes) {
+  proto::StepResult result;
+  auto request = proto::decode<proto::StepRequest>(doorbell_bytes);
+  if (!request) {
+    result.error = request.status().to_string();
+    return proto::encode(result);
+  }
+  result.step_id = request->step_id;
+  result.buffer = request->buffer;
+  if (request->sent_unix_ns > 0) {
+    doorbell_latency_->Observe(std::max<int64_t>(0, net::unix_now_ns() - request->sent_unix_ns) *
+                               1e-9);
+  }
+  auto fail = [&](const Status& st) {
+    step_errors_->Increment();
+    previous_sampled_.clear();
+    result.ok = false;
+    result.error = st.to_string();
+    LITELLAMA_LOG_ERROR("worker: step {} failed: {}", request->step_id, result.error);
+    return proto::encode(result);
+  };
+  if (!ready_.load() || !ring_) {
+    return fail(Status(StatusCode::kUnavailable, "the model is not loaded"));
+  }
+  if (request->incarnation != incarnation_) {
+    return fail(Status(StatusCode::kInvalidArgument, "step planned for another worker"));
+  }
+  if (request->buffer < 0 || request->buffer >= proto::kStepRingBuffers) {
+    return fail(Status(StatusCode::kInvalidArgument, "no such step buffer"));
+  }
+  const double start = monotonic_seconds();
+  proto::StepView view = ring_->buffer(request->buffer);
+  if (Status st = read_step(view, ring_->limits(), previous_sampled_, &batch_); !st) {
+    return fail(st);
+  }
+  if (Status st = runner_->step(batch_, &output_); !st) return fail(st);
+  const size_t n = output_.sampled_ids.size();
+  std::copy(output_.sampled_ids.begin(), output_.sampled_ids.end(), view.sampled_ids.begin());
+  previous_sampled_.assign(output_.sampled_ids.begin(), output_.sampled_ids.begin() + n);
+  result.ok = true;
+  result.compute_seconds = monotonic_seconds() - start;
+  step_duration_->Observe(result.compute_seconds);
+  steps_->Increment();
+  step_tokens_->Increment(static_cast<double>(batch_.n_tokens()));
+  return proto::encode(result);
+}
+
+proto::WorkerHeartbeat WorkerService::heartbeat() const {
+  if (ready_.load()) {
+    std::lock_guard<std::mutex> lock(info_mutex_);
+    return info_;
+  }
+  proto::WorkerHeartbeat hb;
+  hb.incarnation = incarnation_;
+  hb.ready = false;
+  return hb;
+}
+
+Status WorkerService::run() {
+  std::vector<zmq::message_t> frames;
+  double last_heartbeat = 0.0;
+  while (!stop_.load()) {
+    if (failed_.load()) {
+      stop_.store(true);
+      break;
+    }
+    const double now = monotonic_seconds();
+    if (now - last_heartbeat >= options_.heartbeat_interval_ms / 1000.0) {
+      last_heartbeat = now;
+      (void)net::send_one(scheduler_, proto::encode(heartbeat()));
+      scheduler_up_->Set(ready_reason().empty() || !ready_.load() ? 1 : 0);
+    }
+    zmq::pollitem_t items[] = {{scheduler_.handle(), 0, ZMQ_POLLIN, 0},
+                               {compute_io_.handle(), 0, ZMQ_POLLIN, 0}};
+    try {
+      zmq::poll(items, 2,
+                std::chrono::milliseconds(std::max(1, options_.heartbeat_interval_ms / 2)));
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) throw;
+    }
+    // Results first: the scheduler is waiting on them.
+    while (net::recv_frames(compute_io_, &frames)) {
+      for (auto& f : frames) (void)net::send_one(scheduler_, frame_view(f));
+    }
+    while (net::recv_frames(scheduler_, &frames)) {
+      if (frames.size() != 1) {
+        protocol_errors_->Increment();
+        continue;
+      }
+      auto envelope = proto::Envelope::parse(frame_view(frames[0]));
+      if (!envelope) {
+        protocol_errors_->Increment();
+        LITELLAMA_LOG_WARN("worker: dropped a message: {}", envelope.status().to_string());
+        continue;
+      }
+      switch (envelope->type()) {
+        case proto::MessageType::kSchedulerHeartbeat:
+          if (envelope->as<proto::SchedulerHeartbeat>()) {
+            last_scheduler_seen_.store(monotonic_seconds());
+          } else {
+            protocol_errors_->Increment();
+          }
+          break;
+        case proto::MessageType::kStepRequest:
+          last_scheduler_seen_.store(monotonic_seconds());
+          // The compute thread decodes it; steps queue there in order.
+          (void)compute_io_.send(frames[0], zmq::send_flags::none);
+          break;
+        default:
+          protocol_errors_->Increment();
+          LITELLAMA_LOG_WARN("worker: dropped an unexpected '{}' message",
+                             proto::message_type_name(envelope->type()));
+      }
+    }
+  }
+  (void)net::send_one(compute_io_, kStopCompute);
+  if (compute_thread_.joinable()) compute_thread_.join();
+  if (failed_.load()) return load_status_;
+  LITELLAMA_LOG_INFO("worker: stopped");
+  return Status::ok();
+}
+
+}  // namespace litellama
