@@ -34,9 +34,16 @@ constexpr int kHeadsPerCta = 16;  // query heads of one group per CTA (the mma M
 constexpr int kBlockN = 64;       // keys per tile (16 per warp on the tensor-core path)
 constexpr int kStages = 3;        // tensor-core path: tiles resident in shared memory
 constexpr int kF32Keys = 32;      // fp32 path: keys per step (one per lane for the scores)
+// Split plan. Under one wave of CTAs, split for parallelism: about kCtasPerSmTarget CTAs per
+// multiprocessor, no split under kMinKeysPerSplit keys. From one wave up, split only against wave
+// quantization (a last, partly filled wave), into splits of at least kMinKeysPerWaveSplit keys.
 constexpr int kMinKeysPerSplit = 64;
 constexpr int kMaxSplits = 64;
 constexpr int kCtasPerSmTarget = 2;
+constexpr int kMinKeysPerWaveSplit = 1024;
+constexpr int kMaxWaveSplits = 4;
+constexpr int kSmemPerSmBytes = 228 * 1024;  // sm_90 (sm_80: 164 KB; only the plan is off)
+constexpr int kSmemPerCtaReservedBytes = 1024;
 
 // ---- PTX wrappers ------------------------------------------------------------------------------
 
@@ -160,13 +167,11 @@ struct TcLayout {
   static constexpr int kChunksPerRow = D * static_cast<int>(sizeof(T)) / 16;
   static constexpr int kElemsPerChunk = 16 / static_cast<int>(sizeof(T));
   static constexpr int kChunksPerThread = kBlockN * kChunksPerRow / kThreads;
-  static constexpr int kQElems = kHeadsPerCta * kStride;
   static constexpr int kMergeStride = D + 4;                         // floats
   static constexpr size_t kStageBytes = 2 * kTileElems * sizeof(T);  // K and V
   static constexpr size_t kMergeBytes =
       (4 * kHeadsPerCta * kMergeStride + 2 * 4 * kHeadsPerCta) * sizeof(float);
-  static constexpr size_t kSmemBytes =
-      kQElems * sizeof(T) + std::max(kStages * kStageBytes, kMergeBytes);
+  static constexpr size_t kSmemBytes = std::max(kStages * kStageBytes, kMergeBytes);
   static_assert(kBlockN * kChunksPerRow % kThreads == 0, "whole chunks per thread");
 };
 
@@ -196,8 +201,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_tc_kernel(const Dec
   using L = TcLayout<T, D>;
   constexpr int kStride = L::kStride;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* s_q = reinterpret_cast<T*>(smem_raw);
-  T* s_stage = s_q + L::kQElems;
+  T* s_stage = reinterpret_cast<T*>(smem_raw);
 
   const int split = blockIdx.x;
   const int work = blockIdx.y;
@@ -217,30 +221,32 @@ __global__ void __launch_bounds__(kThreads) attention_decode_tc_kernel(const Dec
   const int lane = threadIdx.x % 32;
   const float scale_log2 = p.scale * 1.4426950408889634f;
 
-  // Q rows of this head block; rows past the group are zero.
-  for (int c = threadIdx.x; c < kHeadsPerCta * L::kChunksPerRow; c += kThreads) {
-    const int r = c / L::kChunksPerRow;
-    const int col = (c % L::kChunksPerRow) * L::kElemsPerChunk;
-    const bool valid = r < n_rows;
-    const T* src = valid ? p.q + (token * p.n_heads + head0 + r) * D + col : p.q;
-    cp_async_16(s_q + r * kStride + col, src, valid);
-  }
-  cp_async_commit();
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n_tiles) {
-      T* s_k = s_stage + s * 2 * L::kTileElems;
-      load_kv_stage<T, D>(s_k, s_k + L::kTileElems, p, slots, key_begin + s * kBlockN, key_end,
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < n_tiles) {
+      T* s_k = s_stage + st * 2 * L::kTileElems;
+      load_kv_stage<T, D>(s_k, s_k + L::kTileElems, p, slots, key_begin + st * kBlockN, key_end,
                           kvh);
     }
     cp_async_commit();
   }
-  cp_async_wait<kStages - 1>();  // the Q group has landed
-  __syncthreads();
+  // Q straight from global memory into mma A fragments (rows past the group are zero) while the
+  // first tiles are in flight: a thread holds rows lane/4 and lane/4 + 8, columns 2*(lane%4) + {0,
+  // 1} and + 8 of each 16-column step.
   uint32_t q_frag[D / 16][4];
+  {
+    const T* q_head0 = p.q + (token * p.n_heads + head0) * D + 2 * (lane % 4);
+    const int r0 = lane / 4;
+    const int r1 = r0 + 8;
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    ldmatrix_x4(q_frag[kk], s_q + (lane % 16) * kStride + kk * 16 + (lane / 16) * 8);
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const T* q0 = q_head0 + r0 * D + kk * 16;
+      const T* q1 = q_head0 + r1 * D + kk * 16;
+      q_frag[kk][0] = r0 < n_rows ? *reinterpret_cast<const uint32_t*>(q0) : 0u;
+      q_frag[kk][1] = r1 < n_rows ? *reinterpret_cast<const uint32_t*>(q1) : 0u;
+      q_frag[kk][2] = r0 < n_rows ? *reinterpret_cast<const uint32_t*>(q0 + 8) : 0u;
+      q_frag[kk][3] = r1 < n_rows ? *reinterpret_cast<const uint32_t*>(q1 + 8) : 0u;
+    }
   }
 
   float m[2] = {-INFINITY, -INFINITY};
@@ -533,6 +539,13 @@ size_t workspace_bytes_for(int32_t n_work, int32_t n_heads, int32_t head_dim, in
   return rows * (static_cast<size_t>(head_dim) + 1) * sizeof(float);
 }
 
+// CTAs of the tensor-core kernel resident per multiprocessor (shared memory bound).
+int32_t ctas_per_sm(int32_t head_dim) {
+  const size_t smem_bytes = head_dim == 64 ? TcLayout<__nv_bfloat16, 64>::kSmemBytes
+                                           : TcLayout<__nv_bfloat16, 128>::kSmemBytes;
+  return std::max(1, kSmemPerSmBytes / static_cast<int>(smem_bytes + kSmemPerCtaReservedBytes));
+}
+
 struct LaunchArgs {
   void* out;
   const void* q;
@@ -584,6 +597,9 @@ Status launch_typed(const LaunchArgs& a) {
     LITELLAMA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(attention_decode_tc_kernel<T, D>,
                                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                         static_cast<int>(L::kSmemBytes)));
+    LITELLAMA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+        attention_decode_tc_kernel<T, D>, cudaFuncAttributePreferredSharedMemoryCarveout,
+        static_cast<int>(cudaSharedmemCarveoutMaxShared)));
     attention_decode_tc_kernel<T, D><<<grid, kThreads, L::kSmemBytes, a.stream>>>(p);
     LITELLAMA_CUDA_CHECK_LAUNCH("attention_decode_tc_kernel");
   }
@@ -640,30 +656,57 @@ bool attention_decode_supports(DType dtype, int32_t head_dim, int32_t n_heads, i
 }
 
 int32_t attention_decode_n_splits(int32_t n_work, int32_t n_heads, int32_t n_kv_heads,
-                                  int32_t max_kv_len, int32_t n_sms) {
+                                  int32_t head_dim, int32_t max_kv_len, int32_t n_sms) {
   if (n_work <= 0 || n_kv_heads <= 0 || n_heads < n_kv_heads || max_kv_len <= 0 || n_sms <= 0) {
     return 1;
   }
-  // Enough CTAs for about kCtasPerSmTarget per multiprocessor, but no split shorter than
-  // kMinKeysPerSplit keys (the merge and the per-CTA setup would dominate).
   const int64_t base =
       static_cast<int64_t>(n_work) * n_kv_heads * n_head_blocks(n_heads, n_kv_heads);
   const int64_t target = static_cast<int64_t>(kCtasPerSmTarget) * n_sms;
-  if (base >= target) return 1;
-  const int64_t want = (target + base - 1) / base;
-  const int64_t by_len =
-      (static_cast<int64_t>(max_kv_len) + kMinKeysPerSplit - 1) / kMinKeysPerSplit;
-  return static_cast<int32_t>(std::clamp<int64_t>(std::min(want, by_len), 1, kMaxSplits));
+  if (base < target) {
+    const int64_t want = (target + base - 1) / base;
+    const int64_t by_len =
+        (static_cast<int64_t>(max_kv_len) + kMinKeysPerSplit - 1) / kMinKeysPerSplit;
+    return static_cast<int32_t>(std::clamp<int64_t>(std::min(want, by_len), 1, kMaxSplits));
+  }
+  // Cost in units of one unsplit CTA's time: waves of `slots` CTAs, each 1/s of the keys. A split
+  // count is taken only when it saves at least a tenth over the best so far.
+  const int64_t slots = static_cast<int64_t>(n_sms) * ctas_per_sm(head_dim);
+  const int64_t max_s = std::min<int64_t>(kMaxWaveSplits, max_kv_len / kMinKeysPerWaveSplit);
+  int64_t best_s = 1;
+  double best_cost = static_cast<double>((base + slots - 1) / slots);
+  for (int64_t s = 2; s <= max_s; ++s) {
+    const double cost =
+        static_cast<double>((base * s + slots - 1) / slots) / static_cast<double>(s);
+    if (cost < 0.9 * best_cost) {
+      best_s = s;
+      best_cost = cost;
+    }
+  }
+  return static_cast<int32_t>(best_s);
 }
 
 size_t attention_decode_workspace_size_bytes(int32_t max_n_work, int32_t n_heads,
                                              int32_t n_kv_heads, int32_t head_dim,
                                              int32_t max_kv_len, int32_t n_sms) {
+  if (max_n_work <= 0 || n_kv_heads <= 0 || n_heads < n_kv_heads || max_kv_len <= 0 || n_sms <= 0) {
+    return 0;
+  }
+  // An upper bound of the plan over every max_kv_len up to the given one: each branch of
+  // attention_decode_n_splits is bounded by its limits at the largest max_kv_len.
+  const int64_t target = static_cast<int64_t>(kCtasPerSmTarget) * n_sms;
+  const int64_t by_len =
+      (static_cast<int64_t>(max_kv_len) + kMinKeysPerSplit - 1) / kMinKeysPerSplit;
+  const int64_t wave_max =
+      std::max<int64_t>(1, std::min<int64_t>(kMaxWaveSplits, max_kv_len / kMinKeysPerWaveSplit));
   size_t bytes = 0;
   for (int32_t n = 1; n <= max_n_work; ++n) {
-    const int32_t n_splits = attention_decode_n_splits(n, n_heads, n_kv_heads, max_kv_len, n_sms);
-    bytes = std::max(bytes, workspace_bytes_for(n, n_heads, head_dim, n_splits));
-    if (n_splits == 1) break;  // more sequences never need splits again (base only grows)
+    const int64_t base = static_cast<int64_t>(n) * n_kv_heads * n_head_blocks(n_heads, n_kv_heads);
+    const int64_t bound =
+        base < target
+            ? std::clamp<int64_t>(std::min((target + base - 1) / base, by_len), 1, kMaxSplits)
+            : wave_max;
+    bytes = std::max(bytes, workspace_bytes_for(n, n_heads, head_dim, static_cast<int32_t>(bound)));
   }
   return bytes;
 }
@@ -688,7 +731,7 @@ Status launch_attention_decode(void* out, const void* q, const void* k_pool, con
   }
   if (n_work == 0) return Status::ok();
   const int32_t n_splits =
-      attention_decode_n_splits(n_work, n_heads, n_kv_heads, max_kv_len, n_sms);
+      attention_decode_n_splits(n_work, n_heads, n_kv_heads, head_dim, max_kv_len, n_sms);
   const size_t need = workspace_bytes_for(n_work, n_heads, head_dim, n_splits);
   if (need > 0 && (workspace == nullptr || workspace_bytes < need ||
                    reinterpret_cast<uintptr_t>(workspace) % 16 != 0)) {

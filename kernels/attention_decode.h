@@ -28,10 +28,11 @@ namespace litellama {
 bool attention_decode_supports(DType dtype, int32_t head_dim, int32_t n_heads, int32_t n_kv_heads);
 
 // Splits per (sequence, KV head) that launch_attention_decode uses for these arguments (1 means
-// no merge kernel and no workspace use). n_sms: the device's multiprocessor count, read once by
+// no merge kernel and no workspace use). Under one wave of CTAs it splits for parallelism; above,
+// only against a badly filled last wave. n_sms: the device's multiprocessor count, read once by
 // the caller (cudaDevAttrMultiProcessorCount).
 int32_t attention_decode_n_splits(int32_t n_work, int32_t n_heads, int32_t n_kv_heads,
-                                  int32_t max_kv_len, int32_t n_sms);
+                                  int32_t head_dim, int32_t max_kv_len, int32_t n_sms);
 
 // Workspace bytes enough for every call with n_work <= max_n_work and max_kv_len <= max_kv_len
 // (and the same heads, head_dim and n_sms), so one allocation can serve all steps (and graphs).

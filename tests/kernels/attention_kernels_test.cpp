@@ -442,15 +442,21 @@ TEST(AttentionSupport, RefusesUnsupportedShapes) {
 }
 
 TEST(AttentionSupport, DecodeSplitPlanAndWorkspace) {
-  // Small batches split long sequences; large batches do not; workspace covers every n_work.
-  EXPECT_GT(attention_decode_n_splits(1, 32, 8, 4096, 132), 1);
-  EXPECT_EQ(attention_decode_n_splits(64, 32, 8, 4096, 132), 1);
-  EXPECT_EQ(attention_decode_n_splits(1, 32, 8, 10, 132), 1);
-  const size_t ws = attention_decode_workspace_size_bytes(256, 32, 8, 128, 8192, 132);
-  for (int32_t n = 1; n <= 256; ++n) {
-    const int32_t splits = attention_decode_n_splits(n, 32, 8, 8192, 132);
-    const size_t need = splits > 1 ? static_cast<size_t>(n) * splits * 32 * 129 * 4 : 0;
-    EXPECT_GE(ws, need) << n;
+  // Small batches split long sequences; large batches split only against wave quantization, and
+  // not short sequences; the workspace bound covers every n_work and max_kv_len up to its own.
+  EXPECT_GT(attention_decode_n_splits(1, 32, 8, 64, 4096, 132), 1);
+  EXPECT_EQ(attention_decode_n_splits(64, 32, 8, 64, 512, 132), 1);
+  EXPECT_EQ(attention_decode_n_splits(1, 32, 8, 64, 10, 132), 1);
+  for (int32_t head_dim : {64, 128}) {
+    const size_t ws = attention_decode_workspace_size_bytes(256, 32, 8, head_dim, 8192, 132);
+    for (int32_t n = 1; n <= 256; ++n) {
+      for (int32_t kv : {1, 64, 65, 1000, 2048, 3000, 4096, 5000, 8192}) {
+        const int32_t splits = attention_decode_n_splits(n, 32, 8, head_dim, kv, 132);
+        const size_t need =
+            splits > 1 ? static_cast<size_t>(n) * splits * 32 * (head_dim + 1) * 4 : 0;
+        EXPECT_GE(ws, need) << n << " " << kv;
+      }
+    }
   }
   // A workspace that is too small is refused before anything is launched.
   const Status st = launch_attention_decode(
@@ -609,7 +615,7 @@ TEST(AttentionTiming, DecodeBf16HeadDim64) {
         for (int32_t factor = 1; factor <= (shuffled ? kMaxSmFactor : 1); factor *= 2) {
           const int32_t plan_sms = n_sms * factor;
           const int32_t splits =
-              attention_decode_n_splits(batch_size, n_heads, n_kv_heads, kv, plan_sms);
+              attention_decode_n_splits(batch_size, n_heads, n_kv_heads, D, kv, plan_sms);
           if (splits == last_splits) continue;
           last_splits = splits;
           auto call = [&](int32_t r, cudaStream_t stream) {
