@@ -1,0 +1,253 @@
+#include "services/tokenizer/bpe_model.h"
+
+#include <mutex>
+#include <queue>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "services/tokenizer/utf8.h"
+
+namespace litellama {
+namespace {
+
+constexpr size_t kCacheCapacity = 1 << 16;
+constexpr size_t kCacheMaxWordBytes = 256;
+
+uint64_t pair_key(int32_t a, int32_t b) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+}
+
+}  // namespace
+
+struct BpeModel::Cache {
+  std::mutex mu;
+  std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> words;
+};
+
+BpeModel::BpeModel() : cache_(std::make_unique<Cache>()) {}
+BpeModel::BpeModel(BpeModel&&) noexcept = default;
+BpeModel& BpeModel::operator=(BpeModel&&) noexcept = default;
+BpeModel::~BpeModel() = default;
+
+Result<BpeModel> BpeModel::from_json(const nlohmann::json& model) {
+  BpeModel m;
+  try {
+    const auto& vocab = model.at("vocab");
+    if (!vocab.is_object())
+      return Status(StatusCode::kInvalidArgument, "BPE vocab is not an object");
+    m.vocab_.reserve(vocab.size());
+    int32_t max_id = -1;
+    for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+      const int32_t id = it.value().get<int32_t>();
+      if (id < 0) return make_error(StatusCode::kInvalidArgument, "negative token id {}", id);
+      m.vocab_.emplace(it.key(), id);
+      max_id = std::max(max_id, id);
+    }
+    m.id_to_token_.resize(static_cast<size_t>(max_id + 1));
+    m.has_id_.assign(static_cast<size_t>(max_id + 1), false);
+    for (const auto& [token, id] : m.vocab_) {
+      m.id_to_token_[static_cast<size_t>(id)] = token;
+      m.has_id_[static_cast<size_t>(id)] = true;
+    }
+    if (model.contains("unk_token") && model["unk_token"].is_string()) {
+      const auto unk = m.token_to_id(model["unk_token"].get<std::string>());
+      if (unk) m.unk_id_ = unk;
+    }
+    m.fuse_unk_ = model.value("fuse_unk", false);
+    m.byte_fallback_ = model.value("byte_fallback", false);
+    m.ignore_merges_ = model.value("ignore_merges", false);
+    if (model.contains("continuing_subword_prefix") &&
+        model["continuing_subword_prefix"].is_string()) {
+      m.continuing_subword_prefix_ = model["continuing_subword_prefix"].get<std::string>();
+    }
+    if (model.contains("end_of_word_suffix") && model["end_of_word_suffix"].is_string()) {
+      m.end_of_word_suffix_ = model["end_of_word_suffix"].get<std::string>();
+    }
+    if (model.contains("dropout") && model["dropout"].is_number() &&
+        model["dropout"].get<double>() > 0) {
+      return Status(StatusCode::kUnsupported, "BPE dropout is not supported");
+    }
+    const auto& merges = model.at("merges");
+    m.merges_.reserve(merges.size());
+    const size_t prefix_len = m.continuing_subword_prefix_.size();
+    int32_t rank = 0;
+    for (const auto& merge : merges) {
+      std::string a, b;
+      if (merge.is_string()) {
+        const std::string s = merge.get<std::string>();
+        const size_t sp = s.find(' ');
+        if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos) {
+          return make_error(StatusCode::kInvalidArgument, "malformed merge '{}'", s);
+        }
+        a = s.substr(0, sp);
+        b = s.substr(sp + 1);
+      } else if (merge.is_array() && merge.size() == 2) {
+        a = merge[0].get<std::string>();
+        b = merge[1].get<std::string>();
+      } else {
+        return make_error(StatusCode::kInvalidArgument, "malformed merge {}", merge.dump());
+      }
+      const auto ia = m.token_to_id(a), ib = m.token_to_id(b);
+      const std::string merged =
+          a + (prefix_len && b.compare(0, prefix_len, m.continuing_subword_prefix_) == 0
+                   ? b.substr(prefix_len)
+                   : b);
+      const auto inew = m.token_to_id(merged);
+      if (!ia || !ib || !inew) {
+        return make_error(StatusCode::kInvalidArgument,
+                          "merge '{} {}' uses a token outside the vocab", a, b);
+      }
+      m.merges_.emplace(pair_key(*ia, *ib), Merge{rank++, *inew});
+    }
+    m.byte_ids_.assign(256, -1);
+    if (m.byte_fallback_) {
+      for (int b = 0; b < 256; ++b) {
+        if (auto id = m.token_to_id(fmt::format("<0x{:02X}>", b))) m.byte_ids_[b] = *id;
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return make_error(StatusCode::kInvalidArgument, "malformed BPE model: {}", e.what());
+  }
+  return m;
+}
+
+std::optional<int32_t> BpeModel::token_to_id(std::string_view token) const {
+  auto it = vocab_.find(token);
+  if (it == vocab_.end()) return std::nullopt;
+  return it->second;
+}
+
+const std::string* BpeModel::id_to_token(int32_t id) const {
+  if (id < 0 || id >= size() || !has_id_[static_cast<size_t>(id)]) return nullptr;
+  return &id_to_token_[static_cast<size_t>(id)];
+}
+
+void BpeModel::tokenize(std::string_view word, std::vector<int32_t>& ids) const {
+  if (word.empty()) return;
+  if (ignore_merges_) {
+    if (auto id = token_to_id(word)) {
+      ids.push_back(*id);
+      return;
+    }
+  }
+  const bool cacheable = word.size() <= kCacheMaxWordBytes;
+  if (cacheable) {
+    std::lock_guard<std::mutex> lock(cache_->mu);
+    auto it = cache_->words.find(word);
+    if (it != cache_->words.end()) {
+      ids.insert(ids.end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  const size_t mark = ids.size();
+  merge_word(word, ids);
+  if (cacheable) {
+    std::lock_guard<std::mutex> lock(cache_->mu);
+    if (cache_->words.size() >= kCacheCapacity) cache_->words.clear();
+    cache_->words.emplace(std::string(word),
+                          std::vector<int32_t>(ids.begin() + static_cast<long>(mark), ids.end()));
+  }
+}
+
+void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& ids) const {
+  struct Symbol {
+    int32_t id;
+    int32_t prev;
+    int32_t next;
+    int32_t len;  // bytes; 0 once merged into its left neighbour
+  };
+  std::vector<Symbol> symbols;
+  symbols.reserve(word.size());
+  auto add = [&](int32_t id, int32_t len) {
+    const auto n = static_cast<int32_t>(symbols.size());
+    symbols.push_back({id, n - 1, n + 1, len});
+  };
+
+  // Initial symbols: one per character (with byte fallback or unk for unknown characters).
+  int32_t unk_len = 0;  // byte length of a pending unk (0: none)
+  std::string scratch;
+  size_t i = 0;
+  while (i < word.size()) {
+    const int n = std::max(1, utf8::next(word.substr(i)).length);
+    const bool first = i == 0, last = i + static_cast<size_t>(n) >= word.size();
+    std::string_view piece = word.substr(i, static_cast<size_t>(n));
+    std::string_view lookup = piece;
+    if ((!first && !continuing_subword_prefix_.empty()) || (last && !end_of_word_suffix_.empty())) {
+      scratch.clear();
+      if (!first) scratch += continuing_subword_prefix_;
+      scratch += piece;
+      if (last) scratch += end_of_word_suffix_;
+      lookup = scratch;
+    }
+    i += static_cast<size_t>(n);
+    if (auto id = token_to_id(lookup)) {
+      if (unk_len) add(*unk_id_, std::exchange(unk_len, 0));
+      add(*id, n);
+      continue;
+    }
+    if (byte_fallback_) {
+      bool all = true;
+      for (const char c : lookup) all = all && byte_ids_[static_cast<unsigned char>(c)] >= 0;
+      if (all) {
+        if (unk_len) add(*unk_id_, std::exchange(unk_len, 0));
+        for (const char c : lookup) add(byte_ids_[static_cast<unsigned char>(c)], 1);
+        continue;
+      }
+    }
+    if (unk_id_) {
+      if (unk_len && fuse_unk_) {
+        unk_len += n;
+      } else {
+        if (unk_len) add(*unk_id_, unk_len);
+        unk_len = n;
+      }
+    }
+  }
+  if (unk_len) add(*unk_id_, unk_len);
+  if (symbols.empty()) return;
+  symbols.back().next = -1;
+
+  struct Candidate {
+    int32_t rank;
+    int32_t pos;
+    int32_t new_id;
+  };
+  auto later = [](const Candidate& a, const Candidate& b) {
+    return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos;
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, decltype(later)> queue(later);
+  for (size_t k = 0; k + 1 < symbols.size(); ++k) {
+    auto it = merges_.find(pair_key(symbols[k].id, symbols[k + 1].id));
+    if (it != merges_.end())
+      queue.push({it->second.rank, static_cast<int32_t>(k), it->second.new_id});
+  }
+  while (!queue.empty()) {
+    const Candidate top = queue.top();
+    queue.pop();
+    Symbol& cur = symbols[static_cast<size_t>(top.pos)];
+    if (cur.len == 0 || cur.next == -1) continue;
+    const int32_t next_pos = cur.next;
+    const Symbol right = symbols[static_cast<size_t>(next_pos)];
+    auto it = merges_.find(pair_key(cur.id, right.id));
+    if (it == merges_.end() || it->second.new_id != top.new_id) continue;  // stale entry
+    cur.id = top.new_id;
+    cur.len += right.len;
+    cur.next = right.next;
+    symbols[static_cast<size_t>(next_pos)].len = 0;
+    if (right.next != -1) symbols[static_cast<size_t>(right.next)].prev = top.pos;
+    if (cur.prev >= 0) {
+      auto p = merges_.find(pair_key(symbols[static_cast<size_t>(cur.prev)].id, cur.id));
+      if (p != merges_.end()) queue.push({p->second.rank, cur.prev, p->second.new_id});
+    }
+    if (cur.next != -1) {
+      auto q = merges_.find(pair_key(cur.id, symbols[static_cast<size_t>(cur.next)].id));
+      if (q != merges_.end()) queue.push({q->second.rank, top.pos, q->second.new_id});
+    }
+  }
+  for (int32_t k = 0; k != -1; k = symbols[static_cast<size_t>(k)].next) {
+    ids.push_back(symbols[static_cast<size_t>(k)].id);
+  }
+}
+
+}  // namespace litellama

@@ -1,0 +1,71 @@
+// BpeModel: the BPE `model` of tokenizer.json (vocab, ranked merges, byte fallback, unk).
+//
+// Merging follows Hugging Face tokenizers' Word::merge_all exactly: a min-heap of candidate
+// pairs ordered by (rank, position) over a doubly linked list of symbols, O(n log n) per word,
+// so a word of a million characters is fine. Words are memoized in a bounded cache shared by
+// all threads (a mutex guards it; the cache never changes results).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+
+namespace litellama {
+
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+using TokenIdMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
+
+class BpeModel {
+ public:
+  // `model` is the "model" object of tokenizer.json; its type must be BPE.
+  static Result<BpeModel> from_json(const nlohmann::json& model);
+
+  // Appends the ids of one pre-tokenized word.
+  void tokenize(std::string_view word, std::vector<int32_t>& ids) const;
+
+  std::optional<int32_t> token_to_id(std::string_view token) const;
+  // The vocabulary string of `id`, or nullptr when the model has no such id.
+  const std::string* id_to_token(int32_t id) const;
+  int32_t size() const { return static_cast<int32_t>(id_to_token_.size()); }
+  bool byte_fallback() const { return byte_fallback_; }
+
+  BpeModel(BpeModel&&) noexcept;
+  BpeModel& operator=(BpeModel&&) noexcept;
+  ~BpeModel();
+
+ private:
+  BpeModel();
+  void merge_word(std::string_view word, std::vector<int32_t>& ids) const;
+
+  struct Merge {
+    int32_t rank;
+    int32_t new_id;
+  };
+  struct Cache;
+
+  TokenIdMap vocab_;
+  std::vector<std::string> id_to_token_;
+  std::vector<bool> has_id_;
+  std::unordered_map<uint64_t, Merge> merges_;
+  std::optional<int32_t> unk_id_;
+  bool fuse_unk_ = false;
+  bool byte_fallback_ = false;
+  bool ignore_merges_ = false;
+  std::string continuing_subword_prefix_;
+  std::string end_of_word_suffix_;
+  std::vector<int32_t> byte_ids_;  // id of "<0xXX>" per byte, -1 when absent
+  std::unique_ptr<Cache> cache_;
+};
+
+}  // namespace litellama

@@ -1,0 +1,55 @@
+#include "services/tokenizer/post_processor.h"
+
+namespace litellama {
+
+Status PostProcessor::add(const nlohmann::json& j) {
+  if (j.is_null()) return Status::ok();
+  const std::string type = j.value("type", "");
+  if (type == "Sequence") {
+    for (const auto& p : j.at("processors")) LITELLAMA_RETURN_IF_ERROR(add(p));
+  } else if (type == "ByteLevel") {
+    // Only adjusts offsets.
+  } else if (type == "TemplateProcessing") {
+    bool seen_sequence = false;
+    const auto& specials = j.at("special_tokens");
+    for (const auto& item : j.at("single")) {
+      if (item.contains("Sequence")) {
+        if (item["Sequence"].value("id", "A") != "A") {
+          return Status(StatusCode::kUnsupported, "TemplateProcessing single template uses $B");
+        }
+        seen_sequence = true;
+        continue;
+      }
+      const std::string name = item.at("SpecialToken").at("id").get<std::string>();
+      if (!specials.contains(name)) {
+        return make_error(StatusCode::kInvalidArgument,
+                          "TemplateProcessing uses '{}' which is not in its special_tokens", name);
+      }
+      auto& target = seen_sequence ? suffix_ : prefix_;
+      for (const auto& id : specials.at(name).at("ids")) target.push_back(id.get<int32_t>());
+    }
+  } else if (type == "RobertaProcessing" || type == "BertProcessing") {
+    prefix_.push_back(j.at("cls").at(1).get<int32_t>());
+    suffix_.push_back(j.at("sep").at(1).get<int32_t>());
+  } else {
+    return make_error(StatusCode::kUnsupported, "unsupported post_processor type '{}'", type);
+  }
+  return Status::ok();
+}
+
+Result<PostProcessor> PostProcessor::from_json(const nlohmann::json& j) {
+  PostProcessor p;
+  try {
+    LITELLAMA_RETURN_IF_ERROR(p.add(j));
+  } catch (const nlohmann::json::exception& e) {
+    return make_error(StatusCode::kInvalidArgument, "malformed post_processor: {}", e.what());
+  }
+  return p;
+}
+
+void PostProcessor::apply(std::vector<int32_t>& ids) const {
+  if (!prefix_.empty()) ids.insert(ids.begin(), prefix_.begin(), prefix_.end());
+  ids.insert(ids.end(), suffix_.begin(), suffix_.end());
+}
+
+}  // namespace litellama
