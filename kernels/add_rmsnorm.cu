@@ -1,0 +1,95 @@
+// Fused residual add + RMSNorm: one block per row. Pass 1 adds and writes the residual and sums
+// squares of the stored (rounded) values; pass 2 re-reads the row (from L1/L2, written by the same
+// thread) and normalizes, so no row size limit applies.
+#include "kernels/add_rmsnorm.h"
+
+#include <algorithm>
+
+#include "kernels/cuda_check.h"
+#include "kernels/kernel_common.cuh"
+
+namespace litellama {
+namespace {
+
+template <typename T, int N>
+__global__ void add_rmsnorm_kernel(T* __restrict__ normed, T* __restrict__ residual,
+                                   const T* __restrict__ delta, const float* __restrict__ weight,
+                                   int hidden, float eps) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  T* res = residual + row * hidden;
+  const T* del = delta != nullptr ? delta + row * hidden : nullptr;
+  float sum_sq = 0.0f;
+  for (int i = threadIdx.x * N; i < hidden; i += blockDim.x * N) {
+    Vec<T, N> r = load_vec<T, N>(res + i);
+    if (del != nullptr) {
+      const Vec<T, N> d = load_vec<T, N>(del + i);
+#pragma unroll
+      for (int j = 0; j < N; ++j) r.v[j] = from_float<T>(to_float(r.v[j]) + to_float(d.v[j]));
+      store_vec<T, N>(res + i, r);
+    }
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const float x = to_float(r.v[j]);
+      sum_sq += x * x;
+    }
+  }
+  const float total = block_sum(sum_sq, scratch);
+  // Correctly rounded 1 / sqrt, as the CPU backend computes it.
+  const float inv_rms = __frcp_rn(__fsqrt_rn(total / static_cast<float>(hidden) + eps));
+  T* out = normed + row * hidden;
+  for (int i = threadIdx.x * N; i < hidden; i += blockDim.x * N) {
+    const Vec<T, N> r = load_vec<T, N>(res + i);
+    Vec<T, N> o;
+#pragma unroll
+    for (int j = 0; j < N; ++j) o.v[j] = from_float<T>(to_float(r.v[j]) * inv_rms * weight[i + j]);
+    store_vec<T, N>(out + i, o);
+  }
+}
+
+template <typename T>
+Status launch_typed(void* normed, void* residual, const void* delta, const float* weight,
+                    int32_t n_rows, int32_t hidden, float eps, cudaStream_t stream) {
+  const int n = vec_width(hidden, sizeof(T));
+  const int threads = std::min(1024, std::max(32, (hidden / n + 31) / 32 * 32));
+  auto* out = static_cast<T*>(normed);
+  auto* res = static_cast<T*>(residual);
+  const auto* del = static_cast<const T*>(delta);
+  if (n == 1) {
+    add_rmsnorm_kernel<T, 1><<<n_rows, threads, 0, stream>>>(out, res, del, weight, hidden, eps);
+  } else {
+    add_rmsnorm_kernel<T, 16 / sizeof(T)>
+        <<<n_rows, threads, 0, stream>>>(out, res, del, weight, hidden, eps);
+  }
+  LITELLAMA_CUDA_CHECK_LAUNCH("add_rmsnorm_kernel");
+  return Status::ok();
+}
+
+}  // namespace
+
+bool add_rmsnorm_supports(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
+}
+
+Status launch_add_rmsnorm(void* normed, void* residual, const void* delta, const float* weight,
+                          int32_t n_rows, int32_t hidden, float eps, DType dtype,
+                          cudaStream_t stream) {
+  if (n_rows == 0) return Status::ok();
+  switch (dtype) {
+    case DType::kF32:
+      return launch_typed<float>(normed, residual, delta, weight, n_rows, hidden, eps, stream);
+    case DType::kBF16:
+      return launch_typed<__nv_bfloat16>(normed, residual, delta, weight, n_rows, hidden, eps,
+                                         stream);
+    case DType::kF16:
+      return launch_typed<__half>(normed, residual, delta, weight, n_rows, hidden, eps, stream);
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
+      break;
+  }
+  return make_error(StatusCode::kUnsupported, "add_rmsnorm: unsupported dtype {}",
+                    dtype_torch_name(dtype));
+}
+
+}  // namespace litellama

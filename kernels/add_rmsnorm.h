@@ -1,0 +1,27 @@
+// Fused residual add + RMSNorm. Replaces the unfused sequence
+//   residual = residual + delta;                        (add)
+//   normed = residual * rsqrt(mean(residual^2) + eps) * weight   (rmsnorm)
+// with one pass: the updated residual (rounded to the compute dtype, as the unfused add stores it)
+// is written back and normalized, all arithmetic in float32. With delta == nullptr it is a plain
+// RMSNorm of `residual` (the first layer, whose residual is the embedding).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/dtype.h"
+#include "common/status.h"
+
+namespace litellama {
+
+bool add_rmsnorm_supports(DType dtype);
+
+Status launch_add_rmsnorm(void* normed,         // [n_rows, hidden] out
+                          void* residual,       // [n_rows, hidden] in/out
+                          const void* delta,    // [n_rows, hidden] or nullptr
+                          const float* weight,  // [hidden]
+                          int32_t n_rows, int32_t hidden, float eps, DType dtype,
+                          cudaStream_t stream);
+
+}  // namespace litellama

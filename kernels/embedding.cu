@@ -1,0 +1,65 @@
+// Embedding gather: one block row per token, 16-byte copies when the row allows them.
+#include "kernels/embedding.h"
+
+#include <algorithm>
+
+#include "kernels/cuda_check.h"
+#include "kernels/kernel_common.cuh"
+
+namespace litellama {
+namespace {
+
+template <typename T, int N>
+__global__ void embedding_kernel(T* __restrict__ out, const int32_t* __restrict__ token_ids,
+                                 const T* __restrict__ table, int hidden) {
+  const int t = blockIdx.x;
+  const int64_t id = token_ids[t];
+  const T* src = table + id * hidden;
+  T* dst = out + static_cast<int64_t>(t) * hidden;
+  for (int i = threadIdx.x * N; i < hidden; i += blockDim.x * N) {
+    store_vec<T, N>(dst + i, load_vec<T, N>(src + i));
+  }
+}
+
+template <typename T>
+Status launch_typed(void* out, const int32_t* token_ids, const void* table, int32_t n_tokens,
+                    int32_t hidden, cudaStream_t stream) {
+  const int n = vec_width(hidden, sizeof(T));
+  const int threads = std::min(256, std::max(32, (hidden / n + 31) / 32 * 32));
+  if (n == 1) {
+    embedding_kernel<T, 1><<<n_tokens, threads, 0, stream>>>(static_cast<T*>(out), token_ids,
+                                                             static_cast<const T*>(table), hidden);
+  } else {
+    embedding_kernel<T, 16 / sizeof(T)><<<n_tokens, threads, 0, stream>>>(
+        static_cast<T*>(out), token_ids, static_cast<const T*>(table), hidden);
+  }
+  LITELLAMA_CUDA_CHECK_LAUNCH("embedding_kernel");
+  return Status::ok();
+}
+
+}  // namespace
+
+bool embedding_supports(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
+}
+
+Status launch_embedding(void* out, const int32_t* token_ids, const void* table, int32_t n_tokens,
+                        int32_t hidden, DType dtype, cudaStream_t stream) {
+  if (n_tokens == 0) return Status::ok();
+  switch (dtype) {
+    case DType::kF32:
+      return launch_typed<float>(out, token_ids, table, n_tokens, hidden, stream);
+    case DType::kBF16:
+      return launch_typed<__nv_bfloat16>(out, token_ids, table, n_tokens, hidden, stream);
+    case DType::kF16:
+      return launch_typed<__half>(out, token_ids, table, n_tokens, hidden, stream);
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
+      break;
+  }
+  return make_error(StatusCode::kUnsupported, "embedding: unsupported dtype {}",
+                    dtype_torch_name(dtype));
+}
+
+}  // namespace litellama

@@ -1,0 +1,64 @@
+// Row gather: one block per output row, 16-byte copies when the row allows them.
+#include "kernels/gather_rows.h"
+
+#include <algorithm>
+
+#include "kernels/cuda_check.h"
+#include "kernels/kernel_common.cuh"
+
+namespace litellama {
+namespace {
+
+template <typename T, int N>
+__global__ void gather_rows_kernel(T* __restrict__ out, const T* __restrict__ in,
+                                   const int32_t* __restrict__ rows, int cols) {
+  const int64_t src_row = rows[blockIdx.x];
+  const T* src = in + src_row * cols;
+  T* dst = out + static_cast<int64_t>(blockIdx.x) * cols;
+  for (int i = threadIdx.x * N; i < cols; i += blockDim.x * N) {
+    store_vec<T, N>(dst + i, load_vec<T, N>(src + i));
+  }
+}
+
+template <typename T>
+Status launch_typed(void* out, const void* in, const int32_t* rows, int32_t n_rows_out,
+                    int32_t cols, cudaStream_t stream) {
+  const int n = vec_width(cols, sizeof(T));
+  const int threads = std::min(256, std::max(32, (cols / n + 31) / 32 * 32));
+  if (n == 1) {
+    gather_rows_kernel<T, 1><<<n_rows_out, threads, 0, stream>>>(
+        static_cast<T*>(out), static_cast<const T*>(in), rows, cols);
+  } else {
+    gather_rows_kernel<T, 16 / sizeof(T)><<<n_rows_out, threads, 0, stream>>>(
+        static_cast<T*>(out), static_cast<const T*>(in), rows, cols);
+  }
+  LITELLAMA_CUDA_CHECK_LAUNCH("gather_rows_kernel");
+  return Status::ok();
+}
+
+}  // namespace
+
+bool gather_rows_supports(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
+}
+
+Status launch_gather_rows(void* out, const void* in, const int32_t* rows, int32_t n_rows_out,
+                          int32_t cols, DType dtype, cudaStream_t stream) {
+  if (n_rows_out == 0) return Status::ok();
+  switch (dtype) {
+    case DType::kF32:
+      return launch_typed<float>(out, in, rows, n_rows_out, cols, stream);
+    case DType::kBF16:
+      return launch_typed<__nv_bfloat16>(out, in, rows, n_rows_out, cols, stream);
+    case DType::kF16:
+      return launch_typed<__half>(out, in, rows, n_rows_out, cols, stream);
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
+      break;
+  }
+  return make_error(StatusCode::kUnsupported, "gather_rows: unsupported dtype {}",
+                    dtype_torch_name(dtype));
+}
+
+}  // namespace litellama

@@ -1,0 +1,23 @@
+// Row gather: out[i] = in[rows[i]]. Picks the last token of each sampled sequence out of the
+// packed step, so the final norm and the lm_head GEMM run on those rows only (logits for sampled
+// sequences alone).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/dtype.h"
+#include "common/status.h"
+
+namespace litellama {
+
+bool gather_rows_supports(DType dtype);
+
+// rows[i] must be in [0, n_rows_in); the caller builds them on the host.
+Status launch_gather_rows(void* out,            // [n_rows_out, cols]
+                          const void* in,       // [n_rows_in, cols]
+                          const int32_t* rows,  // [n_rows_out]
+                          int32_t n_rows_out, int32_t cols, DType dtype, cudaStream_t stream);
+
+}  // namespace litellama

@@ -1,0 +1,434 @@
+// CudaModelRunner: one step, top-down.
+//
+//   stage the step's arrays in pinned memory -> one cudaMemcpyAsync to the device
+//   embedding -> residual
+//   per layer:
+//     add_rmsnorm(residual += delta of the previous layer; normed)      (first layer: no add)
+//     linear(qkv = normed @ [Wq; Wk; Wv]^T) -> qkv_rope (bias, q/k norm, RoPE, K/V into the pool)
+//     attention_decode (sequences with one new token) + attention_prefill (the others)
+//     linear(delta = attn @ Wo^T) -> add_rmsnorm(residual += delta; normed)
+//     linear(gate_up = normed @ [Wgate; Wup]^T) -> silu_mul -> linear(delta = act @ Wdown^T)
+//   gather the sampled sequences' last rows of residual and delta -> add_rmsnorm(final norm)
+//   linear(float32 logits = normed @ Wlm^T) -> sampling
+//   one cudaMemcpyAsync of sampled ids (and top logits) back, then the step's only host sync.
+//
+// Every buffer is allocated once in create(); a step allocates nothing unless its slot table or
+// penalty history outgrows the staging buffers (they then grow geometrically, once).
+#include "services/worker/cuda/cuda_model_runner.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "kernels/add_rmsnorm.h"
+#include "kernels/attention_decode.h"
+#include "kernels/attention_prefill.h"
+#include "kernels/cuda_check.h"
+#include "kernels/embedding.h"
+#include "kernels/gather_rows.h"
+#include "kernels/linear.h"
+#include "kernels/qkv_rope.h"
+#include "kernels/sampling.h"
+#include "kernels/silu_mul.h"
+#include "services/worker/checkpoint.h"
+#include "services/worker/cuda/cuda_weights.h"
+#include "services/worker/cuda/device_buffer.h"
+#include "services/worker/cuda/step_staging.h"
+#include "services/worker/rope_scaling.h"
+
+namespace litellama {
+
+namespace {
+
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+// Upper bound of any sequence's kv_len, for the decode-attention workspace (whose split count is
+// capped, so this only needs to be large).
+constexpr int32_t kMaxKvLenHint = int32_t{1} << 30;
+
+// Owns a stream and a cuBLAS handle; destroyed in reverse order of creation.
+class CudaContext {
+ public:
+  CudaContext() = default;
+  CudaContext(const CudaContext&) = delete;
+  CudaContext& operator=(const CudaContext&) = delete;
+  ~CudaContext() {
+    if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
+    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+  }
+  Status init() {
+    LITELLAMA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    LITELLAMA_CUBLAS_RETURN_IF_ERROR(cublasCreate(&cublas_));
+    LITELLAMA_CUBLAS_RETURN_IF_ERROR(cublasSetStream(cublas_, stream_));
+    return Status::ok();
+  }
+  cudaStream_t stream() const { return stream_; }
+  cublasHandle_t cublas() const { return cublas_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+};
+
+class CudaModelRunner final : public ModelRunner {
+ public:
+  CudaModelRunner(ModelConfig config, RunnerOptions options)
+      : config_(std::move(config)), options_(options), dtype_(options.compute_dtype) {}
+
+  Status init(const Checkpoint& checkpoint);
+
+  const ModelConfig& config() const override { return config_; }
+  int32_t n_kv_slots() const override { return n_slots_; }
+  Status step(const StepBatch& batch, StepOutput* out) override;
+
+ private:
+  Status allocate_workspaces();
+  Status allocate_kv_pool();
+  Status ensure_staging(size_t bytes);
+  Status run_layers(const StepPlan& plan);
+  Status run_head(const StepPlan& plan, int32_t n_top);
+  void* k_pool(int32_t layer) const;
+  void* v_pool(int32_t layer) const;
+
+  ModelConfig config_;
+  RunnerOptions options_;
+  DType dtype_;
+  size_t elem_bytes_ = 0;
+  int32_t n_sms_ = 0;
+  int32_t n_slots_ = 0;
+  int32_t qkv_dim_ = 0;  // (n_heads + 2 n_kv_heads) * head_dim
+  int32_t q_dim_ = 0;    // n_heads * head_dim
+  float attention_scale_ = 1.0f;
+  float rope_attention_scaling_ = 1.0f;
+
+  CudaContext ctx_;
+  CudaWeights weights_;
+  DeviceBuffer kv_;           // [n_layers][K, V][n_slots, n_kv_heads, head_dim]
+  size_t kv_pool_bytes_ = 0;  // one layer's K (or V)
+
+  // Activations, [max_batch_tokens, ...] each.
+  DeviceBuffer residual_;  // [T, hidden]
+  DeviceBuffer normed_;    // [T, hidden]
+  DeviceBuffer delta_;     // [T, hidden] output of o_proj / down_proj
+  DeviceBuffer wide_;      // [T, max(qkv_dim, 2 * inter)]: qkv, then gate_up
+  DeviceBuffer q_;         // [T, n_heads, head_dim]
+  DeviceBuffer attn_;      // [T, n_heads, head_dim]
+  DeviceBuffer act_;       // [T, inter]
+  // Head, [max_batch_seqs, ...] each.
+  DeviceBuffer last_residual_;  // [S, hidden]
+  DeviceBuffer last_delta_;     // [S, hidden]
+  DeviceBuffer last_normed_;    // [S, hidden]
+  DeviceBuffer logits_;         // [S, vocab] float32
+  DeviceBuffer token_marks_;    // [S, vocab] int32, zero at rest (sampling workspace)
+  DeviceBuffer results_;        // sampled ids, top ids, top logits of one step, packed
+  PinnedBuffer results_host_;
+  DeviceBuffer rope_inv_freq_;  // [head_dim / 2] the table of every non-dynamic variant
+  DeviceBuffer attention_workspace_;
+  DeviceBuffer cublas_workspace_;
+  // Step metadata: the same layout on both sides (StepLayout).
+  PinnedBuffer staging_host_;
+  DeviceBuffer staging_device_;
+};
+
+void* CudaModelRunner::k_pool(int32_t layer) const {
+  return kv_.as<char>(static_cast<size_t>(2 * layer) * kv_pool_bytes_);
+}
+void* CudaModelRunner::v_pool(int32_t layer) const {
+  return kv_.as<char>(static_cast<size_t>(2 * layer + 1) * kv_pool_bytes_);
+}
+
+Status CudaModelRunner::init(const Checkpoint& checkpoint) {
+  const ModelConfig& c = config_;
+  elem_bytes_ = dtype_size_bytes(dtype_);
+  qkv_dim_ = (c.n_heads + 2 * c.n_kv_heads) * c.head_dim;
+  q_dim_ = c.n_heads * c.head_dim;
+  attention_scale_ = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  rope_attention_scaling_ = rope_attention_scaling(c);
+  int device = 0;
+  LITELLAMA_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  LITELLAMA_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&n_sms_, cudaDevAttrMultiProcessorCount, device));
+  LITELLAMA_RETURN_IF_ERROR(ctx_.init());
+  LITELLAMA_ASSIGN_OR_RETURN(weights_, CudaWeights::upload(checkpoint, dtype_));
+  LITELLAMA_RETURN_IF_ERROR(allocate_workspaces());
+  LITELLAMA_RETURN_IF_ERROR(allocate_kv_pool());
+  // Uploads and memsets ran on the legacy stream, which the non-blocking step stream does not
+  // wait for.
+  LITELLAMA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  return Status::ok();
+}
+
+Status CudaModelRunner::allocate_workspaces() {
+  const ModelConfig& c = config_;
+  const auto T = static_cast<size_t>(options_.max_batch_tokens);
+  const auto S = static_cast<size_t>(options_.max_batch_seqs);
+  const auto H = static_cast<size_t>(c.hidden_size);
+  const auto inter = static_cast<size_t>(c.intermediate_size);
+  const auto V = static_cast<size_t>(c.vocab_size);
+  const size_t e = elem_bytes_;
+  LITELLAMA_ASSIGN_OR_RETURN(residual_, DeviceBuffer::allocate(T * H * e));
+  LITELLAMA_ASSIGN_OR_RETURN(normed_, DeviceBuffer::allocate(T * H * e));
+  LITELLAMA_ASSIGN_OR_RETURN(delta_, DeviceBuffer::allocate(T * H * e));
+  LITELLAMA_ASSIGN_OR_RETURN(
+      wide_, DeviceBuffer::allocate(T * std::max(static_cast<size_t>(qkv_dim_), 2 * inter) * e));
+  LITELLAMA_ASSIGN_OR_RETURN(q_, DeviceBuffer::allocate(T * q_dim_ * e));
+  LITELLAMA_ASSIGN_OR_RETURN(attn_, DeviceBuffer::allocate(T * q_dim_ * e));
+  LITELLAMA_ASSIGN_OR_RETURN(act_, DeviceBuffer::allocate(T * inter * e));
+  LITELLAMA_ASSIGN_OR_RETURN(last_residual_, DeviceBuffer::allocate(S * H * e));
+  LITELLAMA_ASSIGN_OR_RETURN(last_delta_, DeviceBuffer::allocate(S * H * e));
+  LITELLAMA_ASSIGN_OR_RETURN(last_normed_, DeviceBuffer::allocate(S * H * e));
+  LITELLAMA_ASSIGN_OR_RETURN(logits_, DeviceBuffer::allocate(S * V * sizeof(float)));
+  const size_t marks_bytes = sampling_workspace_size_bytes(options_.max_batch_seqs, c.vocab_size);
+  LITELLAMA_ASSIGN_OR_RETURN(token_marks_, DeviceBuffer::allocate(marks_bytes));
+  LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemset(token_marks_.data(), 0, marks_bytes));
+  const size_t results_bytes =
+      S * sizeof(int32_t) + 2 * S * kSamplingMaxTopLogits * sizeof(int32_t) + 64;
+  LITELLAMA_ASSIGN_OR_RETURN(results_, DeviceBuffer::allocate(results_bytes));
+  LITELLAMA_ASSIGN_OR_RETURN(results_host_, PinnedBuffer::allocate(results_bytes));
+
+  const std::vector<float> inv_freq = rope_inv_freq(c, 0);
+  LITELLAMA_ASSIGN_OR_RETURN(rope_inv_freq_,
+                             DeviceBuffer::allocate(inv_freq.size() * sizeof(float)));
+  LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemcpy(rope_inv_freq_.data(), inv_freq.data(),
+                                            inv_freq.size() * sizeof(float),
+                                            cudaMemcpyHostToDevice));
+
+  const size_t attn_ws = attention_decode_workspace_size_bytes(
+      options_.max_batch_seqs, c.n_heads, c.n_kv_heads, c.head_dim, kMaxKvLenHint, n_sms_);
+  LITELLAMA_ASSIGN_OR_RETURN(attention_workspace_, DeviceBuffer::allocate(attn_ws));
+  LITELLAMA_ASSIGN_OR_RETURN(cublas_workspace_, DeviceBuffer::allocate(kCublasWorkspaceBytes));
+  LITELLAMA_CUBLAS_RETURN_IF_ERROR(
+      cublasSetWorkspace(ctx_.cublas(), cublas_workspace_.data(), kCublasWorkspaceBytes));
+
+  // Staging for a full batch whose slot tables hold 4 max_batch_tokens positions (longer tables
+  // or penalty histories grow it on first use).
+  const size_t per_token = 4 * sizeof(int32_t);
+  const size_t per_seq = 8 * sizeof(int32_t) + sizeof(SamplingRow) +
+                         static_cast<size_t>(c.head_dim / 2) * sizeof(float);
+  return ensure_staging(T * (per_token + 4 * sizeof(int32_t)) + (S + 1) * per_seq + 4096);
+}
+
+Status CudaModelRunner::allocate_kv_pool() {
+  const ModelConfig& c = config_;
+  const size_t slot_bytes = static_cast<size_t>(c.n_kv_heads) * c.head_dim * elem_bytes_;
+  const size_t per_slot_all_layers = slot_bytes * 2 * static_cast<size_t>(c.n_layers);
+  int64_t n_slots = options_.n_kv_slots;
+  if (n_slots <= 0) {
+    size_t free_bytes = 0, total_bytes = 0;
+    LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+    const double budget = static_cast<double>(free_bytes) * options_.kv_memory_fraction;
+    n_slots = static_cast<int64_t>(budget / static_cast<double>(per_slot_all_layers));
+    n_slots = std::min<int64_t>(n_slots, int64_t{1} << 30);
+  }
+  if (n_slots <= 0) {
+    return make_error(StatusCode::kResourceExhausted,
+                      "the KV pool would hold no token: {} bytes per slot, fraction {} of free "
+                      "device memory",
+                      per_slot_all_layers, options_.kv_memory_fraction);
+  }
+  n_slots_ = static_cast<int32_t>(n_slots);
+  kv_pool_bytes_ = align_up(static_cast<size_t>(n_slots_) * slot_bytes, 256);
+  LITELLAMA_ASSIGN_OR_RETURN(
+      kv_, DeviceBuffer::allocate(kv_pool_bytes_ * 2 * static_cast<size_t>(c.n_layers)));
+  return Status::ok();
+}
+
+Status CudaModelRunner::ensure_staging(size_t bytes) {
+  if (staging_host_.size_bytes() >= bytes) return Status::ok();
+  // Rare (a longer slot table or history than ever before): wait until no copy uses them.
+  LITELLAMA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx_.stream()));
+  const size_t grown = std::max(bytes, staging_host_.size_bytes() * 2);
+  staging_host_ = PinnedBuffer();
+  staging_device_ = DeviceBuffer();
+  LITELLAMA_ASSIGN_OR_RETURN(staging_host_, PinnedBuffer::allocate(grown));
+  LITELLAMA_ASSIGN_OR_RETURN(staging_device_, DeviceBuffer::allocate(grown));
+  return Status::ok();
+}
+
+Status CudaModelRunner::step(const StepBatch& batch, StepOutput* out) {
+  LITELLAMA_RETURN_IF_ERROR(batch.validate(n_slots_, config_.vocab_size));
+  if (batch.n_tokens() > options_.max_batch_tokens || batch.n_seqs() > options_.max_batch_seqs) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "step of {} tokens in {} sequences exceeds max_batch_tokens {} or "
+                      "max_batch_seqs {}",
+                      batch.n_tokens(), batch.n_seqs(), options_.max_batch_tokens,
+                      options_.max_batch_seqs);
+  }
+  if (!sampling_supports(config_.vocab_size, batch.n_top_logits)) {
+    return make_error(StatusCode::kUnsupported,
+                      "the CUDA backend returns at most {} top logits (asked for {})",
+                      kSamplingMaxTopLogits, batch.n_top_logits);
+  }
+  const StepPlan plan = plan_step(batch, config_);
+  LITELLAMA_RETURN_IF_ERROR(ensure_staging(plan.layout.total_bytes));
+  fill_step(batch, config_, plan, staging_host_.data());
+  cudaStream_t stream = ctx_.stream();
+  LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging_device_.data(), staging_host_.data(),
+                                                 plan.layout.total_bytes, cudaMemcpyHostToDevice,
+                                                 stream));
+  LITELLAMA_RETURN_IF_ERROR(run_layers(plan));
+
+  const auto n_sampled = static_cast<int32_t>(plan.sampled_seqs.size());
+  const int32_t n_top = batch.n_top_logits;
+  out->sampled_ids.assign(static_cast<size_t>(plan.n_seqs), -1);
+  out->top_logits.assign(static_cast<size_t>(plan.n_seqs), {});
+  if (n_sampled == 0) {
+    LITELLAMA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    return Status::ok();
+  }
+  LITELLAMA_RETURN_IF_ERROR(run_head(plan, n_top));
+  // results_: sampled [n_sampled] | top ids [n_sampled, n_top] | top logits [n_sampled, n_top].
+  const size_t results_bytes = static_cast<size_t>(n_sampled) * (1 + 2 * n_top) * sizeof(int32_t);
+  LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(results_host_.data(), results_.data(),
+                                                 results_bytes, cudaMemcpyDeviceToHost, stream));
+  LITELLAMA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  const auto* sampled = results_host_.as<const int32_t>();
+  const int32_t* top_ids = sampled + n_sampled;
+  const auto* top_values = reinterpret_cast<const float*>(top_ids + n_sampled * n_top);
+  for (int32_t r = 0; r < n_sampled; ++r) {
+    const auto s = static_cast<size_t>(plan.sampled_seqs[static_cast<size_t>(r)]);
+    out->sampled_ids[s] = sampled[r];
+    auto& top = out->top_logits[s];
+    top.reserve(static_cast<size_t>(n_top));
+    for (int32_t i = 0; i < n_top; ++i) {
+      top.emplace_back(top_ids[r * n_top + i], top_values[r * n_top + i]);
+    }
+  }
+  return Status::ok();
+}
+
+Status CudaModelRunner::run_layers(const StepPlan& plan) {
+  const ModelConfig& c = config_;
+  const StepLayout& L = plan.layout;
+  cudaStream_t stream = ctx_.stream();
+  cublasHandle_t blas = ctx_.cublas();
+  auto i32 = [&](size_t offset) { return staging_device_.as<const int32_t>(offset); };
+  const int32_t T = plan.n_tokens;
+  const int32_t H = c.hidden_size;
+  const int32_t inter = c.intermediate_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const float* inv_freq = plan.dynamic_rope ? staging_device_.as<const float>(L.freq_table)
+                                            : rope_inv_freq_.as<const float>();
+  const int32_t* token_freq_row = plan.dynamic_rope ? i32(L.token_freq_row) : nullptr;
+  const int32_t* decode_seqs = i32(L.work_seqs);
+  const int32_t* prefill_seqs = decode_seqs + plan.n_decode;
+
+  LITELLAMA_RETURN_IF_ERROR(
+      launch_embedding(residual_.data(), i32(L.token_ids), weights_.embed, T, H, dtype_, stream));
+  for (int32_t l = 0; l < c.n_layers; ++l) {
+    const CudaLayerWeights& W = weights_.layers[static_cast<size_t>(l)];
+    LITELLAMA_RETURN_IF_ERROR(launch_add_rmsnorm(normed_.data(), residual_.data(),
+                                                 l == 0 ? nullptr : delta_.data(), W.input_norm, T,
+                                                 H, eps, dtype_, stream));
+    LITELLAMA_RETURN_IF_ERROR(launch_linear(wide_.data(), normed_.data(), W.qkv, T, qkv_dim_, H,
+                                            dtype_, dtype_, blas, stream));
+    LITELLAMA_RETURN_IF_ERROR(launch_qkv_rope(
+        q_.data(), k_pool(l), v_pool(l), wide_.data(), W.qkv_bias, W.q_norm, W.k_norm, inv_freq,
+        i32(L.positions), i32(L.token_slot), token_freq_row, T, c.n_heads, c.n_kv_heads, c.head_dim,
+        rope_attention_scaling_, eps, dtype_, stream));
+    if (plan.n_decode > 0) {
+      LITELLAMA_RETURN_IF_ERROR(launch_attention_decode(
+          attn_.data(), q_.data(), k_pool(l), v_pool(l), i32(L.token_start), i32(L.kv_len),
+          i32(L.slot_start), i32(L.slot_table), decode_seqs, plan.n_decode, plan.max_decode_kv_len,
+          c.n_heads, c.n_kv_heads, c.head_dim, dtype_, attention_scale_, n_sms_,
+          attention_workspace_.data(), attention_workspace_.size_bytes(), stream));
+    }
+    if (plan.n_prefill > 0) {
+      LITELLAMA_RETURN_IF_ERROR(launch_attention_prefill(
+          attn_.data(), q_.data(), k_pool(l), v_pool(l), i32(L.token_start), i32(L.kv_len),
+          i32(L.slot_start), i32(L.slot_table), prefill_seqs, plan.n_prefill,
+          plan.max_prefill_n_new, c.n_heads, c.n_kv_heads, c.head_dim, dtype_, attention_scale_,
+          stream));
+    }
+    LITELLAMA_RETURN_IF_ERROR(launch_linear(delta_.data(), attn_.data(), W.o, T, H, q_dim_, dtype_,
+                                            dtype_, blas, stream));
+    LITELLAMA_RETURN_IF_ERROR(launch_add_rmsnorm(normed_.data(), residual_.data(), delta_.data(),
+                                                 W.post_norm, T, H, eps, dtype_, stream));
+    LITELLAMA_RETURN_IF_ERROR(launch_linear(wide_.data(), normed_.data(), W.gate_up, T, 2 * inter,
+                                            H, dtype_, dtype_, blas, stream));
+    LITELLAMA_RETURN_IF_ERROR(launch_silu_mul(act_.data(), wide_.data(), T, inter, dtype_, stream));
+    LITELLAMA_RETURN_IF_ERROR(launch_linear(delta_.data(), act_.data(), W.down, T, H, inter, dtype_,
+                                            dtype_, blas, stream));
+  }
+  return Status::ok();
+}
+
+Status CudaModelRunner::run_head(const StepPlan& plan, int32_t n_top) {
+  const ModelConfig& c = config_;
+  const StepLayout& L = plan.layout;
+  cudaStream_t stream = ctx_.stream();
+  const auto R = static_cast<int32_t>(plan.sampled_seqs.size());
+  const int32_t H = c.hidden_size;
+  const int32_t* rows = staging_device_.as<const int32_t>(L.sample_rows);
+  // The last layer's residual add happens here, on the sampled rows only.
+  LITELLAMA_RETURN_IF_ERROR(
+      launch_gather_rows(last_residual_.data(), residual_.data(), rows, R, H, dtype_, stream));
+  LITELLAMA_RETURN_IF_ERROR(
+      launch_gather_rows(last_delta_.data(), delta_.data(), rows, R, H, dtype_, stream));
+  LITELLAMA_RETURN_IF_ERROR(launch_add_rmsnorm(last_normed_.data(), last_residual_.data(),
+                                               last_delta_.data(), weights_.final_norm, R, H,
+                                               static_cast<float>(c.rms_norm_eps), dtype_, stream));
+  LITELLAMA_RETURN_IF_ERROR(launch_linear(logits_.data(), last_normed_.data(), weights_.lm_head, R,
+                                          c.vocab_size, H, dtype_, DType::kF32, ctx_.cublas(),
+                                          stream));
+  auto* sampled = results_.as<int32_t>();
+  int32_t* top_ids = sampled + R;
+  auto* top_values = reinterpret_cast<float*>(top_ids + R * n_top);
+  return launch_sampling(sampled, top_ids, top_values, logits_.as<float>(),
+                         staging_device_.as<const SamplingRow>(L.sampling_rows),
+                         staging_device_.as<const int32_t>(L.history_ids), R, c.vocab_size, n_top,
+                         token_marks_.as<int32_t>(), stream);
+}
+
+Status check_supported(const ModelConfig& c, const RunnerOptions& options) {
+  const DType dt = options.compute_dtype;
+  if (dt != DType::kF32 && dt != DType::kBF16 && dt != DType::kF16) {
+    return make_error(StatusCode::kUnsupported,
+                      "the CUDA backend computes in float32, bfloat16 or float16 (got {})",
+                      dtype_torch_name(dt));
+  }
+  if (c.n_kv_heads <= 0 || c.n_heads % c.n_kv_heads != 0) {
+    return make_error(StatusCode::kUnsupported, "n_heads {} is not a multiple of n_kv_heads {}",
+                      c.n_heads, c.n_kv_heads);
+  }
+  if (!qkv_rope_supports(c.head_dim, dt) ||
+      !attention_prefill_supports(dt, c.head_dim, c.n_heads, c.n_kv_heads) ||
+      !attention_decode_supports(dt, c.head_dim, c.n_heads, c.n_kv_heads)) {
+    return make_error(StatusCode::kUnsupported,
+                      "the CUDA backend does not support head_dim {} with {} query / {} KV heads "
+                      "in {}",
+                      c.head_dim, c.n_heads, c.n_kv_heads, dtype_torch_name(dt));
+  }
+  if (!embedding_supports(dt) || !add_rmsnorm_supports(dt) || !silu_mul_supports(dt) ||
+      !gather_rows_supports(dt) || !linear_supports(dt, dt) || !linear_supports(dt, DType::kF32) ||
+      !sampling_supports(c.vocab_size, 0)) {
+    return make_error(StatusCode::kUnsupported, "the CUDA backend does not support {} here",
+                      dtype_torch_name(dt));
+  }
+  if (options.max_batch_tokens <= 0 || options.max_batch_seqs <= 0) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "max_batch_tokens and max_batch_seqs must be positive");
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ModelRunner>> create_cuda_model_runner(const Checkpoint& checkpoint,
+                                                              const RunnerOptions& options) {
+  int n_devices = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n_devices);
+  if (err != cudaSuccess || n_devices == 0) {
+    (void)cudaGetLastError();  // clear the sticky "no device" error
+    return make_error(StatusCode::kUnavailable, "no CUDA device ({})",
+                      err != cudaSuccess ? cudaGetErrorString(err) : "none found");
+  }
+  LITELLAMA_RETURN_IF_ERROR(check_supported(checkpoint.config(), options));
+  auto runner = std::make_unique<CudaModelRunner>(checkpoint.config(), options);
+  LITELLAMA_RETURN_IF_ERROR(runner->init(checkpoint));
+  return std::unique_ptr<ModelRunner>(std::move(runner));
+}
+
+}  // namespace litellama

@@ -1,0 +1,41 @@
+// The model's weights on the device, converted once on the host from the checkpoint's storage
+// dtype to the compute dtype and uploaded into one allocation. Matrices are in the compute dtype,
+// row-major [out_features, in_features] as in the checkpoint; q/k/v and gate/up are concatenated
+// along out_features so each pair or triple is one GEMM. Norm weights and biases are float32 (the
+// kernels add and scale in float32).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/status.h"
+#include "services/worker/checkpoint.h"
+#include "services/worker/cuda/device_buffer.h"
+
+namespace litellama {
+
+struct CudaLayerWeights {
+  const float* input_norm = nullptr;  // [hidden]
+  const void* qkv = nullptr;          // [(n_heads + 2 n_kv_heads) * head_dim, hidden]
+  const float* qkv_bias = nullptr;    // [(n_heads + 2 n_kv_heads) * head_dim] or nullptr
+  const float* q_norm = nullptr;      // [head_dim] or nullptr
+  const float* k_norm = nullptr;      // [head_dim] or nullptr
+  const void* o = nullptr;            // [hidden, n_heads * head_dim]
+  const float* post_norm = nullptr;   // [hidden]
+  const void* gate_up = nullptr;      // [2 * intermediate, hidden]
+  const void* down = nullptr;         // [hidden, intermediate]
+};
+
+struct CudaWeights {
+  DeviceBuffer storage;
+  std::vector<CudaLayerWeights> layers;
+  const void* embed = nullptr;        // [vocab, hidden]
+  const void* lm_head = nullptr;      // [vocab, hidden] (== embed when tied)
+  const float* final_norm = nullptr;  // [hidden]
+
+  // Converts and uploads every weight of `checkpoint` (synchronously, at load time).
+  static Result<CudaWeights> upload(const Checkpoint& checkpoint, DType compute_dtype);
+};
+
+}  // namespace litellama

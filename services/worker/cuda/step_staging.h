@@ -1,0 +1,55 @@
+// Host side of one CUDA step: every small array the kernels read, derived from the StepBatch and
+// packed into one pinned staging buffer so a single cudaMemcpyAsync moves it to the device buffer
+// of the same layout.
+//
+// Layout: the arrays whose sizes depend only on (n_tokens, n_seqs) come first, at offsets that are
+// a function of those two counts alone, then the variable-length slot table and penalty history.
+// A decode step of a given batch size therefore always finds its arrays at the same device
+// addresses, which is what a captured CUDA graph needs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "services/worker/model_config.h"
+#include "services/worker/model_runner.h"
+
+namespace litellama {
+
+// Byte offsets into the staging buffer.
+struct StepLayout {
+  size_t token_ids = 0;       // int32 [n_tokens]
+  size_t positions = 0;       // int32 [n_tokens]
+  size_t token_slot = 0;      // int32 [n_tokens] KV slot each new token writes
+  size_t token_freq_row = 0;  // int32 [n_tokens] row of freq_table (dynamic NTK only)
+  size_t token_start = 0;     // int32 [n_seqs + 1]
+  size_t kv_len = 0;          // int32 [n_seqs]
+  size_t slot_start = 0;      // int32 [n_seqs + 1]
+  size_t work_seqs = 0;       // int32 [n_seqs] decode sequences (n_new == 1), then the others
+  size_t sample_rows = 0;     // int32 [n_seqs] token row of each sampled sequence's last token
+  size_t sampling_rows = 0;   // SamplingRow [n_seqs]
+  size_t freq_table = 0;      // float [n_seqs + 1, head_dim / 2] (dynamic NTK only)
+  size_t slot_table = 0;      // int32 [sum kv_len]
+  size_t history_ids = 0;     // int32 [n_history]
+  size_t total_bytes = 0;
+};
+
+struct StepPlan {
+  StepLayout layout;
+  int32_t n_tokens = 0;
+  int32_t n_seqs = 0;
+  int32_t n_decode = 0;   // work_seqs[0 .. n_decode)
+  int32_t n_prefill = 0;  // work_seqs[n_decode .. n_seqs)
+  int32_t max_decode_kv_len = 0;
+  int32_t max_prefill_n_new = 0;
+  bool dynamic_rope = false;
+  std::vector<int32_t> sampled_seqs;  // [n_sampled] sequence of each sampled row
+};
+
+StepPlan plan_step(const StepBatch& batch, const ModelConfig& config);
+
+// Writes the arrays of `plan` into `host` (at least plan.layout.total_bytes).
+void fill_step(const StepBatch& batch, const ModelConfig& config, const StepPlan& plan, void* host);
+
+}  // namespace litellama

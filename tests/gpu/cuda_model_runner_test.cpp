@@ -1,0 +1,419 @@
+// The CUDA model runner against the CPU runner (the reference semantics) on small random
+// checkpoints of every supported graph: float32 must give exactly the CPU's greedy tokens and its
+// top logits within 1e-4 relative; bf16/fp16 within their tolerance; a request alone and the same
+// request inside a mixed prefill + decode batch give the same float32 outputs. Also refusals of
+// unsupported shapes, and (disabled by default) the decode step time of a Llama-3.2-1B shape.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <unistd.h>
+
+#include "services/worker/checkpoint.h"
+#include "services/worker/cpu_model_runner.h"
+#include "services/worker/cuda/cuda_model_runner.h"
+#include "services/worker/model_runner.h"
+#include "services/worker/random_checkpoint.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace litellama {
+namespace {
+
+namespace fs = std::filesystem;
+using TopLogits = std::vector<std::pair<int32_t, float>>;
+
+constexpr int32_t kTop = 8;
+
+// A test model: a random-checkpoint preset reshaped to head_dim 64 (the attention kernels' size),
+// two layers.
+struct ModelCase {
+  std::string preset;
+  int32_t n_heads, n_kv_heads, hidden;
+};
+
+const ModelCase kModels[] = {
+    {"llama3-tiny", 4, 2, 256},          // llama3 RoPE, tied embeddings, GQA 2
+    {"llama3-untied-tiny", 8, 1, 512},   // plain RoPE, untied, GQA 8
+    {"llama2-linear-tiny", 4, 4, 256},   // MHA, linear RoPE
+    {"llama2-dynamic-tiny", 4, 4, 256},  // dynamic NTK past a 32-token context
+    {"mistral-tiny", 4, 1, 256},         // GQA 4
+    {"qwen2-tiny", 4, 2, 256},           // q/k/v bias
+    {"qwen2-yarn-tiny", 4, 2, 256},      // YaRN (attention factor on cos/sin)
+    {"qwen3-tiny", 4, 2, 128},           // q/k RMSNorm, head_dim * heads != hidden
+};
+
+class TempDir {
+ public:
+  explicit TempDir(const std::string& name) {
+    path_ = fs::temp_directory_path() /
+            ("litellama_cuda_runner_" + name + "_" + std::to_string(::getpid()));
+    fs::remove_all(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string str() const { return path_.string(); }
+
+ private:
+  fs::path path_;
+};
+
+Result<Checkpoint> make_checkpoint(const TempDir& dir, const ModelCase& m, DType storage,
+                                   uint64_t seed) {
+  LITELLAMA_ASSIGN_OR_RETURN(RandomCheckpointPreset preset,
+                             find_random_checkpoint_preset(m.preset));
+  nlohmann::json config = preset.config;
+  config["hidden_size"] = m.hidden;
+  config["num_attention_heads"] = m.n_heads;
+  config["num_key_value_heads"] = m.n_kv_heads;
+  config["head_dim"] = 64;
+  config["intermediate_size"] = 2 * m.hidden + 64;
+  config["num_hidden_layers"] = 2;
+  RandomCheckpointOptions options;
+  options.seed = seed;
+  options.storage_dtype = storage;
+  LITELLAMA_RETURN_IF_ERROR(write_random_checkpoint(dir.str(), config, options));
+  return Checkpoint::open(dir.str());
+}
+
+RunnerOptions runner_options(Device device, DType dtype) {
+  RunnerOptions o;
+  o.device = device;
+  o.compute_dtype = dtype;
+  o.n_kv_slots = 1024;
+  o.max_batch_tokens = 512;
+  o.max_batch_seqs = 16;
+  o.n_threads = 0;
+  return o;
+}
+
+// What a generation produced, per sequence and step.
+struct Trace {
+  std::vector<std::vector<int32_t>> ids;
+  std::vector<std::vector<TopLogits>> tops;
+};
+
+struct Request {
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> slots;  // for prompt + generated positions
+};
+
+// Greedy generation of n_new tokens per request. start_step[i]: the step at which request i's
+// prompt is prefilled (all prompts in one step when all zero, a later start mixes its prefill with
+// the others' decode steps).
+Result<Trace> generate(ModelRunner& runner, const std::vector<Request>& requests, int32_t n_new,
+                       const std::vector<int32_t>& start_step) {
+  const size_t n = requests.size();
+  Trace trace;
+  trace.ids.resize(n);
+  trace.tops.resize(n);
+  std::vector<std::vector<int32_t>> tokens(n);  // prompt + generated
+  std::vector<int32_t> n_cached(n, 0);
+  for (int32_t step = 0;; ++step) {
+    StepBatch batch;
+    batch.n_top_logits = kTop;
+    std::vector<size_t> in_batch;
+    for (size_t i = 0; i < n; ++i) {
+      if (step < start_step[i] || static_cast<int32_t>(trace.ids[i].size()) >= n_new) continue;
+      if (tokens[i].empty()) tokens[i] = requests[i].prompt;
+      const auto kv = static_cast<int32_t>(tokens[i].size());
+      const std::span<const int32_t> new_tokens(tokens[i].data() + n_cached[i],
+                                                static_cast<size_t>(kv - n_cached[i]));
+      const std::span<const int32_t> slots(requests[i].slots.data(), static_cast<size_t>(kv));
+      batch.add_sequence(new_tokens, slots, true, SamplingParams{},
+                         static_cast<int32_t>(trace.ids[i].size()));
+      in_batch.push_back(i);
+      n_cached[i] = kv;
+    }
+    if (in_batch.empty()) {
+      bool all_done = true;
+      for (size_t i = 0; i < n; ++i) {
+        all_done = all_done && static_cast<int32_t>(trace.ids[i].size()) >= n_new;
+      }
+      if (all_done) break;
+      continue;
+    }
+    StepOutput out;
+    LITELLAMA_RETURN_IF_ERROR(runner.step(batch, &out));
+    for (size_t b = 0; b < in_batch.size(); ++b) {
+      const size_t i = in_batch[b];
+      trace.ids[i].push_back(out.sampled_ids[b]);
+      trace.tops[i].push_back(out.top_logits[b]);
+      tokens[i].push_back(out.sampled_ids[b]);
+    }
+  }
+  return trace;
+}
+
+std::vector<Request> make_requests(const std::vector<int32_t>& prompt_lens, int32_t n_new,
+                                   int32_t vocab, int32_t n_slots, std::mt19937& rng) {
+  std::vector<int32_t> perm(static_cast<size_t>(n_slots));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::uniform_int_distribution<int32_t> id(0, vocab - 1);
+  std::vector<Request> requests;
+  size_t next = 0;
+  for (int32_t len : prompt_lens) {
+    Request r;
+    for (int32_t i = 0; i < len; ++i) r.prompt.push_back(id(rng));
+    r.slots.assign(perm.begin() + static_cast<std::ptrdiff_t>(next),
+                   perm.begin() + static_cast<std::ptrdiff_t>(next + len + n_new));
+    next += static_cast<size_t>(len + n_new);
+    requests.push_back(std::move(r));
+  }
+  return requests;
+}
+
+// Top logits agree: values rank by rank within rel_tol * max(1e-3, |ref|) (as a fraction of the
+// largest |ref| value), ids equal unless the reference has a near tie at that rank.
+::testing::AssertionResult tops_close(const TopLogits& got, const TopLogits& ref, double rel_tol) {
+  if (got.size() != ref.size()) {
+    return ::testing::AssertionFailure() << "sizes " << got.size() << " vs " << ref.size();
+  }
+  double scale = 0;
+  for (const auto& [id, v] : ref) scale = std::max(scale, std::fabs(static_cast<double>(v)));
+  const double tol = rel_tol * std::max(scale, 1e-3);
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(got[i].second) || std::fabs(got[i].second - ref[i].second) > tol) {
+      return ::testing::AssertionFailure() << "rank " << i << ": " << got[i].second << " vs "
+                                           << ref[i].second << " (tol " << tol << ")";
+    }
+    if (got[i].first != ref[i].first) {
+      const bool near_tie = (i > 0 && ref[i - 1].second - ref[i].second <= 2 * tol) ||
+                            (i + 1 < ref.size() && ref[i].second - ref[i + 1].second <= 2 * tol);
+      if (!near_tie) {
+        return ::testing::AssertionFailure()
+               << "rank " << i << ": id " << got[i].first << " vs " << ref[i].first;
+      }
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+double max_rel_diff(const Trace& a, const Trace& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.tops.size(); ++i) {
+    for (size_t s = 0; s < std::min(a.tops[i].size(), b.tops[i].size()); ++s) {
+      for (size_t k = 0; k < std::min(a.tops[i][s].size(), b.tops[i][s].size()); ++k) {
+        const double x = a.tops[i][s][k].second, y = b.tops[i][s][k].second;
+        worst = std::max(worst, std::fabs(x - y) / std::max(1e-3, std::fabs(y)));
+      }
+    }
+  }
+  return worst;
+}
+
+class CudaModelRunnerTest : public ::testing::TestWithParam<ModelCase> {};
+
+TEST_P(CudaModelRunnerTest, Float32MatchesCpuRunner) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  const ModelCase& m = GetParam();
+  TempDir dir(m.preset + "_f32");
+  auto ckpt = make_checkpoint(dir, m, DType::kF32, 7);
+  LITELLAMA_ASSERT_OK(ckpt.status());
+  auto cpu = create_cpu_model_runner(*ckpt, runner_options(Device::kCpu, DType::kF32));
+  LITELLAMA_ASSERT_OK(cpu.status());
+  auto cuda = create_cuda_model_runner(*ckpt, runner_options(Device::kCuda, DType::kF32));
+  LITELLAMA_ASSERT_OK(cuda.status());
+
+  std::mt19937 rng(21);
+  const int32_t n_new = 12;
+  // Mixed prompt lengths (1 and 70 cross the dynamic/YaRN 32-token original contexts).
+  const auto requests =
+      make_requests({1, 7, 70, 19}, n_new, ckpt->config().vocab_size, (*cpu)->n_kv_slots(), rng);
+  const std::vector<int32_t> together(requests.size(), 0);
+  auto want = generate(**cpu, requests, n_new, together);
+  LITELLAMA_ASSERT_OK(want.status());
+  auto got = generate(**cuda, requests, n_new, together);
+  LITELLAMA_ASSERT_OK(got.status());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(got->ids[i], want->ids[i]) << "request " << i;
+    for (size_t s = 0; s < want->tops[i].size(); ++s) {
+      EXPECT_TRUE(tops_close(got->tops[i][s], want->tops[i][s], 1e-4))
+          << "request " << i << " step " << s;
+    }
+  }
+  std::printf("[ %s ] float32 CUDA vs CPU: max top-logit relative difference %.3g\n",
+              m.preset.c_str(), max_rel_diff(*got, *want));
+
+  // The same requests started at different steps: prefill chunks share steps with decode tokens.
+  auto mixed = generate(**cuda, requests, n_new, {0, 0, 2, 3});
+  LITELLAMA_ASSERT_OK(mixed.status());
+  auto alone_2 = generate(**cuda, {requests[2]}, n_new, {0});
+  LITELLAMA_ASSERT_OK(alone_2.status());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(mixed->ids[i], got->ids[i]) << "request " << i << " in a mixed batch";
+    for (size_t s = 0; s < got->tops[i].size(); ++s) {
+      EXPECT_TRUE(tops_close(mixed->tops[i][s], got->tops[i][s], 1e-5))
+          << "request " << i << " step " << s;
+    }
+  }
+  EXPECT_EQ(alone_2->ids[0], got->ids[2]);
+  std::printf(
+      "[ %s ] float32 mixed batch vs together: max relative difference %.3g; alone vs "
+      "together %.3g\n",
+      m.preset.c_str(), max_rel_diff(*mixed, *got),
+      max_rel_diff(*alone_2, Trace{{got->ids[2]}, {got->tops[2]}}));
+}
+
+TEST_P(CudaModelRunnerTest, HalfPrecisionWithinTolerance) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  const ModelCase& m = GetParam();
+  TempDir dir(m.preset + "_bf16");
+  // bf16 storage: both runners start from identical weights; only activation rounding differs.
+  auto ckpt = make_checkpoint(dir, m, DType::kBF16, 8);
+  LITELLAMA_ASSERT_OK(ckpt.status());
+  auto cpu = create_cpu_model_runner(*ckpt, runner_options(Device::kCpu, DType::kF32));
+  LITELLAMA_ASSERT_OK(cpu.status());
+  std::mt19937 rng(22);
+  const auto requests =
+      make_requests({5, 40, 1}, 1, ckpt->config().vocab_size, (*cpu)->n_kv_slots(), rng);
+  const std::vector<int32_t> together(requests.size(), 0);
+  auto want = generate(**cpu, requests, 1, together);
+  LITELLAMA_ASSERT_OK(want.status());
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(gpu_test::dtype_label(dtype));
+    auto cuda = create_cuda_model_runner(*ckpt, runner_options(Device::kCuda, dtype));
+    LITELLAMA_ASSERT_OK(cuda.status());
+    auto got = generate(**cuda, requests, 1, together);
+    LITELLAMA_ASSERT_OK(got.status());
+    const double tol = dtype == DType::kBF16 ? 4e-2 : 8e-3;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const TopLogits& w = want->tops[i][0];
+      const TopLogits& g = got->tops[i][0];
+      double scale = 0;
+      for (const auto& [id, v] : w) scale = std::max(scale, std::fabs(static_cast<double>(v)));
+      EXPECT_NEAR(g[0].second, w[0].second, tol * scale) << "request " << i;
+      // The greedy pick must be the CPU's unless the CPU's top two are within tolerance.
+      if (w[0].second - w[1].second > 2 * tol * scale) {
+        EXPECT_EQ(got->ids[i][0], want->ids[i][0]) << "request " << i;
+      }
+    }
+    std::printf("[ %s ] %s CUDA vs float32 CPU: max top-logit relative difference %.3g\n",
+                m.preset.c_str(), gpu_test::dtype_label(dtype), max_rel_diff(*got, *want));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaModelRunnerTest, ::testing::ValuesIn(kModels),
+                         [](const ::testing::TestParamInfo<ModelCase>& info) {
+                           std::string name = info.param.preset;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
+
+TEST(CudaModelRunner, RefusesUnsupportedHeadDim) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  TempDir dir("qwen3_hd32");
+  auto preset = find_random_checkpoint_preset("qwen3-tiny");  // head_dim 32
+  LITELLAMA_ASSERT_OK(preset.status());
+  LITELLAMA_ASSERT_OK(write_random_checkpoint(dir.str(), preset->config, {}));
+  auto ckpt = Checkpoint::open(dir.str());
+  LITELLAMA_ASSERT_OK(ckpt.status());
+  auto runner = create_cuda_model_runner(*ckpt, runner_options(Device::kCuda, DType::kBF16));
+  ASSERT_FALSE(runner.is_ok());
+  EXPECT_EQ(runner.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(runner.status().message().find("head_dim 32"), std::string::npos)
+      << runner.status().message();
+}
+
+TEST(CudaModelRunner, RejectsBadBatchesWithoutWriting) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  TempDir dir("bad_batch");
+  auto ckpt = make_checkpoint(dir, kModels[0], DType::kBF16, 9);
+  LITELLAMA_ASSERT_OK(ckpt.status());
+  auto runner = create_cuda_model_runner(*ckpt, runner_options(Device::kCuda, DType::kBF16));
+  LITELLAMA_ASSERT_OK(runner.status());
+  StepBatch batch;
+  const std::vector<int32_t> tokens = {1, 2, 3};
+  const std::vector<int32_t> slots = {0, 1, 5000};  // outside the 1024-slot pool
+  batch.add_sequence(tokens, slots, true, SamplingParams{}, 0);
+  StepOutput out;
+  EXPECT_EQ((*runner)->step(batch, &out).code(), StatusCode::kInvalidArgument);
+  batch.clear();
+  const std::vector<int32_t> ok_slots = {0, 1, 2};
+  batch.add_sequence(tokens, ok_slots, true, SamplingParams{}, 0);
+  batch.n_top_logits = 1000;
+  EXPECT_EQ((*runner)->step(batch, &out).code(), StatusCode::kUnsupported);
+  batch.n_top_logits = 3;
+  LITELLAMA_ASSERT_OK((*runner)->step(batch, &out));
+  ASSERT_EQ(out.sampled_ids.size(), 1u);
+  EXPECT_GE(out.sampled_ids[0], 0);
+  EXPECT_EQ(out.top_logits[0].size(), 3u);
+}
+
+// Time of one batch-1 decode step (host wall clock around step(), which ends in the step's only
+// synchronization) on a Llama-3.2-1B shape in bf16. Run with --gtest_also_run_disabled_tests.
+TEST(CudaModelRunnerTiming, DISABLED_DecodeStepLlama32_1B) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  TempDir dir("llama32_1b");
+  auto preset = find_random_checkpoint_preset("llama3.2-1b");
+  LITELLAMA_ASSERT_OK(preset.status());
+  RandomCheckpointOptions wo;
+  wo.storage_dtype = DType::kBF16;
+  LITELLAMA_ASSERT_OK(write_random_checkpoint(dir.str(), preset->config, wo));
+  auto ckpt = Checkpoint::open(dir.str());
+  LITELLAMA_ASSERT_OK(ckpt.status());
+  RunnerOptions o = runner_options(Device::kCuda, DType::kBF16);
+  o.n_kv_slots = 32768;
+  o.max_batch_tokens = 2048;
+  o.max_batch_seqs = 64;
+  auto runner = create_cuda_model_runner(*ckpt, o);
+  LITELLAMA_ASSERT_OK(runner.status());
+  std::mt19937 rng(5);
+  for (int32_t batch_size : {1, 8, 32}) {
+    const int32_t prompt = 512, n_steps = 40;
+    const auto requests =
+        make_requests(std::vector<int32_t>(static_cast<size_t>(batch_size), prompt), n_steps + 1,
+                      ckpt->config().vocab_size, o.n_kv_slots, rng);
+    std::vector<std::vector<int32_t>> tokens;
+    StepBatch batch;
+    StepOutput out;
+    double prefill_ms = 0;
+    for (const Request& r : requests) {  // one prefill step per request (max_batch_tokens)
+      batch.clear();
+      batch.add_sequence(r.prompt, std::span(r.slots.data(), r.prompt.size()), true,
+                         SamplingParams{}, 0);
+      const auto t0 = std::chrono::steady_clock::now();
+      LITELLAMA_ASSERT_OK((*runner)->step(batch, &out));
+      prefill_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      tokens.push_back(r.prompt);
+      tokens.back().push_back(out.sampled_ids[0]);
+    }
+    std::vector<double> times;
+    for (int32_t step = 0; step < n_steps; ++step) {
+      batch.clear();
+      for (size_t i = 0; i < requests.size(); ++i) {
+        if (step > 0) tokens[i].push_back(out.sampled_ids[i]);
+        const size_t kv = tokens[i].size();
+        batch.add_sequence(std::span(&tokens[i].back(), 1), std::span(requests[i].slots.data(), kv),
+                           true, SamplingParams{}, step + 1);
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      LITELLAMA_ASSERT_OK((*runner)->step(batch, &out));
+      times.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(times.begin() + 5, times.end());
+    std::printf(
+        "[ llama3.2-1b bf16 ] batch %d: prefill of %d tokens %.2f ms; "
+        "decode step median %.3f ms, min %.3f ms (kv_len ~%d)\n",
+        batch_size, prompt, prefill_ms, times[5 + (times.size() - 5) / 2], times[5],
+        prompt + n_steps / 2);
+  }
+}
+
+}  // namespace
+}  // namespace litellama

@@ -1,0 +1,207 @@
+// The device sampler against the CPU sampler (services/worker/cpu_sampler.h), its reference: top-N
+// raw logits, penalties (the penalized logits bit for bit), greedy argmax with ties, and seeded
+// draws under every combination of temperature, top-k, top-p and min-p, many rows per launch.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "kernels/sampling.h"
+#include "services/worker/cpu_sampler.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace litellama {
+namespace {
+
+using gpu_test::DevBuf;
+using gpu_test::download;
+using gpu_test::upload;
+
+struct RowCase {
+  SamplingParams params;
+  std::vector<int32_t> prompt, generated;
+  int64_t n_generated = 0;
+};
+
+struct DeviceResult {
+  std::vector<int32_t> sampled, top_ids;
+  std::vector<float> top_values, logits_after;
+  std::vector<int32_t> marks_after;
+};
+
+// Runs the device sampler over rows of `logits` ([n_rows, vocab]).
+DeviceResult run_device(const std::vector<float>& logits, const std::vector<RowCase>& cases,
+                        int32_t vocab, int32_t n_top) {
+  const auto n_rows = static_cast<int32_t>(cases.size());
+  std::vector<SamplingRow> rows;
+  std::vector<int32_t> history;
+  for (const RowCase& c : cases) {
+    SamplingRow r;
+    r.seed = c.params.seed;
+    r.temperature = c.params.temperature;
+    r.top_p = c.params.top_p;
+    r.min_p = c.params.min_p;
+    r.repetition_penalty = c.params.repetition_penalty;
+    r.frequency_penalty = c.params.frequency_penalty;
+    r.presence_penalty = c.params.presence_penalty;
+    r.top_k = c.params.top_k;
+    r.n_generated = static_cast<int32_t>(c.n_generated);
+    r.history_begin = static_cast<int32_t>(history.size());
+    history.insert(history.end(), c.prompt.begin(), c.prompt.end());
+    history.insert(history.end(), c.generated.begin(), c.generated.end());
+    r.history_end = static_cast<int32_t>(history.size());
+    r.n_prompt = static_cast<int32_t>(c.prompt.size());
+    rows.push_back(r);
+  }
+  DevBuf d_logits = upload(logits), d_rows = upload(rows), d_hist = upload(history);
+  DevBuf d_sampled(static_cast<size_t>(n_rows) * 4);
+  DevBuf d_top_ids(static_cast<size_t>(n_rows) * std::max(n_top, 1) * 4);
+  DevBuf d_top_values(static_cast<size_t>(n_rows) * std::max(n_top, 1) * 4);
+  const size_t marks_bytes = sampling_workspace_size_bytes(n_rows, vocab);
+  DevBuf d_marks(marks_bytes);
+  (void)cudaMemset(d_marks.get(), 0, marks_bytes);
+  const Status st =
+      launch_sampling(d_sampled.as<int32_t>(), d_top_ids.as<int32_t>(), d_top_values.as<float>(),
+                      d_logits.as<float>(), d_rows.as<SamplingRow>(), d_hist.as<int32_t>(), n_rows,
+                      vocab, n_top, d_marks.as<int32_t>(), nullptr);
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  DeviceResult out;
+  out.sampled = download<int32_t>(d_sampled, static_cast<size_t>(n_rows));
+  out.top_ids = download<int32_t>(d_top_ids, static_cast<size_t>(n_rows) * n_top);
+  out.top_values = download<float>(d_top_values, static_cast<size_t>(n_rows) * n_top);
+  out.logits_after = download<float>(d_logits, logits.size());
+  out.marks_after = download<int32_t>(d_marks, marks_bytes / 4);
+  return out;
+}
+
+std::vector<float> normal_logits(size_t n, float sigma, std::mt19937& rng) {
+  std::normal_distribution<float> dist(0.0f, sigma);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+TEST(CudaSampling, GreedyAndTopLogitsMatchCpu) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  std::mt19937 rng(11);
+  for (int32_t vocab : {1000, 32000, 128256, 151936}) {
+    for (int32_t n_top : {0, 1, 8, 64}) {
+      SCOPED_TRACE(testing::Message() << "vocab " << vocab << " n_top " << n_top);
+      const int32_t n_rows = 7;
+      std::vector<float> logits = normal_logits(static_cast<size_t>(n_rows) * vocab, 2.0f, rng);
+      // Row 1: tied maxima (the lower id wins); row 2: a tie inside the top-N.
+      logits[1 * vocab + 17] = 50.0f;
+      logits[1 * vocab + 5] = 50.0f;
+      logits[2 * vocab + vocab - 1] = 40.0f;
+      logits[2 * vocab + 3] = 40.0f;
+      logits[2 * vocab + 9] = 39.0f;
+      std::vector<RowCase> cases(static_cast<size_t>(n_rows));
+      const DeviceResult got = run_device(logits, cases, vocab, n_top);
+      for (int32_t r = 0; r < n_rows; ++r) {
+        std::vector<float> row(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab);
+        if (n_top > 0) {
+          const auto want = top_logits(row, n_top);
+          for (int32_t i = 0; i < n_top; ++i) {
+            EXPECT_EQ(got.top_ids[r * n_top + i], want[i].first) << "row " << r << " rank " << i;
+            EXPECT_EQ(got.top_values[r * n_top + i], want[i].second);
+          }
+        }
+        EXPECT_EQ(got.sampled[r], sample_token(row, SamplingParams{}, {})) << "row " << r;
+      }
+      EXPECT_EQ(got.sampled[1], 5);
+    }
+  }
+}
+
+TEST(CudaSampling, PenaltiesMatchCpuBitForBit) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  std::mt19937 rng(12);
+  const int32_t vocab = 32000;
+  std::vector<RowCase> cases;
+  std::uniform_int_distribution<int32_t> small_id(0, 40), any_id(0, vocab - 1);
+  for (int i = 0; i < 12; ++i) {
+    RowCase c;
+    c.params.repetition_penalty = i % 3 == 0 ? 1.0f : 1.0f + 0.15f * static_cast<float>(i);
+    c.params.frequency_penalty = i % 2 == 0 ? 0.4f : 0.0f;
+    c.params.presence_penalty = i % 4 == 1 ? 0.7f : (i % 3 == 0 ? 0.3f : 0.0f);
+    if (!c.params.has_penalties()) c.params.presence_penalty = 0.2f;
+    c.params.temperature = i % 5 == 4 ? 0.8f : 0.0f;
+    c.params.seed = 1000 + static_cast<uint64_t>(i);
+    c.n_generated = i;
+    // Many repeats among few ids, plus ids spread over the vocabulary.
+    for (int j = 0; j < 50 + 37 * i; ++j) c.prompt.push_back(j % 2 ? small_id(rng) : any_id(rng));
+    for (int j = 0; j < 3 * i; ++j) c.generated.push_back(j % 2 ? small_id(rng) : any_id(rng));
+    cases.push_back(c);
+  }
+  // Positive and negative logits near the penalized ids.
+  std::vector<float> logits = normal_logits(cases.size() * vocab, 3.0f, rng);
+  const DeviceResult got = run_device(logits, cases, vocab, 0);
+  for (size_t r = 0; r < cases.size(); ++r) {
+    std::vector<float> row(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab);
+    SamplingInput in{cases[r].prompt, cases[r].generated, cases[r].n_generated};
+    const int32_t want = sample_token(row, cases[r].params, in);
+    const std::vector<float> got_row(got.logits_after.begin() + r * vocab,
+                                     got.logits_after.begin() + (r + 1) * vocab);
+    EXPECT_EQ(got_row, row) << "penalized logits of row " << r;
+    EXPECT_EQ(got.sampled[r], want) << "row " << r;
+  }
+  EXPECT_TRUE(std::all_of(got.marks_after.begin(), got.marks_after.end(), [](int32_t m) {
+    return m == 0;
+  })) << "the marks workspace must be left zero";
+}
+
+TEST(CudaSampling, SeededDrawsMatchCpu) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  std::mt19937 rng(13);
+  int n_checked = 0, n_distinct_from_greedy = 0;
+  for (int32_t vocab : {1000, 128256}) {
+    std::vector<RowCase> cases;
+    for (float temperature : {0.5f, 1.0f, 1.7f}) {
+      for (int32_t top_k : {0, 1, 5, 50}) {
+        for (float top_p : {1.0f, 0.9f, 0.4f}) {
+          for (float min_p : {0.0f, 0.05f, 0.3f}) {
+            RowCase c;
+            c.params.temperature = temperature;
+            c.params.top_k = top_k;
+            c.params.top_p = top_p;
+            c.params.min_p = min_p;
+            c.params.seed = rng();
+            c.n_generated = static_cast<int64_t>(cases.size()) * 3;
+            cases.push_back(c);
+          }
+        }
+      }
+    }
+    SCOPED_TRACE(testing::Message() << "vocab " << vocab);
+    const std::vector<float> logits = normal_logits(cases.size() * vocab, 2.5f, rng);
+    const DeviceResult got = run_device(logits, cases, vocab, 0);
+    for (size_t r = 0; r < cases.size(); ++r) {
+      std::vector<float> row(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab);
+      const int32_t greedy = sample_token(row, SamplingParams{}, {});
+      SamplingInput in;
+      in.n_generated = cases[r].n_generated;
+      const int32_t want = sample_token(row, cases[r].params, in);
+      const SamplingParams& p = cases[r].params;
+      EXPECT_EQ(got.sampled[r], want) << "row " << r << " T " << p.temperature << " top_k "
+                                      << p.top_k << " top_p " << p.top_p << " min_p " << p.min_p;
+      ++n_checked;
+      n_distinct_from_greedy += want != greedy ? 1 : 0;
+    }
+  }
+  // The cases must exercise real draws, not only the argmax.
+  EXPECT_GT(n_distinct_from_greedy, n_checked / 4);
+}
+
+TEST(CudaSampling, RefusesTooManyTopLogits) {
+  EXPECT_FALSE(sampling_supports(1000, kSamplingMaxTopLogits + 1));
+  EXPECT_FALSE(sampling_supports(10, 11));
+  EXPECT_TRUE(sampling_supports(1000, kSamplingMaxTopLogits));
+}
+
+}  // namespace
+}  // namespace litellama
