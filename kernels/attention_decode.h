@@ -41,9 +41,10 @@ size_t attention_decode_workspace_size_bytes(int32_t max_n_work, int32_t n_heads
                                              int32_t max_kv_len, int32_t n_sms);
 
 // Processes the sequences listed in seq_ids (each must have n_new == 1) and writes exactly their
-// rows of `out`; rows of other sequences are untouched. workspace: device memory of at least
-// attention_decode_workspace_size_bytes(n_work, ...) bytes (kInvalidArgument when smaller), 16-byte
-// aligned. Returns kUnsupported when attention_decode_supports() is false.
+// rows of `out`; rows of other sequences are untouched. workspace: 16-byte aligned device memory,
+// attention_decode_workspace_size_bytes(n_work, ...) bytes for the full split plan; with less (or
+// none) the call uses as many splits as fit, down to one, which needs no workspace: slower, same
+// result. Returns kUnsupported when attention_decode_supports() is false.
 Status launch_attention_decode(void* out,                   // [n_tokens, n_heads, head_dim]
                                const void* q,               // [n_tokens, n_heads, head_dim]
                                const void* k_pool,          // [n_slots, n_kv_heads, head_dim]
