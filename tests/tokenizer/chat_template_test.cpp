@@ -1,1 +1,147 @@
+// ChatTemplate: the Jinja subset against renders of Python jinja2 in transformers' environment
+// (trim_blocks, lstrip_blocks, loop controls, tojson without ASCII escaping), and the errors for
+// what it does not support.
 #include <gtest/gtest.h>
+
+#include "services/tokenizer/chat_template.h"
+
+namespace litellama {
+namespace {
+
+struct Case {
+  const char* name;
+  const char* source;
+  const char* context;
+  const char* want;
+};
+
+// Expected outputs were produced by jinja2 3.1 with transformers' environment.
+const Case kCases[] = {
+    {"ws", "  {% if true %}\n    yes\n  {% endif %}\n{{ 'a' }}  \n  {{- 'b' -}}  \n{# c #}\nend\n",
+     R"J({})J", "    yes\nabend"},
+    {"plus", "x  {%+ if true +%}\ny{% endif %}", R"J({})J", "x  \ny"},
+    {"scope", "{% set x = 1 %}{% for i in [1,2] %}{% set x = i * 10 %}{{ x }},{% endfor %}{{ x }}",
+     R"J({})J", "10,20,1"},
+    {"ns",
+     "{% set ns = namespace(n=0) %}{% for i in range(4) %}{% set ns.n = ns.n + i %}{% endfor %}{{ "
+     "ns.n }}",
+     R"J({})J", "6"},
+    {"strings",
+     "{{ '  ab  '.strip() }}|{{ 'x-y-z'.split('-')[1:] }}|{{ 'abc'[::-1] }}|{{ 'é€😀'[1] }}|{{ "
+     "'a\\tb' }}|{{ \"it's\" ~ 1 ~ none ~ true }}",
+     R"J({})J", "ab|['y', 'z']|cba|€|a\tb|it's1NoneTrue"},
+    {"numbers",
+     "{{ 7 // 2 }} {{ -7 // 2 }} {{ -7 % 3 }} {{ 1 / 4 }} {{ 2 ** 10 }} {{ 1e20 }} {{ 0.1 + 0.2 }} "
+     "{{ 1.0 }} {{ 3 * 'ab' }}",
+     R"J({})J", "3 -4 2 0.25 1024 1e+20 0.30000000000000004 1.0 ababab"},
+    {"tests",
+     "{{ x is defined }} {{ y is undefined }} {{ x is string }} {{ 3 is divisibleby 3 }} {{ none "
+     "is none }} {{ [1] is iterable }} {{ {'a':1} is mapping }}",
+     R"J({"x": "s"})J", "True True True True True True True"},
+    {"filters",
+     "{{ [3,1,2] | join('-') }} {{ 'hi' | upper }} {{ [1,2,3] | length }} {{ ' x ' | trim }} {{ "
+     "[1,[2,'a']] | tojson }} {{ {'b': 1, 'a': 'é'} | tojson(indent=2) }} {{ none | default('d') "
+     "}} {{ missing | default('d') }} {{ '' | default('e', true) }}",
+     R"J({})J", "3-1-2 HI 3 x [1, [2, \"a\"]] {\n  \"b\": 1,\n  \"a\": \"é\"\n} None d e"},
+    {"loop",
+     "{% for x in items %}{{ loop.index }}{{ loop.revindex0 }}{{ loop.first }}{{ loop.last }}{{ "
+     "loop.length }};{% endfor %}",
+     R"J({"items": ["a", "b", "c"]})J", "12TrueFalse3;21FalseFalse3;30FalseTrue3;"},
+    {"items",
+     "{% for k, v in d.items() %}{{ k }}={{ v }} {% endfor %}{{ d.get('z', 'none') }} {{ d['a'] }} "
+     "{{ d.a }}",
+     R"J({"d": {"a": 1, "b": [1, "x"]}})J", "a=1 b=[1, 'x'] none 1 1"},
+    {"cond",
+     "{{ 'y' if 1 > 2 else 'n' }}{{ 'z' if false }}|{{ 1 < 2 < 3 }}{{ 'a' in 'cat' }}{{ 2 not in "
+     "[1] }}{{ not 0 }}{{ 0 or 'x' }}{{ 1 and 2 }}",
+     R"J({})J", "n|TrueTrueTrueTruex2"},
+    {"repr", "{{ [1, 'a', none, true, 1.5, {'k': \"it's\"}] }}", R"J({})J",
+     "[1, 'a', None, True, 1.5, {'k': \"it's\"}]"},
+};
+
+TEST(ChatTemplateTest, MatchesJinja2) {
+  for (const Case& c : kCases) {
+    auto tmpl = ChatTemplate::parse(c.source);
+    ASSERT_TRUE(tmpl.is_ok()) << c.name << ": " << tmpl.status().to_string();
+    auto out = tmpl->render(nlohmann::ordered_json::parse(c.context));
+    ASSERT_TRUE(out.is_ok()) << c.name << ": " << out.status().to_string();
+    EXPECT_EQ(out.value(), c.want) << c.name;
+  }
+}
+
+TEST(ChatTemplateTest, TrailingNewlineAndCrLfAreNormalizedLikeJinja) {
+  auto tmpl = ChatTemplate::parse("a\r\nb\rc\n");
+  ASSERT_TRUE(tmpl.is_ok());
+  EXPECT_EQ(tmpl->render(nlohmann::ordered_json::object()).value(), "a\nb\nc");
+}
+
+TEST(ChatTemplateTest, RaiseExceptionReturnsItsMessage) {
+  auto tmpl = ChatTemplate::parse(
+      "{% if messages | length > 1 %}{{ raise_exception('only one message, please') }}{% endif "
+      "%}ok");
+  ASSERT_TRUE(tmpl.is_ok());
+  nlohmann::ordered_json ctx;
+  ctx["messages"] = nlohmann::ordered_json::array({1, 2});
+  auto out = tmpl->render(ctx);
+  ASSERT_FALSE(out.is_ok());
+  EXPECT_EQ(out.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(out.status().message().find("only one message, please"), std::string::npos);
+  ctx["messages"] = nlohmann::ordered_json::array({1});
+  EXPECT_EQ(tmpl->render(ctx).value(), "ok");
+}
+
+TEST(ChatTemplateTest, UnsupportedConstructsAreReportedWithTheirLine) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"{% macro m(x) %}{{ x }}{% endmacro %}", "'{% macro %}' at line 1"},
+      {"a\n{% include 'other.jinja' %}", "'{% include %}' at line 2"},
+      {"{% extends 'base' %}", "'{% extends %}' at line 1"},
+      {"{% call foo() %}{% endcall %}", "'{% call %}' at line 1"},
+      {"{% filter upper %}x{% endfilter %}", "'{% filter %}' at line 1"},
+      {"{% raw %}{{ x }}{% endraw %}", "'{% raw %}' at line 1"},
+      {"{% for x in xs recursive %}{% endfor %}", "recursive for loop at line 1"},
+  };
+  for (const auto& [source, expected] : cases) {
+    auto tmpl = ChatTemplate::parse(source);
+    ASSERT_FALSE(tmpl.is_ok()) << source;
+    EXPECT_EQ(tmpl.status().code(), StatusCode::kUnsupported) << source;
+    EXPECT_NE(tmpl.status().message().find(expected), std::string::npos)
+        << source << " -> " << tmpl.status().message();
+    EXPECT_NE(tmpl.status().message().find("outside the supported Jinja subset"),
+              std::string::npos);
+  }
+}
+
+TEST(ChatTemplateTest, UnsupportedFiltersAndTestsFailAtRender) {
+  for (const char* source :
+       {"{{ 'x' | wordwrap(3) }}", "{{ 'x' is sameas_what }}", "{{ '%s' % 'x' }}"}) {
+    auto tmpl = ChatTemplate::parse(source);
+    ASSERT_TRUE(tmpl.is_ok()) << source << ": " << tmpl.status().to_string();
+    auto out = tmpl->render(nlohmann::ordered_json::object());
+    ASSERT_FALSE(out.is_ok()) << source;
+    EXPECT_EQ(out.status().code(), StatusCode::kUnsupported) << source;
+  }
+}
+
+TEST(ChatTemplateTest, SyntaxErrorsAreInvalidArgument) {
+  for (const char* source :
+       {"{% if x %}never closed", "{{ 'unterminated }}", "{{ (1 + }}", "{% endfor %}",
+        "{% for x in %}{% endfor %}", "{{ x..y }}", "{#  unclosed comment", "{% break %}"}) {
+    auto tmpl = ChatTemplate::parse(source);
+    ASSERT_FALSE(tmpl.is_ok()) << source;
+    EXPECT_EQ(tmpl.status().code(), StatusCode::kInvalidArgument) << source;
+    EXPECT_NE(tmpl.status().message().find("line"), std::string::npos) << tmpl.status().message();
+  }
+}
+
+TEST(ChatTemplateTest, RuntimeErrorsDoNotCrash) {
+  for (const char* source : {"{{ undefined_thing.attr }}", "{{ 1 / 0 }}", "{{ 'a' + 1 }}",
+                             "{% for x in none %}{% endfor %}", "{{ 1 < 'a' }}", "{{ (1)() }}"}) {
+    auto tmpl = ChatTemplate::parse(source);
+    ASSERT_TRUE(tmpl.is_ok()) << source << ": " << tmpl.status().to_string();
+    auto out = tmpl->render(nlohmann::ordered_json::object());
+    EXPECT_FALSE(out.is_ok()) << source << " rendered " << out.value();
+  }
+}
+
+}  // namespace
+}  // namespace litellama
