@@ -12,5 +12,8 @@ using CommandMain = std::function<int()>;
 
 CommandMain register_generate_command(CLI::App& app);
 CommandMain register_make_model_command(CLI::App& app);
+CommandMain register_serve_command(CLI::App& app);
+CommandMain register_chat_command(CLI::App& app);
+CommandMain register_bench_command(CLI::App& app);
 
 }  // namespace litellama::cli

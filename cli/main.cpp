@@ -22,6 +22,9 @@ int main(int argc, char** argv) {
   };
   add(litellama::cli::register_generate_command);
   add(litellama::cli::register_make_model_command);
+  add(litellama::cli::register_serve_command);
+  add(litellama::cli::register_chat_command);
+  add(litellama::cli::register_bench_command);
 
   try {
     app.parse(argc, argv);

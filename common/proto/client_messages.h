@@ -103,10 +103,11 @@ struct ServerInfoReply {
   int32_t n_requests_running = 0;
   int32_t n_requests_waiting = 0;
   int64_t max_model_len = 0;
+  int32_t vocab_size = 0;
   std::vector<int32_t> eos_token_ids;
   MSGPACK_DEFINE_MAP(request_id, ready, worker_up, n_tokenizers, model, device, n_kv_slots,
                      n_kv_slots_used, n_requests_running, n_requests_waiting, max_model_len,
-                     eos_token_ids);
+                     vocab_size, eos_token_ids);
 };
 
 }  // namespace litellama::proto

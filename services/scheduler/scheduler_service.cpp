@@ -257,6 +257,7 @@ void SchedulerService::on_server_info(const std::string& client,
     reply.device = worker_->info.device;
     reply.max_model_len = worker_->info.max_position_embeddings;
     reply.eos_token_ids = worker_->info.eos_token_ids;
+    reply.vocab_size = worker_->info.vocab_size;
   }
   reply.n_kv_slots = allocator_.n_total();
   reply.n_kv_slots_used = allocator_.n_used();

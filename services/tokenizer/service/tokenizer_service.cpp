@@ -2,7 +2,6 @@
 
 #include <chrono>
 #include <optional>
-#include <type_traits>
 #include <vector>
 
 #include "common/log.h"
@@ -18,41 +17,6 @@ namespace {
 using net::frame_view;
 using net::monotonic_seconds;
 
-template <typename T>
-struct IsResult : std::false_type {};
-template <typename T>
-struct IsResult<Result<T>> : std::true_type {};
-
-// The tokenizer library's calls as Results, whether they return values or Results.
-template <typename T>
-auto as_result(T&& v) {
-  using D = std::decay_t<T>;
-  if constexpr (IsResult<D>::value) {
-    return D(std::forward<T>(v));
-  } else {
-    return Result<D>(std::forward<T>(v));
-  }
-}
-
-using TokenizerHandle = std::decay_t<decltype(Tokenizer::load(std::string()).value())>;
-
-const Tokenizer& deref(const TokenizerHandle& h) {
-  if constexpr (std::is_same_v<TokenizerHandle, Tokenizer>) {
-    return h;
-  } else {
-    return *h;
-  }
-}
-
-template <typename T>
-int32_t optional_id(const T& v) {
-  if constexpr (std::is_integral_v<T>) {
-    return static_cast<int32_t>(v);
-  } else {
-    return v ? static_cast<int32_t>(*v) : -1;
-  }
-}
-
 prometheus::Histogram::BucketBoundaries op_buckets() {
   return {0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
           0.005,   0.01,     0.025,   0.05,   0.1,     0.25,   0.5,   1.0};
@@ -61,7 +25,7 @@ prometheus::Histogram::BucketBoundaries op_buckets() {
 }  // namespace
 
 struct TokenizerService::Impl {
-  std::optional<TokenizerHandle> tokenizer;
+  std::optional<Tokenizer> tokenizer;
   std::vector<int32_t> eos_token_ids;
   int32_t bos_token_id = -1;
 };
@@ -116,12 +80,12 @@ Status TokenizerService::start() {
                                net::MetricsServer::start(options_.metrics_listen, registry_,
                                                          [this] { return ready_reason(); }));
   }
-  auto loaded = as_result(Tokenizer::load(options_.tokenizer_dir));
+  auto loaded = Tokenizer::load(options_.tokenizer_dir);
   if (!loaded) return loaded.status();
   impl_->tokenizer.emplace(std::move(loaded).value());
-  const Tokenizer& tok = deref(*impl_->tokenizer);
-  for (auto id : tok.eos_token_ids()) impl_->eos_token_ids.push_back(static_cast<int32_t>(id));
-  impl_->bos_token_id = optional_id(tok.bos_token_id());
+  const Tokenizer& tok = *impl_->tokenizer;
+  impl_->eos_token_ids = tok.eos_token_ids();
+  impl_->bos_token_id = tok.bos_token_id().value_or(-1);
   loaded_.store(true);
 
   LITELLAMA_RETURN_IF_ERROR(net::prepare_endpoint(options_.scheduler_endpoint));
@@ -141,7 +105,7 @@ Status TokenizerService::start() {
 }
 
 proto::EncodeReply TokenizerService::encode(const proto::EncodeRequest& request) {
-  const Tokenizer& tok = deref(*impl_->tokenizer);
+  const Tokenizer& tok = *impl_->tokenizer;
   proto::EncodeReply reply;
   reply.request_id = request.request_id;
   std::string text = request.text;
@@ -149,7 +113,7 @@ proto::EncodeReply TokenizerService::encode(const proto::EncodeRequest& request)
   if (!request.messages.empty()) {
     std::vector<Tokenizer::ChatMessage> messages;
     for (const auto& m : request.messages) messages.push_back({m.role, m.content});
-    auto templated = as_result(tok.apply_chat_template(messages, true));
+    auto templated = tok.apply_chat_template(messages, true);
     if (!templated) {
       reply.error = templated.status().to_string();
       return reply;
@@ -157,25 +121,17 @@ proto::EncodeReply TokenizerService::encode(const proto::EncodeRequest& request)
     text = std::move(templated).value();
     add_special = false;  // the template writes BOS itself
   }
-  auto ids = as_result(tok.encode(text, add_special));
-  if (!ids) {
-    reply.error = ids.status().to_string();
-    return reply;
-  }
-  for (auto id : ids.value()) reply.token_ids.push_back(static_cast<int32_t>(id));
+  reply.token_ids = tok.encode(text, add_special);
   return reply;
 }
 
 proto::DetokenizeReply TokenizerService::detokenize(const proto::DetokenizeRequest& request) {
-  const Tokenizer& tok = deref(*impl_->tokenizer);
+  const Tokenizer& tok = *impl_->tokenizer;
   proto::DetokenizeReply reply;
   reply.batch_id = request.batch_id;
   for (const proto::DetokenizeItem& item : request.items) {
     const DecodeFn decode = [&](std::span<const int32_t> ids) -> Result<std::string> {
-      const std::vector<int32_t> v(ids.begin(), ids.end());
-      auto text = as_result(tok.decode(v, item.skip_special_tokens));
-      if (!text) return text.status();
-      return std::string(std::move(text).value());
+      return tok.decode(ids, item.skip_special_tokens);
     };
     auto result = detokenize_window(item, decode);
     if (!result) {

@@ -1,0 +1,161 @@
+// litellama chat: an interactive, streaming conversation with a running scheduler (or with
+// services it starts itself, --start-services). Keeps the history; the scheduler's tokenizer
+// applies the model's chat template. /reset forgets the history, /exit (or end of input) quits,
+// Ctrl-C stops the answer being written.
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+#include "cli/generate_remote.h"
+#include "cli/service_launcher.h"
+#include "common/net/scheduler_client.h"
+#include "common/net/stop_signal.h"
+
+namespace litellama::cli {
+
+namespace {
+
+std::atomic<bool> g_interrupt{false};
+
+struct ChatArgs {
+  std::string server;
+  bool start_services = false;
+  LaunchOptions launch;
+  std::string system;
+  std::vector<std::string> messages;  // non-interactive: one turn per --message
+  int32_t max_new_tokens = 256;
+  float temperature = 0.0f;
+  float top_p = 1.0f;
+  uint64_t seed = 0;
+  int32_t timeout_ms = 120000;
+};
+
+// One assistant turn, streamed to stdout. Returns the reply text.
+Result<std::string> chat_turn(net::SchedulerClient& client, const ChatArgs& a,
+                              const std::vector<proto::ChatMessage>& history) {
+  proto::GenerateRequest req;
+  req.messages = history;
+  req.max_tokens = a.max_new_tokens;
+  req.sampling.temperature = a.temperature;
+  req.sampling.top_p = a.top_p;
+  req.sampling.seed = a.seed;
+  LITELLAMA_ASSIGN_OR_RETURN(uint64_t id, client.submit(std::move(req)));
+  std::string reply;
+  g_interrupt.store(false);
+  bool aborted = false;
+  while (true) {
+    if (g_interrupt.exchange(false) && !aborted) {
+      aborted = true;
+      (void)client.abort(id);
+    }
+    LITELLAMA_ASSIGN_OR_RETURN(std::optional<net::ClientEvent> event, client.next_event(100));
+    if (!event || event->request_id() != id) continue;
+    if (event->kind == net::ClientEvent::Kind::kError) {
+      return Status(StatusCode::kUnavailable, event->error.message);
+    }
+    reply += event->chunk.text;
+    std::fwrite(event->chunk.text.data(), 1, event->chunk.text.size(), stdout);
+    std::fflush(stdout);
+    if (event->chunk.finished) break;
+  }
+  std::printf("\n");
+  return reply;
+}
+
+int run_chat(ChatArgs a) {
+  const char* cmd = "chat";
+  std::unique_ptr<ServiceLauncher> launcher;
+  std::string endpoint = server_endpoint(a.server);
+  if (a.start_services) {
+    if (a.launch.model_dir.empty()) {
+      auto dir = default_model_dir();
+      if (!dir.is_ok()) return fail(cmd, dir.status());
+      a.launch.model_dir = *dir;
+    }
+    if (a.launch.log_dir.empty()) a.launch.log_dir = a.launch.run_dir + "/logs";
+    launcher = std::make_unique<ServiceLauncher>(a.launch);
+    if (Status st = launcher->start(); !st) return fail(cmd, st);
+    std::fprintf(stderr, "litellama chat: starting the services (logs in %s) ...\n",
+                 a.launch.log_dir.c_str());
+    if (Status st = launcher->wait_ready(300000); !st) return fail(cmd, st);
+    endpoint = launcher->client_endpoint();
+  }
+  auto client = net::SchedulerClient::connect(endpoint);
+  if (!client.is_ok()) return fail(cmd, client.status());
+  if (Status st = (*client)->wait_ready(a.start_services ? 5000 : 30000); !st) {
+    return fail(cmd, st);
+  }
+  net::install_stop_signal(&g_interrupt);
+
+  std::vector<proto::ChatMessage> history;
+  if (!a.system.empty()) history.push_back({"system", a.system});
+  auto turn = [&](const std::string& text) -> Status {
+    history.push_back({"user", text});
+    auto reply = chat_turn(**client, a, history);
+    if (!reply.is_ok()) {
+      history.pop_back();
+      return reply.status();
+    }
+    history.push_back({"assistant", *reply});
+    return Status::ok();
+  };
+
+  if (!a.messages.empty()) {
+    for (const std::string& m : a.messages) {
+      if (Status st = turn(m); !st) return fail(cmd, st);
+    }
+    return 0;
+  }
+  const bool tty = isatty(STDIN_FILENO) != 0;
+  if (tty) std::fprintf(stderr, "(/reset clears the history, /exit quits)\n");
+  std::string line;
+  while (true) {
+    if (tty) {
+      std::fprintf(stderr, "> ");
+      std::fflush(stderr);
+    }
+    if (!std::getline(std::cin, line)) break;
+    if (line == "/exit" || line == "/quit") break;
+    if (line == "/reset") {
+      history.clear();
+      if (!a.system.empty()) history.push_back({"system", a.system});
+      continue;
+    }
+    if (line.empty()) continue;
+    if (Status st = turn(line); !st) {
+      std::fprintf(stderr, "litellama chat: error: %s\n", st.message().c_str());
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+CommandMain register_chat_command(CLI::App& app) {
+  auto a = std::make_shared<ChatArgs>();
+  CLI::App* sub = app.add_subcommand("chat", "interactive streaming chat with the served model");
+  sub->add_option("--server", a->server, "scheduler address (default: litellama serve's)");
+  sub->add_flag("--start-services", a->start_services,
+                "start the services for this chat and stop them after");
+  add_launch_options(sub, &a->launch);
+  sub->add_option("--system", a->system, "system prompt");
+  sub->add_option("--message,-m", a->messages,
+                  "send this user message and print the answer (repeatable; no prompt)");
+  sub->add_option("--max-new-tokens", a->max_new_tokens, "tokens per answer")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--temperature", a->temperature, "0 = greedy")->capture_default_str();
+  sub->add_option("--top-p", a->top_p, "1 = off")->capture_default_str();
+  sub->add_option("--seed", a->seed, "sampling seed");
+  return [a] { return run_chat(*a); };
+}
+
+}  // namespace litellama::cli

@@ -1,0 +1,89 @@
+#include "cli/generate_remote.h"
+
+#include <cstdio>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/cli_util.h"
+#include "common/net/scheduler_client.h"
+
+namespace litellama::cli {
+
+std::string server_endpoint(const std::string& address) {
+  if (address.empty()) return kDefaultServer;
+  if (address.find("://") != std::string::npos) return address;
+  std::error_code ec;
+  if (std::filesystem::is_directory(address, ec)) return "ipc://" + address + "/client.sock";
+  return "tcp://" + address;
+}
+
+int run_generate_remote(const RemoteGenerateArgs& a) {
+  const char* cmd = "generate";
+  if (a.input_ids.empty() == a.prompt.empty()) {
+    return fail(
+        cmd, Status(StatusCode::kInvalidArgument, "give exactly one of --input-ids and --prompt"));
+  }
+  if (a.top_logits > 0) {
+    return fail(cmd, Status(StatusCode::kUnsupported,
+                            "--top-logits is only available offline (without --server)"));
+  }
+  proto::GenerateRequest req;
+  if (!a.input_ids.empty()) {
+    auto ids = parse_id_list(a.input_ids);
+    if (!ids.is_ok()) return fail(cmd, ids.status());
+    req.prompt_ids = std::move(ids).value();
+  } else if (a.chat) {
+    req.messages.push_back({"user", a.prompt});
+  } else {
+    req.prompt = a.prompt;
+  }
+  if (!a.stop_token_ids.empty()) {
+    auto ids = parse_id_list(a.stop_token_ids);
+    if (!ids.is_ok()) return fail(cmd, ids.status());
+    req.stop_token_ids = std::move(ids).value();
+  }
+  req.max_tokens = a.max_new_tokens;
+  req.sampling.temperature = a.temperature;
+  req.sampling.top_k = a.top_k;
+  req.sampling.top_p = a.top_p;
+  req.sampling.min_p = a.min_p;
+  req.sampling.repetition_penalty = a.repetition_penalty;
+  req.sampling.frequency_penalty = a.frequency_penalty;
+  req.sampling.presence_penalty = a.presence_penalty;
+  req.sampling.seed = a.seed;
+  req.stop = a.stop;
+  req.ignore_eos = a.ignore_eos;
+
+  auto client = net::SchedulerClient::connect(server_endpoint(a.server));
+  if (!client.is_ok()) return fail(cmd, client.status());
+  const bool stream = !a.json;
+  auto done = (*client)->generate(
+      std::move(req),
+      [&](const proto::GenerateChunk& chunk) {
+        if (stream && !chunk.text.empty()) {
+          std::fwrite(chunk.text.data(), 1, chunk.text.size(), stdout);
+          std::fflush(stdout);
+        }
+      },
+      a.timeout_ms);
+  if (!done.is_ok()) {
+    if (stream) std::printf("\n");
+    return fail(cmd, done.status());
+  }
+  if (a.json) {
+    nlohmann::json j;
+    j["output_ids"] = done->token_ids;
+    j["finish_reason"] = done->finish_reason;
+    j["n_prompt_tokens"] = done->n_prompt_tokens;
+    j["text"] = done->text;
+    j["seconds"] = done->total_seconds;
+    j["time_to_first_token_seconds"] = done->first_token_seconds;
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  } else {
+    std::printf("\n");
+  }
+  return 0;
+}
+
+}  // namespace litellama::cli

@@ -1,0 +1,44 @@
+// The served path of `litellama generate`: the same request and JSON output as the offline
+// engine, sent to a running scheduler (`--server ADDR`), with text streamed as it comes when not
+// --json.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace litellama::cli {
+
+// Default client endpoint of `litellama serve`.
+inline constexpr const char* kDefaultServer = "ipc:///tmp/litellama/client.sock";
+
+// "ipc://...", "tcp://..." pass through; "HOST:PORT" becomes tcp://HOST:PORT; a directory
+// becomes ipc://DIR/client.sock.
+std::string server_endpoint(const std::string& address);
+
+struct RemoteGenerateArgs {
+  std::string server;
+  std::string input_ids;  // comma-separated; exactly one of input_ids and prompt
+  std::string prompt;
+  bool chat = false;  // send --prompt as a user turn through the chat template
+  int32_t max_new_tokens = 16;
+  float temperature = 0.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  uint64_t seed = 0;
+  std::string stop_token_ids;  // comma-separated
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+  int32_t top_logits = 0;  // not served: refused when > 0
+  bool json = false;
+  int32_t timeout_ms = 120000;  // no answer for this long: fail
+};
+
+// Runs one request against the scheduler; returns the process exit code.
+int run_generate_remote(const RemoteGenerateArgs& args);
+
+}  // namespace litellama::cli

@@ -1,0 +1,66 @@
+// ServiceLauncher: starts litellama-scheduler, litellama-worker and N litellama-tokenizer
+// processes (sibling binaries of this executable) on one run directory, restarts any that dies,
+// and stops them all in order (tokenizers and worker, then the scheduler).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "common/net/child_process.h"
+#include "common/status.h"
+
+namespace litellama::cli {
+
+struct LaunchOptions {
+  std::string model_dir;
+  std::string device = "cpu";
+  std::string run_dir = "/tmp/litellama";
+  std::string client_endpoint;  // "" : ipc://RUN_DIR/client.sock
+  int32_t n_tokenizers = 1;
+  int32_t kv_slots = 0;
+  int32_t threads = 0;
+  int32_t max_batch_tokens = 2048;
+  int32_t max_batch_seqs = 128;
+  std::string metrics_host = "127.0.0.1";
+  int32_t metrics_port = 9400;  // scheduler; worker +1, tokenizers +2.. ; 0: no metrics
+  std::string log_level = "info";
+  std::string log_dir;  // "" : children write to this terminal
+  bool restart = true;
+};
+
+// Registers the flags of LaunchOptions on a subcommand (serve, chat --start-services).
+void add_launch_options(CLI::App* sub, LaunchOptions* options);
+
+class ServiceLauncher {
+ public:
+  explicit ServiceLauncher(LaunchOptions options);
+  ~ServiceLauncher();
+
+  Status start();
+  // Waits until the scheduler reports a worker and a tokenizer up.
+  Status wait_ready(int timeout_ms);
+  // Restarts dead children until *stop; returns then (without stopping them).
+  void supervise(const std::atomic<bool>& stop);
+  void stop_all();
+
+  const std::string& client_endpoint() const { return client_endpoint_; }
+
+ private:
+  struct Service {
+    std::string name;
+    std::vector<std::string> argv;
+    net::ChildProcess process;
+    int32_t n_restarts = 0;
+  };
+  Status launch(Service& s);
+
+  LaunchOptions options_;
+  std::string client_endpoint_;
+  std::vector<Service> services_;  // scheduler first
+};
+
+}  // namespace litellama::cli
