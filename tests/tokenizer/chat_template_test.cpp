@@ -59,7 +59,11 @@ const Case kCases[] = {
      "[1, 'a', None, True, 1.5, {'k': \"it's\"}]"},
 };
 
-TEST(ChatTemplateTest, MatchesJinja2) {
+// Instantiated under the "tokenizer" prefix like the other suites of this binary, so that
+// `ctest -R tokenizer` selects every test; the single parameter only names the instance.
+class ChatTemplateTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ChatTemplateTest, MatchesJinja2) {
   for (const Case& c : kCases) {
     auto tmpl = ChatTemplate::parse(c.source);
     ASSERT_TRUE(tmpl.is_ok()) << c.name << ": " << tmpl.status().to_string();
@@ -69,13 +73,13 @@ TEST(ChatTemplateTest, MatchesJinja2) {
   }
 }
 
-TEST(ChatTemplateTest, TrailingNewlineAndCrLfAreNormalizedLikeJinja) {
+TEST_P(ChatTemplateTest, TrailingNewlineAndCrLfAreNormalizedLikeJinja) {
   auto tmpl = ChatTemplate::parse("a\r\nb\rc\n");
   ASSERT_TRUE(tmpl.is_ok());
   EXPECT_EQ(tmpl->render(nlohmann::ordered_json::object()).value(), "a\nb\nc");
 }
 
-TEST(ChatTemplateTest, RaiseExceptionReturnsItsMessage) {
+TEST_P(ChatTemplateTest, RaiseExceptionReturnsItsMessage) {
   auto tmpl = ChatTemplate::parse(
       "{% if messages | length > 1 %}{{ raise_exception('only one message, please') }}{% endif "
       "%}ok");
@@ -90,7 +94,7 @@ TEST(ChatTemplateTest, RaiseExceptionReturnsItsMessage) {
   EXPECT_EQ(tmpl->render(ctx).value(), "ok");
 }
 
-TEST(ChatTemplateTest, UnsupportedConstructsAreReportedWithTheirLine) {
+TEST_P(ChatTemplateTest, UnsupportedConstructsAreReportedWithTheirLine) {
   const std::pair<const char*, const char*> cases[] = {
       {"{% macro m(x) %}{{ x }}{% endmacro %}", "'{% macro %}' at line 1"},
       {"a\n{% include 'other.jinja' %}", "'{% include %}' at line 2"},
@@ -111,7 +115,7 @@ TEST(ChatTemplateTest, UnsupportedConstructsAreReportedWithTheirLine) {
   }
 }
 
-TEST(ChatTemplateTest, UnsupportedFiltersAndTestsFailAtRender) {
+TEST_P(ChatTemplateTest, UnsupportedFiltersAndTestsFailAtRender) {
   for (const char* source :
        {"{{ 'x' | wordwrap(3) }}", "{{ 'x' is sameas_what }}", "{{ '%s' % 'x' }}"}) {
     auto tmpl = ChatTemplate::parse(source);
@@ -122,7 +126,7 @@ TEST(ChatTemplateTest, UnsupportedFiltersAndTestsFailAtRender) {
   }
 }
 
-TEST(ChatTemplateTest, SyntaxErrorsAreInvalidArgument) {
+TEST_P(ChatTemplateTest, SyntaxErrorsAreInvalidArgument) {
   for (const char* source :
        {"{% if x %}never closed", "{{ 'unterminated }}", "{{ (1 + }}", "{% endfor %}",
         "{% for x in %}{% endfor %}", "{{ x..y }}", "{#  unclosed comment", "{% break %}"}) {
@@ -133,7 +137,7 @@ TEST(ChatTemplateTest, SyntaxErrorsAreInvalidArgument) {
   }
 }
 
-TEST(ChatTemplateTest, RuntimeErrorsDoNotCrash) {
+TEST_P(ChatTemplateTest, RuntimeErrorsDoNotCrash) {
   for (const char* source : {"{{ undefined_thing.attr }}", "{{ 1 / 0 }}", "{{ 'a' + 1 }}",
                              "{% for x in none %}{% endfor %}", "{{ 1 < 'a' }}", "{{ (1)() }}"}) {
     auto tmpl = ChatTemplate::parse(source);
@@ -142,6 +146,9 @@ TEST(ChatTemplateTest, RuntimeErrorsDoNotCrash) {
     EXPECT_FALSE(out.is_ok()) << source << " rendered " << out.value();
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(tokenizer, ChatTemplateTest, ::testing::Values("jinja"),
+                         [](const auto& info) { return std::string(info.param); });
 
 }  // namespace
 }  // namespace litellama

@@ -112,7 +112,7 @@ TEST_P(IncrementalDetokenizerTest, IncompleteCharacterIsHeldBackThenFlushedAsRep
   EXPECT_EQ(again, text);
 }
 
-INSTANTIATE_TEST_SUITE_P(Tokenizers, IncrementalDetokenizerTest,
+INSTANTIATE_TEST_SUITE_P(tokenizer, IncrementalDetokenizerTest,
                          ::testing::Values("llama2", "llama3", "llama3_1", "qwen3"),
                          [](const auto& info) { return info.param; });
 

@@ -155,7 +155,7 @@ TEST_P(GoldenTest, SpecialTokensAndVocabulary) {
   for (const auto& id : meta["all_special_ids"]) EXPECT_TRUE(tok_->is_special(id.get<int32_t>()));
 }
 
-INSTANTIATE_TEST_SUITE_P(Tokenizers, GoldenTest,
+INSTANTIATE_TEST_SUITE_P(tokenizer, GoldenTest,
                          ::testing::Values("llama2", "llama3", "llama3_1", "qwen3"),
                          [](const auto& info) { return info.param; });
 

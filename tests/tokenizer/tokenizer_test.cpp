@@ -51,30 +51,34 @@ void expect_load_error(const std::string& dir, StatusCode code, const std::strin
       << "'" << tok.status().message() << "' lacks '" << needle << "'";
 }
 
-TEST(TokenizerLoadTest, MissingDirectory) {
+// Instantiated under the "tokenizer" prefix like the other suites of this binary, so that
+// `ctest -R tokenizer` selects every test; the single parameter only names the instance.
+class TokenizerLoadTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(TokenizerLoadTest, MissingDirectory) {
   expect_load_error("/nonexistent/tokenizer/dir", StatusCode::kNotFound,
                     "no tokenizer.json in '/nonexistent/tokenizer/dir'");
 }
 
-TEST(TokenizerLoadTest, MissingTokenizerJson) {
+TEST_P(TokenizerLoadTest, MissingTokenizerJson) {
   TempDir dir;
   dir.write("tokenizer_config.json", "{}");
   expect_load_error(dir.str(), StatusCode::kNotFound, "no tokenizer.json in");
 }
 
-TEST(TokenizerLoadTest, BadJson) {
+TEST_P(TokenizerLoadTest, BadJson) {
   TempDir dir;
   dir.write("tokenizer.json", "{\"model\": {\"type\": \"BPE\", ");
   expect_load_error(dir.str(), StatusCode::kInvalidArgument, "tokenizer.json' is not valid JSON");
 }
 
-TEST(TokenizerLoadTest, JsonThatIsNotAnObject) {
+TEST_P(TokenizerLoadTest, JsonThatIsNotAnObject) {
   TempDir dir;
   dir.write("tokenizer.json", "[1, 2, 3]");
   expect_load_error(dir.str(), StatusCode::kInvalidArgument, "does not hold a JSON object");
 }
 
-TEST(TokenizerLoadTest, BadConfigJson) {
+TEST_P(TokenizerLoadTest, BadConfigJson) {
   TempDir dir;
   dir.write("tokenizer.json", kTinyTokenizer);
   dir.write("tokenizer_config.json", "{not json");
@@ -82,20 +86,20 @@ TEST(TokenizerLoadTest, BadConfigJson) {
                     "tokenizer_config.json' is not valid JSON");
 }
 
-TEST(TokenizerLoadTest, UnsupportedModelType) {
+TEST_P(TokenizerLoadTest, UnsupportedModelType) {
   TempDir dir;
   dir.write("tokenizer.json", R"({"model": {"type": "Unigram", "vocab": [["a", 0.0]]}})");
   expect_load_error(dir.str(), StatusCode::kUnsupported,
                     "unsupported tokenizer model type 'Unigram'");
 }
 
-TEST(TokenizerLoadTest, MissingModel) {
+TEST_P(TokenizerLoadTest, MissingModel) {
   TempDir dir;
   dir.write("tokenizer.json", R"({"normalizer": null})");
   expect_load_error(dir.str(), StatusCode::kInvalidArgument, "has no \"model\" object");
 }
 
-TEST(TokenizerLoadTest, UnsupportedPipelineParts) {
+TEST_P(TokenizerLoadTest, UnsupportedPipelineParts) {
   const std::tuple<const char*, const char*, const char*> cases[] = {
       {"normalizer", "BertNormalizer", "unsupported normalizer type 'BertNormalizer'"},
       {"pre_tokenizer", "Whitespace", "unsupported pre_tokenizer type 'Whitespace'"},
@@ -111,14 +115,14 @@ TEST(TokenizerLoadTest, UnsupportedPipelineParts) {
   }
 }
 
-TEST(TokenizerLoadTest, MergeOutsideVocabulary) {
+TEST_P(TokenizerLoadTest, MergeOutsideVocabulary) {
   TempDir dir;
   dir.write("tokenizer.json",
             R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a z"]}})");
   expect_load_error(dir.str(), StatusCode::kInvalidArgument, "merge 'a z' uses a token outside");
 }
 
-TEST(TokenizerLoadTest, TinyTokenizerWithoutConfig) {
+TEST_P(TokenizerLoadTest, TinyTokenizerWithoutConfig) {
   TempDir dir;
   dir.write("tokenizer.json", kTinyTokenizer);
   auto tok = Tokenizer::load(dir.str());
@@ -137,7 +141,7 @@ TEST(TokenizerLoadTest, TinyTokenizerWithoutConfig) {
   EXPECT_EQ(chat.status().code(), StatusCode::kNotFound);
 }
 
-TEST(TokenizerLoadTest, BrokenChatTemplateFailsWhenUsedNotAtLoad) {
+TEST_P(TokenizerLoadTest, BrokenChatTemplateFailsWhenUsedNotAtLoad) {
   TempDir dir;
   dir.write("tokenizer.json", kTinyTokenizer);
   dir.write("tokenizer_config.json",
@@ -150,6 +154,9 @@ TEST(TokenizerLoadTest, BrokenChatTemplateFailsWhenUsedNotAtLoad) {
   EXPECT_EQ(chat.status().code(), StatusCode::kUnsupported);
   EXPECT_NE(chat.status().message().find("macro"), std::string::npos);
 }
+
+INSTANTIATE_TEST_SUITE_P(tokenizer, TokenizerLoadTest, ::testing::Values("files"),
+                         [](const auto& info) { return std::string(info.param); });
 
 class TokenizerTest : public ::testing::TestWithParam<std::string> {
  protected:
@@ -289,7 +296,7 @@ TEST_P(TokenizerTest, IdToTokenAndBack) {
   EXPECT_TRUE(tok_->id_to_token(-5).empty());
 }
 
-INSTANTIATE_TEST_SUITE_P(Tokenizers, TokenizerTest,
+INSTANTIATE_TEST_SUITE_P(tokenizer, TokenizerTest,
                          ::testing::Values("llama2", "llama3", "llama3_1", "qwen3"),
                          [](const auto& info) { return info.param; });
 
