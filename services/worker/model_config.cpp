@@ -343,7 +343,9 @@ Result<ModelConfig> parse_model_config(const json& j) {
       return make_error(StatusCode::kUnsupported,
                         "config.json: LLaVA text model type '{}' is not supported", text_type);
     }
-    LITELLAMA_RETURN_IF_ERROR(parse_text_config(*text, &llama_defaults(), &config));
+    json merged = llama_defaults();
+    merged.update(*text);
+    LITELLAMA_RETURN_IF_ERROR(parse_text_config(merged, nullptr, &config));
     if (config.eos_token_ids.empty()) LITELLAMA_RETURN_IF_ERROR(parse_token_ids(j, &config));
     for (const char* key : {"torch_dtype", "dtype"}) {
       if (auto d = j.find(key); d != j.end() && d->is_string()) {

@@ -1,0 +1,277 @@
+// Loading Hugging Face model directories: every error path names what is wrong, sharded and
+// single-file checkpoints load the same tensors, LLaVA's nested names are found.
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "services/worker/checkpoint.h"
+#include "services/worker/safetensors.h"
+#include "tests/worker/test_util.h"
+
+namespace litellama {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Expects open(dir) to fail with `code` and a message containing `needle`.
+void expect_open_error(const std::string& dir, StatusCode code, const std::string& needle) {
+  auto ckpt = Checkpoint::open(dir);
+  ASSERT_FALSE(ckpt.is_ok());
+  EXPECT_EQ(ckpt.status().code(), code) << ckpt.status().to_string();
+  EXPECT_NE(ckpt.status().message().find(needle), std::string::npos)
+      << "message was: " << ckpt.status().message();
+}
+
+TEST(CheckpointTest, LoadsAndValidatesAModel) {
+  test::TempDir tmp;
+  test::make_model(tmp.path(), "qwen3-tiny", 1);
+  auto ckpt = Checkpoint::open(tmp.path());
+  ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
+  const ModelConfig& c = ckpt->config();
+  EXPECT_EQ(c.arch, Architecture::kQwen3);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_EQ(c.head_dim, 32);
+  EXPECT_EQ(c.n_heads * c.head_dim, 128);
+  EXPECT_EQ(c.vocab_size, 151936);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_EQ(ckpt->lm_head_name(), "model.embed_tokens.weight");
+  auto q_norm = ckpt->tensor("model.layers.1.self_attn.q_norm.weight");
+  ASSERT_TRUE(q_norm.is_ok());
+  EXPECT_EQ(q_norm->shape, std::vector<int64_t>{32});
+  EXPECT_EQ(ckpt->tensor("nope").status().code(), StatusCode::kNotFound);
+}
+
+TEST(CheckpointTest, ShardedCheckpointHoldsTheSameTensors) {
+  test::TempDir tmp;
+  test::make_model(tmp.sub("one"), "llama2-linear-tiny", 5, 1);
+  test::make_model(tmp.sub("three"), "llama2-linear-tiny", 5, 3);
+  EXPECT_TRUE(fs::exists(tmp.sub("three") + "/model.safetensors.index.json"));
+  EXPECT_TRUE(fs::exists(tmp.sub("three") + "/model-00003-of-00003.safetensors"));
+  auto one = Checkpoint::open(tmp.sub("one"));
+  auto three = Checkpoint::open(tmp.sub("three"));
+  ASSERT_TRUE(one.is_ok()) << one.status().to_string();
+  ASSERT_TRUE(three.is_ok()) << three.status().to_string();
+  ASSERT_EQ(one->tensor_names(), three->tensor_names());
+  for (const auto& name : one->tensor_names()) {
+    auto a = one->tensor(name);
+    auto b = three->tensor(name);
+    ASSERT_EQ(a->size_bytes, b->size_bytes);
+    EXPECT_EQ(std::memcmp(a->data, b->data, a->size_bytes), 0) << name;
+  }
+}
+
+TEST(CheckpointTest, Bf16AndF16StorageUpcast) {
+  test::TempDir tmp;
+  test::make_model(tmp.sub("f32"), "mistral-tiny", 9, 1, DType::kF32);
+  test::make_model(tmp.sub("bf16"), "mistral-tiny", 9, 1, DType::kBF16);
+  test::make_model(tmp.sub("f16"), "mistral-tiny", 9, 1, DType::kF16);
+  auto f32 = Checkpoint::open(tmp.sub("f32"));
+  auto bf16 = Checkpoint::open(tmp.sub("bf16"));
+  auto f16 = Checkpoint::open(tmp.sub("f16"));
+  ASSERT_TRUE(f32.is_ok() && bf16.is_ok() && f16.is_ok());
+  EXPECT_EQ(bf16->config().torch_dtype, DType::kBF16);
+  const std::string name = "model.layers.0.mlp.up_proj.weight";
+  auto a = f32->tensor(name)->to_f32();
+  auto b = bf16->tensor(name)->to_f32();
+  auto h = f16->tensor(name)->to_f32();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_NEAR(a[i], b[i], std::abs(a[i]) * (1.0f / 128) + 1e-30f);
+    ASSERT_NEAR(a[i], h[i], std::abs(a[i]) * (1.0f / 1024) + 1e-7f);
+  }
+}
+
+TEST(CheckpointTest, MissingThingsAreNamed) {
+  test::TempDir tmp;
+  expect_open_error(tmp.sub("absent"), StatusCode::kNotFound, "does not exist");
+  fs::create_directories(tmp.sub("empty"));
+  expect_open_error(tmp.sub("empty"), StatusCode::kNotFound, "has no config.json");
+
+  test::make_model(tmp.sub("m"), "llama3-tiny", 1);
+  fs::rename(tmp.sub("m") + "/model.safetensors", tmp.sub("m.safetensors"));
+  expect_open_error(tmp.sub("m"), StatusCode::kNotFound, "neither model.safetensors");
+}
+
+TEST(CheckpointTest, BadConfigJson) {
+  test::TempDir tmp;
+  test::make_model(tmp.path(), "llama3-tiny", 1);
+  const std::string config = tmp.path() + "/config.json";
+  const std::string original = read_bytes(config);
+
+  write_text(config, "{ not json");
+  expect_open_error(tmp.path(), StatusCode::kInvalidArgument, "not valid JSON");
+
+  json j = json::parse(original);
+  j["architectures"] = {"GPT2LMHeadModel"};
+  write_text(config, j.dump());
+  expect_open_error(tmp.path(), StatusCode::kUnsupported, "architecture 'GPT2LMHeadModel'");
+
+  j = json::parse(original);
+  j.erase("hidden_size");
+  write_text(config, j.dump());
+  expect_open_error(tmp.path(), StatusCode::kInvalidArgument, "missing key 'hidden_size'");
+
+  j = json::parse(original);
+  j["num_key_value_heads"] = 3;
+  write_text(config, j.dump());
+  expect_open_error(tmp.path(), StatusCode::kInvalidArgument, "not a multiple");
+
+  j = json::parse(original);
+  j["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 2.0}};
+  write_text(config, j.dump());
+  expect_open_error(tmp.path(), StatusCode::kUnsupported, "rope scaling type 'longrope'");
+
+  j = json::parse(original);
+  j["hidden_act"] = "gelu";
+  write_text(config, j.dump());
+  expect_open_error(tmp.path(), StatusCode::kUnsupported, "hidden_act 'gelu'");
+}
+
+TEST(CheckpointTest, TensorsThatDisagreeWithTheConfig) {
+  test::TempDir tmp;
+  test::make_model(tmp.path(), "llama3-tiny", 1);
+  const std::string config = tmp.path() + "/config.json";
+  json j = json::parse(read_bytes(config));
+
+  json wider = j;
+  wider["intermediate_size"] = 256;
+  write_text(config, wider.dump());
+  expect_open_error(tmp.path(), StatusCode::kInvalidArgument,
+                    "'model.layers.0.mlp.gate_proj.weight' has shape [128, 64] but config.json "
+                    "implies [256, 64]");
+
+  json untied = j;
+  untied["tie_word_embeddings"] = false;
+  write_text(config, untied.dump());
+  expect_open_error(tmp.path(), StatusCode::kNotFound, "missing tensor 'lm_head.weight'");
+
+  json deeper = j;
+  deeper["num_hidden_layers"] = 3;
+  write_text(config, deeper.dump());
+  expect_open_error(tmp.path(), StatusCode::kNotFound, "model.layers.2.input_layernorm.weight");
+}
+
+TEST(CheckpointTest, TruncatedAndCorruptSafetensors) {
+  test::TempDir tmp;
+  test::make_model(tmp.path(), "llama2-linear-tiny", 1);
+  const std::string file = tmp.path() + "/model.safetensors";
+  const std::string bytes = read_bytes(file);
+
+  write_text(file, bytes.substr(0, bytes.size() - 100));
+  expect_open_error(tmp.path(), StatusCode::kDataLoss, "truncated or corrupt");
+
+  write_text(file, bytes.substr(0, 4));
+  expect_open_error(tmp.path(), StatusCode::kDataLoss, "truncated safetensors file");
+
+  std::string huge_header = bytes;
+  huge_header[6] = '\x7f';  // header length far beyond the file
+  write_text(file, huge_header);
+  expect_open_error(tmp.path(), StatusCode::kDataLoss, "does not fit");
+
+  std::string garbage = bytes;
+  garbage[9] = '#';  // inside the JSON header
+  write_text(file, garbage);
+  expect_open_error(tmp.path(), StatusCode::kDataLoss, "not a JSON object");
+
+  write_text(file, "");
+  expect_open_error(tmp.path(), StatusCode::kDataLoss, "truncated safetensors file (0 bytes)");
+}
+
+TEST(CheckpointTest, WrongDtypeAndBadIndex) {
+  test::TempDir tmp;
+  test::make_model(tmp.path(), "llama2-linear-tiny", 1);
+  // Rewrite one tensor as I32.
+  {
+    auto mapped = MappedFile::open(tmp.path() + "/model.safetensors");
+    ASSERT_TRUE(mapped.is_ok());
+    auto entries = parse_safetensors(*mapped);
+    ASSERT_TRUE(entries.is_ok());
+    std::vector<SafetensorsTensor> tensors;
+    for (const auto& e : *entries) {
+      SafetensorsTensor t{e.name, e.dtype, e.shape,
+                          std::vector<uint8_t>(mapped->data() + e.offset_bytes,
+                                               mapped->data() + e.offset_bytes + e.size_bytes)};
+      if (e.name == "model.norm.weight") t.dtype = DType::kI32;
+      tensors.push_back(std::move(t));
+    }
+    ASSERT_TRUE(write_safetensors(tmp.sub("i32.safetensors"), tensors).is_ok());
+  }
+  fs::rename(tmp.sub("i32.safetensors"), tmp.path() + "/model.safetensors");
+  expect_open_error(tmp.path(), StatusCode::kUnsupported, "'model.norm.weight' is I32");
+
+  test::TempDir sharded;
+  test::make_model(sharded.path(), "llama2-linear-tiny", 1, 2);
+  fs::remove(sharded.path() + "/model-00002-of-00002.safetensors");
+  expect_open_error(sharded.path(), StatusCode::kNotFound, "model-00002-of-00002.safetensors");
+  write_text(sharded.path() + "/model.safetensors.index.json", "[1, 2]");
+  expect_open_error(sharded.path(), StatusCode::kInvalidArgument, "weight_map");
+  write_text(sharded.path() + "/model.safetensors.index.json",
+             R"({"weight_map": {"model.norm.weight": "../../etc/passwd"}})");
+  expect_open_error(sharded.path(), StatusCode::kInvalidArgument, "not a plain file name");
+}
+
+TEST(CheckpointTest, LlavaTextModelUnderItsPublishedNames) {
+  test::TempDir tmp;
+  test::make_model(tmp.path(), "llama2-linear-tiny", 3);
+  // Re-publish the tensors under LLaVA-1.5's names with a LLaVA config.
+  auto mapped = MappedFile::open(tmp.path() + "/model.safetensors");
+  ASSERT_TRUE(mapped.is_ok());
+  auto entries = parse_safetensors(*mapped);
+  ASSERT_TRUE(entries.is_ok());
+  std::vector<SafetensorsTensor> tensors;
+  for (const auto& e : *entries) {
+    std::string name = "language_model." + e.name;
+    tensors.push_back({name, e.dtype, e.shape,
+                       std::vector<uint8_t>(mapped->data() + e.offset_bytes,
+                                            mapped->data() + e.offset_bytes + e.size_bytes)});
+  }
+  tensors.push_back({"vision_tower.vision_model.post_layernorm.weight", DType::kF32, {4},
+                     std::vector<uint8_t>(16, 0)});
+  const std::string llava = tmp.sub("llava");
+  fs::create_directories(llava);
+  ASSERT_TRUE(write_safetensors(llava + "/model.safetensors", tensors).is_ok());
+  json text = json::parse(read_bytes(tmp.path() + "/config.json"));
+  text["model_type"] = "llama";
+  text.erase("architectures");
+  text.erase("bos_token_id");
+  json config = {{"architectures", {"LlavaForConditionalGeneration"}},
+                 {"model_type", "llava"},
+                 {"text_config", text},
+                 {"vision_config", {{"model_type", "clip_vision_model"}}},
+                 {"image_token_index", 32000}};
+  write_text(llava + "/config.json", config.dump());
+  auto ckpt = Checkpoint::open(llava);
+  ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
+  EXPECT_EQ(ckpt->config().arch, Architecture::kLlava);
+  EXPECT_EQ(ckpt->config().text_prefix, "language_model.model.");
+  EXPECT_EQ(ckpt->lm_head_name(), "language_model.lm_head.weight");
+  EXPECT_EQ(ckpt->config().rope.type, RopeScalingType::kLinear);
+  EXPECT_EQ(ckpt->config().bos_token_id, 1);  // LlamaConfig default for the text model
+
+  // A LLaVA-1.5 text_config leaves most sizes at LlamaConfig's defaults.
+  auto defaults = parse_model_config(std::string(
+      R"({"architectures": ["LlavaForConditionalGeneration"],
+          "text_config": {"model_type": "llama", "vocab_size": 32064}})"));
+  ASSERT_TRUE(defaults.is_ok()) << defaults.status().to_string();
+  EXPECT_EQ(defaults->hidden_size, 4096);
+  EXPECT_EQ(defaults->n_layers, 32);
+  EXPECT_EQ(defaults->intermediate_size, 11008);
+  EXPECT_EQ(defaults->vocab_size, 32064);
+}
+
+}  // namespace
+}  // namespace litellama

@@ -1,0 +1,55 @@
+// Helpers of the worker tests: temporary directories, the source tree, cached test models.
+#pragma once
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "services/worker/random_checkpoint.h"
+
+namespace litellama::test {
+
+// A fresh directory removed at destruction.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "litellama-test-XXXXXX").string();
+    path_ = ::mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+  std::string sub(const std::string& name) const { return (std::filesystem::path(path_) / name); }
+
+ private:
+  std::string path_;
+};
+
+inline std::string source_dir() {
+  const char* env = std::getenv("LITELLAMA_SOURCE_DIR");
+  return env ? env : "";
+}
+
+inline std::string bin_dir() {
+  const char* env = std::getenv("LITELLAMA_BIN_DIR");
+  return env ? env : "";
+}
+
+// Writes preset `name` (float32 storage) with `seed` into dir; fails the test on error.
+inline void make_model(const std::string& dir, const std::string& name, uint64_t seed,
+                       int32_t n_shards = 1, DType dtype = DType::kF32) {
+  auto preset = find_random_checkpoint_preset(name);
+  ASSERT_TRUE(preset.is_ok()) << preset.status().to_string();
+  RandomCheckpointOptions options;
+  options.seed = seed;
+  options.storage_dtype = dtype;
+  options.n_shards = n_shards;
+  Status st = write_random_checkpoint(dir, preset->config, options);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+}
+
+}  // namespace litellama::test
