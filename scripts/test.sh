@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Sets the machine up (Debian packages, tokenizer assets), builds everything with tests and runs
+# the whole suite with ctest. GPU tests report "Skipped" with the reason when no device is present.
+# Usage: scripts/test.sh [extra ctest arguments, e.g. -L unit]
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+bash scripts/setup.sh --no-build
+jobs="$(nproc)"
+# CUDA sources build when nvcc is present; sm_90 only, to bound the build time.
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLITELLAMA_CUDA_ARCHITECTURES=90
+cmake --build build -j"$jobs"
+ctest --test-dir build --output-on-failure --timeout 900 -j"$jobs" "$@"
