@@ -95,19 +95,36 @@ std::string UnicodeRegex::escape(std::string_view literal) {
   return out + "\\E";
 }
 
-void UnicodeRegex::for_each_match(std::string_view text,
-                                  const std::function<void(size_t, size_t)>& on_match) const {
-  pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_->code, nullptr);
+namespace {
+
+// Per-thread match state, shared by every pattern: a JIT stack (reserved once, grown on demand
+// by PCRE2 up to its maximum) and match data holding the whole-match offsets.
+struct ThreadMatchState {
+  pcre2_match_data* md = pcre2_match_data_create(1, nullptr);
   pcre2_match_context* mctx = pcre2_match_context_create(nullptr);
   pcre2_jit_stack* stack = pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, nullptr);
-  if (stack != nullptr) pcre2_jit_stack_assign(mctx, nullptr, stack);
+  ThreadMatchState() {
+    if (stack != nullptr) pcre2_jit_stack_assign(mctx, nullptr, stack);
+  }
+  ~ThreadMatchState() {
+    if (stack != nullptr) pcre2_jit_stack_free(stack);
+    pcre2_match_context_free(mctx);
+    pcre2_match_data_free(md);
+  }
+};
+
+}  // namespace
+
+void UnicodeRegex::for_each_match(std::string_view text,
+                                  const std::function<void(size_t, size_t)>& on_match) const {
+  thread_local ThreadMatchState state;
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t start = 0;
   while (start < text.size()) {
-    const int rc =
-        pcre2_match(code_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, md, mctx);
+    const int rc = pcre2_match(code_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK,
+                               state.md, state.mctx);
     if (rc < 0) break;  // no match, or a resource limit: the rest stays unmatched
-    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(state.md);
     const size_t b = ov[0], e = ov[1];
     if (e <= b) {
       if (b >= text.size()) break;
@@ -118,9 +135,6 @@ void UnicodeRegex::for_each_match(std::string_view text,
     on_match(b, e);
     start = e;
   }
-  if (stack != nullptr) pcre2_jit_stack_free(stack);
-  pcre2_match_context_free(mctx);
-  pcre2_match_data_free(md);
 }
 
 }  // namespace litellama
