@@ -1,8 +1,9 @@
-// Device sampling: one 1024-thread CTA per sampled row; every pass streams the row's logits (they
-// stay in L2 between passes). Prefix boundaries of the descending order are found by radix select
-// over order-preserving 32-bit keys of the logits: four passes of a 256-bin histogram each (counts
-// for top-k, probability mass for top-p and the draw), the bin that crosses the target chosen by
-// one warp with a prefix scan over the bins in descending order.
+// Device sampling: one 512-thread CTA per sampled row; every pass streams the row's logits (they
+// stay in L2 between passes) as 16-byte loads, four in flight per thread. Prefix boundaries of the
+// descending order are found by radix select over order-preserving 32-bit keys of the logits: four
+// passes of a 256-bin histogram each (counts for top-k, probability mass for top-p and the draw),
+// the bin that crosses the target chosen by one warp with a prefix scan over the bins in descending
+// order.
 #include "kernels/sampling.h"
 
 #include <cfloat>
@@ -13,16 +14,23 @@
 namespace litellama {
 namespace {
 
-constexpr int kThreads = 1024;
+constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kBins = 256;
 constexpr int kBinsPerLane = kBins / 32;
 constexpr int32_t kPromptBit = 1 << 30;
 
-// Order-preserving map of a float to uint32: a < b (as floats, no NaN) iff key(a) < key(b).
+// Order-preserving map of a float to uint32: a < b (as floats, no NaN) iff key(a) < key(b), and
+// a == b iff key(a) == key(b): -0 takes the key of +0, as the CPU sampler's comparisons tie them.
 __device__ __forceinline__ uint32_t order_key(float f) {
-  const uint32_t b = __float_as_uint(f);
+  uint32_t b = __float_as_uint(f);
+  if (b == 0x80000000u) b = 0;
   return (b & 0x80000000u) != 0 ? ~b : (b | 0x80000000u);
+}
+
+// The float whose order_key is `key`.
+__device__ __forceinline__ float key_value(uint32_t key) {
+  return __uint_as_float((key & 0x80000000u) != 0 ? (key & 0x7fffffffu) : ~key);
 }
 
 // The CPU sampler's generator (services/worker/cpu_sampler.cpp), bit for bit.
@@ -36,6 +44,27 @@ __device__ __forceinline__ uint64_t mix64(uint64_t x) {
 __device__ __forceinline__ double sampling_uniform(uint64_t seed, int64_t n_generated) {
   const uint64_t r = mix64(mix64(seed) ^ mix64(static_cast<uint64_t>(n_generated) + 0x5851f42dull));
   return static_cast<double>(r >> 11) * (1.0 / 9007199254740992.0);
+}
+
+// Calls f(logit, id) for every logit of the row this thread owns: 16-byte loads, unrolled so
+// several are in flight per thread (one row of a large vocabulary is ~0.5 MB per pass on one SM).
+template <typename F>
+__device__ __forceinline__ void for_each_logit(const float* row, int vocab, F&& f) {
+  if ((vocab & 3) == 0) {
+    const auto* row4 = reinterpret_cast<const float4*>(row);
+    const int n4 = vocab >> 2;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < n4; i += kThreads) {
+      const float4 v = row4[i];
+      f(v.x, 4 * i);
+      f(v.y, 4 * i + 1);
+      f(v.z, 4 * i + 2);
+      f(v.w, 4 * i + 3);
+    }
+  } else {
+#pragma unroll 4
+    for (int i = threadIdx.x; i < vocab; i += kThreads) f(row[i], i);
+  }
 }
 
 struct ArgMax {
@@ -206,14 +235,13 @@ __device__ uint32_t radix_select(const float* logits, int vocab, uint32_t min_ke
       sh.bin_mass[b] = 0;
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < vocab; i += kThreads) {
-      const float l = logits[i];
+    for_each_logit(logits, vocab, [&](float l, int) {
       const uint32_t key = order_key(l);
-      if (key < min_key || (key & mask) != prefix) continue;
+      if (key < min_key || (key & mask) != prefix) return;
       const int b = (key >> shift) & 0xff;
       atomicAdd(&sh.bin_count[b], 1u);
       if (by_mass) atomicAdd(&sh.bin_mass[b], weight_of(l, inv_t, max_scaled));
-    }
+    });
     __syncthreads();
     if (threadIdx.x < 32) {
       choose_bin(sh, by_mass, strict, target_mass, target_count, before_mass, before_count);
@@ -244,11 +272,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   bool prev_inf = true;
   for (int n = 0; n < n_top; ++n) {
     ArgMax best{-INFINITY, INT_MAX};
-    for (int i = threadIdx.x; i < vocab; i += kThreads) {
-      const ArgMax c{logits[i], i};
-      const bool below = prev_inf ? true : better(prev, c);
-      if (below && better(c, best)) best = c;
-    }
+    for_each_logit(logits, vocab, [&](float l, int i) {
+      const ArgMax c{l, i};
+      if ((prev_inf || better(prev, c)) && better(c, best)) best = c;
+    });
     best = block_argmax(best, sh);
     if (threadIdx.x == 0) {
       top_ids[static_cast<int64_t>(r) * n_top + n] = best.id;
@@ -292,10 +319,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   ArgMax best{-INFINITY, INT_MAX};
-  for (int i = threadIdx.x; i < vocab; i += kThreads) {
-    const ArgMax c{logits[i], i};
+  for_each_logit(logits, vocab, [&](float l, int i) {
+    const ArgMax c{l, i};
     if (better(c, best)) best = c;
-  }
+  });
   best = block_argmax(best, sh);
   if (p.temperature <= 0.0f) {
     if (threadIdx.x == 0) sampled_ids[r] = best.id;
@@ -313,10 +340,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                            &unused_mass);
   }
   double total = 0;
-  for (int i = threadIdx.x; i < vocab; i += kThreads) {
-    const float l = logits[i];
+  for_each_logit(logits, vocab, [&](float l, int) {
     if (order_key(l) >= min_key) total += weight_of(l, inv_t, max_scaled);
-  }
+  });
   total = block_sum(total, sh);
 
   // Top-p: the element at which the cumulative probability first reaches top_p.
@@ -343,36 +369,29 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   double kept = 0;
-  for (int i = threadIdx.x; i < vocab; i += kThreads) {
-    const float l = logits[i];
+  for_each_logit(logits, vocab, [&](float l, int) {
     if (order_key(l) >= keep_key) kept += weight_of(l, inv_t, max_scaled);
-  }
+  });
   kept = block_sum(kept, sh);
   const double u = sampling_uniform(p.seed, p.n_generated) * kept;
   double mass_above = 0;
   const uint32_t key =
       radix_select(logits, vocab, keep_key, true, true, u, 0, inv_t, max_scaled, sh, &mass_above);
 
-  // Ties at the drawn key are walked by ascending id: take the r-th of them.
+  // Ties at the drawn key are walked by ascending id: take the r-th of them (r = 1 unless the
+  // drawn key is shared).
   int32_t n_ties = 0;
-  float tie_value = 0;
-  for (int i = threadIdx.x; i < vocab; i += kThreads) {
-    if (order_key(logits[i]) == key) {
-      ++n_ties;
-      tie_value = logits[i];
-    }
-  }
+  ArgMax first{-INFINITY, INT_MAX};
+  for_each_logit(logits, vocab, [&](float l, int i) {
+    if (order_key(l) != key) return;
+    ++n_ties;
+    if (i < first.id) first = ArgMax{0.0f, i};
+  });
   n_ties = block_count(n_ties, sh);
-  int32_t take = 1;
+  int32_t id = block_argmax(first, sh).id;
   if (n_ties > 1) {
-    // Every thread computes the same rank from block-uniform values.
-    ArgMax any{-INFINITY, INT_MAX};
-    for (int i = threadIdx.x; i < vocab; i += kThreads) {
-      if (order_key(logits[i]) == key) any = ArgMax{logits[i], i};
-    }
-    tie_value = block_argmax(any, sh).value;
-    const double w = weight_of(tie_value, inv_t, max_scaled);
-    take = n_ties;
+    const double w = weight_of(key_value(key), inv_t, max_scaled);
+    int32_t take = n_ties;
     double cum = mass_above;
     for (int32_t j = 1; j <= n_ties; ++j) {
       cum += w;
@@ -381,17 +400,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         break;
       }
     }
-  }
-  int32_t prev_id = -1;
-  int32_t id = 0;
-  for (int32_t j = 0; j < take; ++j) {
-    ArgMax c{-INFINITY, INT_MAX};
-    for (int i = threadIdx.x; i < vocab; i += kThreads) {
-      if (i > prev_id && i < c.id && order_key(logits[i]) == key) c = ArgMax{0.0f, i};
+    for (int32_t j = 1; j < take; ++j) {
+      const int32_t prev_id = id;
+      ArgMax c{-INFINITY, INT_MAX};
+      for_each_logit(logits, vocab, [&](float l, int i) {
+        if (i > prev_id && i < c.id && order_key(l) == key) c = ArgMax{0.0f, i};
+      });
+      id = block_argmax(c, sh).id;
     }
-    c.value = 0.0f;
-    id = block_argmax(c, sh).id;
-    prev_id = id;
   }
   if (threadIdx.x == 0) sampled_ids[r] = id;
 }

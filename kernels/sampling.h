@@ -12,6 +12,13 @@
 // probability mass, with no sort. Known difference from the CPU: a tie group that straddles the
 // top-p boundary survives whole (the CPU may cut it by id); the masses are summed in double with
 // shared-memory atomics, so their last bits may vary run to run.
+//
+// Cost (H200, vocab 128256, one row; rows run in parallel, 32 rows take the same time): greedy
+// 23 us; each top-N logit one more pass (~30 us); top-k 50 + top-p 0.9 about 300 us; top-p alone
+// about 1.7 ms. The first radix pass puts nearly all logits into the few bins of their top key
+// byte, and the double-precision shared atomics serialize there; spreading that pass (bins over
+// the logit's distance from the max, integer fixed-point masses with warp-aggregated atomics) and
+// splitting a row over several CTAs are the known next steps.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -353,6 +353,34 @@ TEST(CudaModelRunner, RejectsBadBatchesWithoutWriting) {
   EXPECT_EQ(out.top_logits[0].size(), 3u);
 }
 
+TEST(CudaModelRunner, SizesThePoolFromFreeMemory) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  TempDir dir("pool_fraction");
+  auto ckpt = make_checkpoint(dir, kModels[4], DType::kBF16, 10);
+  LITELLAMA_ASSERT_OK(ckpt.status());
+  RunnerOptions o = runner_options(Device::kCuda, DType::kBF16);
+  o.n_kv_slots = 0;
+  o.kv_memory_fraction = 0.01;
+  size_t free_bytes = 0, total_bytes = 0;
+  LITELLAMA_ASSERT_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+  auto runner = create_cuda_model_runner(*ckpt, o);
+  LITELLAMA_ASSERT_OK(runner.status());
+  const ModelConfig& c = ckpt->config();
+  const double slot_bytes = 2.0 * c.n_layers * c.n_kv_heads * c.head_dim * 2;
+  const int32_t n_slots = (*runner)->n_kv_slots();
+  EXPECT_GT(n_slots, 0);
+  EXPECT_LE(n_slots * slot_bytes, 0.01 * static_cast<double>(free_bytes));
+  EXPECT_GT(n_slots * slot_bytes, 0.005 * static_cast<double>(free_bytes));
+  // The last slot of the pool is usable.
+  StepBatch batch;
+  const std::vector<int32_t> tokens = {5, 6};
+  const std::vector<int32_t> slots = {n_slots - 1, 0};
+  batch.add_sequence(tokens, slots, true, SamplingParams{}, 0);
+  StepOutput out;
+  LITELLAMA_ASSERT_OK((*runner)->step(batch, &out));
+  EXPECT_GE(out.sampled_ids[0], 0);
+}
+
 // Time of one batch-1 decode step (host wall clock around step(), which ends in the step's only
 // synchronization) on a Llama-3.2-1B shape in bf16. Run with --gtest_also_run_disabled_tests.
 TEST(CudaModelRunnerTiming, DISABLED_DecodeStepLlama32_1B) {

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <random>
 #include <span>
 #include <vector>
@@ -195,6 +197,114 @@ TEST(CudaSampling, SeededDrawsMatchCpu) {
   }
   // The cases must exercise real draws, not only the argmax.
   EXPECT_GT(n_distinct_from_greedy, n_checked / 4);
+}
+
+// Logits on a coarse grid: the drawn token often sits in a group of equal logits, which the CPU
+// walks by ascending id. (top-p stays off: a tie group straddling its boundary is kept whole on the
+// device, see kernels/sampling.h.)
+TEST(CudaSampling, DrawsAmongTiedLogitsMatchCpu) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  std::mt19937 rng(14);
+  const int32_t vocab = 5003;  // odd: the scalar path of the row loops
+  std::vector<RowCase> cases;
+  for (int i = 0; i < 48; ++i) {
+    RowCase c;
+    c.params.temperature = 0.5f + 0.05f * static_cast<float>(i);
+    c.params.top_k = i % 3 == 0 ? 0 : 7 * i;
+    c.params.min_p = i % 4 == 0 ? 0.1f : 0.0f;
+    c.params.seed = rng();
+    c.n_generated = i;
+    cases.push_back(c);
+  }
+  std::vector<float> logits = normal_logits(cases.size() * vocab, 1.5f, rng);
+  for (float& l : logits) l = std::round(l * 2.0f) / 2.0f;
+  const DeviceResult got = run_device(logits, cases, vocab, 4);
+  for (size_t r = 0; r < cases.size(); ++r) {
+    std::vector<float> row(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab);
+    const auto want_top = top_logits(row, 4);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(got.top_ids[r * 4 + i], want_top[i].first);
+    SamplingInput in;
+    in.n_generated = cases[r].n_generated;
+    EXPECT_EQ(got.sampled[r], sample_token(row, cases[r].params, in)) << "row " << r;
+  }
+}
+
+// Time of one launch (CUDA events, median of 50 after warm-up) for 1 and 32 rows of a 128256
+// vocabulary. Run with --gtest_also_run_disabled_tests.
+TEST(CudaSamplingTiming, DISABLED_LaunchTime) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  std::mt19937 rng(15);
+  const int32_t vocab = 128256;
+  struct Config {
+    const char* name;
+    SamplingParams params;
+    int32_t n_top;
+  };
+  SamplingParams greedy;
+  SamplingParams top_k_p;
+  top_k_p.temperature = 0.8f;
+  top_k_p.top_k = 50;
+  top_k_p.top_p = 0.9f;
+  SamplingParams top_p_only;
+  top_p_only.temperature = 1.0f;
+  top_p_only.top_p = 0.9f;
+  SamplingParams penalties = top_k_p;
+  penalties.repetition_penalty = 1.1f;
+  penalties.frequency_penalty = 0.2f;
+  const Config configs[] = {{"greedy", greedy, 0},
+                            {"greedy + 8 top logits", greedy, 8},
+                            {"T 0.8, top-k 50, top-p 0.9", top_k_p, 0},
+                            {"T 1, top-p 0.9", top_p_only, 0},
+                            {"penalties (1000 ids), top-k/p", penalties, 0}};
+  for (int32_t n_rows : {1, 32}) {
+    for (const Config& cfg : configs) {
+      std::vector<SamplingRow> rows(static_cast<size_t>(n_rows));
+      std::vector<int32_t> history;
+      std::uniform_int_distribution<int32_t> id(0, vocab - 1);
+      for (int32_t r = 0; r < n_rows; ++r) {
+        SamplingRow& row = rows[static_cast<size_t>(r)];
+        row.temperature = cfg.params.temperature;
+        row.top_k = cfg.params.top_k;
+        row.top_p = cfg.params.top_p;
+        row.repetition_penalty = cfg.params.repetition_penalty;
+        row.frequency_penalty = cfg.params.frequency_penalty;
+        row.seed = static_cast<uint64_t>(r);
+        row.history_begin = static_cast<int32_t>(history.size());
+        if (cfg.params.has_penalties()) {
+          for (int j = 0; j < 1000; ++j) history.push_back(id(rng));
+        }
+        row.history_end = static_cast<int32_t>(history.size());
+        row.n_prompt = (row.history_end - row.history_begin) / 2;
+      }
+      const auto logits = normal_logits(static_cast<size_t>(n_rows) * vocab, 2.5f, rng);
+      DevBuf d_logits = upload(logits), d_rows = upload(rows), d_hist = upload(history);
+      DevBuf d_out(static_cast<size_t>(n_rows) * 4), d_ids(static_cast<size_t>(n_rows) * 64 * 4),
+          d_vals(static_cast<size_t>(n_rows) * 64 * 4);
+      DevBuf d_marks(sampling_workspace_size_bytes(n_rows, vocab));
+      (void)cudaMemset(d_marks.get(), 0, d_marks.bytes());
+      cudaEvent_t start, stop;
+      cudaEventCreate(&start);
+      cudaEventCreate(&stop);
+      std::vector<float> times;
+      for (int it = 0; it < 60; ++it) {
+        cudaEventRecord(start);
+        LITELLAMA_ASSERT_OK(launch_sampling(d_out.as<int32_t>(), d_ids.as<int32_t>(),
+                                            d_vals.as<float>(), d_logits.as<float>(),
+                                            d_rows.as<SamplingRow>(), d_hist.as<int32_t>(), n_rows,
+                                            vocab, cfg.n_top, d_marks.as<int32_t>(), nullptr));
+        cudaEventRecord(stop);
+        LITELLAMA_ASSERT_CUDA(cudaEventSynchronize(stop));
+        float ms = 0;
+        cudaEventElapsedTime(&ms, start, stop);
+        if (it >= 10) times.push_back(ms);
+      }
+      std::sort(times.begin(), times.end());
+      std::printf("[ sampling ] vocab %d, %2d rows, %-30s: %7.1f us\n", vocab, n_rows, cfg.name,
+                  1000.0 * times[times.size() / 2]);
+      cudaEventDestroy(start);
+      cudaEventDestroy(stop);
+    }
+  }
 }
 
 TEST(CudaSampling, RefusesTooManyTopLogits) {
