@@ -384,13 +384,15 @@ void SchedulerService::on_worker_frames(std::vector<zmq::message_t>& frames) {
 void SchedulerService::on_worker_heartbeat(const std::string& identity,
                                            const proto::WorkerHeartbeat& hb) {
   const double now = monotonic_seconds();
+  // Heartbeats still queued from a worker whose connection is gone must not revive it.
+  if (dead_workers_.count(hb.incarnation)) return;
   if (worker_ && worker_->info.incarnation == hb.incarnation) {
     worker_->last_seen = now;
     return;
   }
   if (worker_) {
     const std::string old_ring = worker_->info.step_ring_name;
-    worker_lost("replaced by a new worker");
+    worker_lost("replaced by a new worker", false);
     proto::StepRing::remove(old_ring);  // its owner is gone; do not leak the segment
   }
   if (!hb.ready) {
@@ -424,8 +426,15 @@ void SchedulerService::on_worker_heartbeat(const std::string& identity,
                      hb.device, hb.n_kv_slots, hb.step_ring_name);
 }
 
-void SchedulerService::worker_lost(const char* why) {
+void SchedulerService::worker_lost(const char* why, bool disconnected) {
   if (!worker_) return;
+  if (disconnected) {
+    // The process is gone for sure: never accept it again and free its shared memory.
+    dead_workers_.insert(worker_->info.incarnation);
+    const std::string ring_name = worker_->info.step_ring_name;
+    worker_->ring.reset();
+    proto::StepRing::remove(ring_name);
+  }
   LITELLAMA_LOG_WARN("scheduler: worker lost ({}); failing its running requests", why);
   metrics_data_.worker_restarts->Increment();
   std::vector<Request*> dropped = batcher_.drop_running();
@@ -469,7 +478,7 @@ void SchedulerService::schedule_steps() {
     ++next_step_id_;
     next_buffer_ = (next_buffer_ + 1) % proto::kStepRingBuffers;
     if (net::send_to(workers_, worker_->identity, proto::encode(doorbell)) != SendResult::kSent) {
-      worker_lost("unreachable");
+      worker_lost("unreachable", true);
       return;
     }
   }
@@ -753,7 +762,7 @@ void SchedulerService::on_tick() {
     hb.incarnation = incarnation_;
     const std::string bytes = proto::encode(hb);
     if (worker_ && net::send_to(workers_, worker_->identity, bytes) == SendResult::kPeerGone) {
-      worker_lost("disconnected");
+      worker_lost("disconnected", true);
     }
     std::vector<std::string> gone;
     for (const auto& [identity, peer] : tokenizer_peers_) {
@@ -763,7 +772,7 @@ void SchedulerService::on_tick() {
     }
     for (const auto& identity : gone) tokenizer_lost(identity, "disconnected");
   }
-  if (worker_ && now - worker_->last_seen > timeout) worker_lost("no heartbeat");
+  if (worker_ && now - worker_->last_seen > timeout) worker_lost("no heartbeat", false);
   std::vector<std::string> silent;
   for (const auto& [identity, peer] : tokenizer_peers_) {
     if (now - peer.last_seen > timeout) silent.push_back(identity);

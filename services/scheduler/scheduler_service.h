@@ -14,6 +14,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -108,7 +109,8 @@ class SchedulerService {
   // Worker.
   void on_worker_heartbeat(const std::string& identity, const proto::WorkerHeartbeat& hb);
   void on_step_result(const proto::StepResult& result);
-  void worker_lost(const char* why);
+  // disconnected: the connection is gone (the process died), not merely silent.
+  void worker_lost(const char* why, bool disconnected);
   void schedule_steps();
 
   // Tokenizers.
@@ -147,6 +149,7 @@ class SchedulerService {
   std::atomic<bool> worker_up_{false};
   std::atomic<bool> worker_loading_{false};
   std::deque<InFlightStep> in_flight_;
+  std::set<uint64_t> dead_workers_;  // incarnations whose connection was lost
   uint64_t next_step_id_ = 1;
   int32_t next_buffer_ = 0;
 

@@ -1,0 +1,198 @@
+// ServiceCluster: the three service processes on a private run directory, for the integration
+// tests. Builds a tiny random Llama 3 checkpoint with the real tokenizer, picks free metrics
+// ports, and uses short heartbeats so failures are seen within a fraction of a second.
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/net/child_process.h"
+#include "common/net/scheduler_client.h"
+#include "common/net/zmq_util.h"
+#include "services/worker/random_checkpoint.h"
+
+namespace litellama::testing {
+
+inline std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::string(v) : fallback;
+}
+
+inline int free_tcp_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int port = ntohs(addr.sin_port);
+  close(fd);
+  return port;
+}
+
+// GET http://127.0.0.1:port/path; returns {status, body} ({0, ""} when unreachable).
+inline std::pair<int, std::string> http_get(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return {0, ""};
+  }
+  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  (void)!write(fd, req.data(), req.size());
+  std::string response;
+  char buf[8192];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) response.append(buf, static_cast<size_t>(n));
+  close(fd);
+  const size_t sp = response.find(' ');
+  const size_t body = response.find("\r\n\r\n");
+  if (sp == std::string::npos || body == std::string::npos) return {0, ""};
+  return {std::atoi(response.c_str() + sp + 1), response.substr(body + 4)};
+}
+
+// Value of one series ("name" or "name{labels}") in a Prometheus text body; -1 when absent.
+inline double metric_value(const std::string& body, const std::string& series) {
+  size_t pos = 0;
+  while ((pos = body.find(series + " ", pos)) != std::string::npos) {
+    if (pos == 0 || body[pos - 1] == '\n') return std::atof(body.c_str() + pos + series.size());
+    pos += series.size();
+  }
+  return -1;
+}
+
+class ServiceCluster {
+ public:
+  ServiceCluster() {
+    bin_ = env_or("LITELLAMA_BIN_DIR", net::executable_dir() + "/../bin");
+    source_ = env_or("LITELLAMA_SOURCE_DIR", ".");
+    dir_ = std::filesystem::temp_directory_path() /
+           ("litellama-it-" + std::to_string(getpid()) + "-" + std::to_string(net::random_id()));
+    std::filesystem::create_directories(dir_);
+    model_ = (dir_ / "model").string();
+    run_ = (dir_ / "run").string();
+    scheduler_port_ = free_tcp_port();
+    worker_port_ = free_tcp_port();
+    tokenizer_port_ = free_tcp_port();
+  }
+  ~ServiceCluster() {
+    for (auto& [name, p] : processes_) p.stop(2000);
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  // Writes the test model (llama3-tiny with the Llama 3.1 tokenizer).
+  void make_model() {
+    auto preset = find_random_checkpoint_preset("llama3-tiny");
+    ASSERT_TRUE(preset.is_ok()) << preset.status().to_string();
+    RandomCheckpointOptions options;
+    options.seed = 7;
+    options.tokenizer_dir = source_ + "/assets/tokenizers/" + preset->tokenizer;
+    ASSERT_TRUE(std::filesystem::exists(options.tokenizer_dir + "/tokenizer.json"))
+        << "tokenizer assets missing: run scripts/fetch-assets.sh";
+    Status st = write_random_checkpoint(model_, preset->config, options);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+  }
+
+  void start_scheduler() {
+    start("scheduler", {bin_ + "/litellama-scheduler", "--run-dir", run_, "--metrics",
+                        "127.0.0.1:" + std::to_string(scheduler_port_), "--heartbeat-ms", "50",
+                        "--peer-timeout-ms", "600", "--peer-wait-ms", "20000", "--max-batch-tokens",
+                        "512", "--max-batch-seqs", "32"});
+  }
+  void start_worker() {
+    start("worker", {bin_ + "/litellama-worker", "--model", model_, "--run-dir", run_, "--metrics",
+                     "127.0.0.1:" + std::to_string(worker_port_), "--kv-slots",
+                     std::to_string(kKvSlots), "--threads", "1", "--heartbeat-ms", "50",
+                     "--max-batch-tokens", "512", "--max-batch-seqs", "32"});
+  }
+  void start_tokenizer() {
+    start("tokenizer",
+          {bin_ + "/litellama-tokenizer", "--model", model_, "--run-dir", run_, "--metrics",
+           "127.0.0.1:" + std::to_string(tokenizer_port_), "--heartbeat-ms", "50"});
+  }
+  void start_all() {
+    make_model();
+    start_scheduler();
+    start_worker();
+    start_tokenizer();
+    wait_ready();
+  }
+  void wait_ready() {
+    auto c = client();
+    Status st = c->wait_ready(30000);
+    ASSERT_TRUE(st.is_ok()) << st.to_string() << "\n" << logs();
+  }
+
+  net::ChildProcess& process(const std::string& name) { return processes_.at(name); }
+
+  std::unique_ptr<net::SchedulerClient> client() {
+    auto c = net::SchedulerClient::connect(net::ipc_endpoint(run_, "client"));
+    EXPECT_TRUE(c.is_ok());
+    return std::move(c).value();
+  }
+  std::string endpoint(const std::string& name) const { return net::ipc_endpoint(run_, name); }
+  const std::string& model_dir() const { return model_; }
+  int scheduler_port() const { return scheduler_port_; }
+  int worker_port() const { return worker_port_; }
+  int tokenizer_port() const { return tokenizer_port_; }
+  std::string scheduler_metrics() const { return http_get(scheduler_port_, "/metrics").second; }
+
+  // Polls the scheduler's metrics until `series` equals `value` (within timeout_ms).
+  bool wait_metric(const std::string& series, double value, int timeout_ms = 5000) const {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (metric_value(scheduler_metrics(), series) == value) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+
+  std::string logs() const {
+    std::string out;
+    for (const char* name : {"scheduler", "worker", "tokenizer"}) {
+      std::ifstream f(dir_ / (std::string(name) + ".log"));
+      std::stringstream ss;
+      ss << f.rdbuf();
+      std::string s = ss.str();
+      if (s.size() > 4000) s = s.substr(s.size() - 4000);
+      out += std::string("---- ") + name + "\n" + s;
+    }
+    return out;
+  }
+
+  static constexpr int32_t kKvSlots = 2048;
+
+ private:
+  void start(const std::string& name, const std::vector<std::string>& argv) {
+    auto p = net::ChildProcess::spawn(argv, (dir_ / (name + ".log")).string());
+    ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+    processes_[name] = std::move(p).value();
+  }
+
+  std::string bin_, source_;
+  std::filesystem::path dir_;
+  std::string model_, run_;
+  int scheduler_port_ = 0, worker_port_ = 0, tokenizer_port_ = 0;
+  std::map<std::string, net::ChildProcess> processes_;
+};
+
+}  // namespace litellama::testing

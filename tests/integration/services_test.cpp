@@ -1,0 +1,439 @@
+// The three processes over ZeroMQ: outputs equal the offline engine's, aborts free slots, peers
+// that die are survived, malformed frames are counted, metrics add up.
+#include <csignal>
+#include <random>
+#include <set>
+#include <unordered_map>
+
+#include <gtest/gtest.h>
+#include <msgpack.hpp>
+#include <zmq.hpp>
+
+#include "common/proto/client_messages.h"
+#include "common/proto/tokenizer_messages.h"
+#include "common/proto/worker_messages.h"
+#include "services/tokenizer/tokenizer.h"
+#include "services/worker/checkpoint.h"
+#include "services/worker/offline_engine.h"
+#include "tests/integration/service_cluster.h"
+
+namespace litellama {
+namespace {
+
+using testing::metric_value;
+using testing::ServiceCluster;
+
+struct Stream {
+  std::vector<int32_t> ids;
+  std::string text;
+  std::string finish_reason;
+  bool error = false;
+  bool done = false;
+  size_t n_chunks = 0;
+};
+
+// Runs every outstanding request of `client` to its end.
+std::unordered_map<uint64_t, Stream> collect(net::SchedulerClient& client,
+                                             const std::vector<uint64_t>& ids,
+                                             int timeout_ms = 60000) {
+  std::unordered_map<uint64_t, Stream> streams;
+  for (uint64_t id : ids) streams[id];
+  size_t n_done = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (n_done < ids.size() && std::chrono::steady_clock::now() < deadline) {
+    auto event = client.next_event(100);
+    if (!event.is_ok() || !*event) continue;
+    auto it = streams.find((*event)->request_id());
+    if (it == streams.end() || it->second.done) continue;
+    Stream& s = it->second;
+    if ((*event)->kind == net::ClientEvent::Kind::kError) {
+      s.error = true;
+      s.done = true;
+      ++n_done;
+      continue;
+    }
+    const auto& chunk = (*event)->chunk;
+    ++s.n_chunks;
+    s.ids.insert(s.ids.end(), chunk.token_ids.begin(), chunk.token_ids.end());
+    s.text += chunk.text;
+    if (chunk.finished) {
+      s.finish_reason = chunk.finish_reason;
+      s.done = true;
+      ++n_done;
+    }
+  }
+  return streams;
+}
+
+std::vector<GenerationResult> offline_reference(const std::string& model_dir,
+                                                const std::vector<GenerationRequest>& requests) {
+  auto ckpt = Checkpoint::open(model_dir);
+  EXPECT_TRUE(ckpt.is_ok());
+  RunnerOptions options;
+  options.n_kv_slots = 4096;
+  options.n_threads = 1;
+  auto runner = create_model_runner(*ckpt, options);
+  EXPECT_TRUE(runner.is_ok());
+  OfflineEngine engine(**runner);
+  auto results = engine.generate(requests);
+  EXPECT_TRUE(results.is_ok()) << results.status().to_string();
+  return std::move(results).value();
+}
+
+TEST(ServicesIntegration, ConcurrentStreamsMatchOfflineEngine) {
+  ServiceCluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.start_all());
+  auto tok = Tokenizer::load(cluster.model_dir());
+  ASSERT_TRUE(tok.is_ok());
+
+  // Mixed prompt lengths (odd ones included) and output lengths, all in flight together.
+  std::mt19937 rng(3);
+  const int kRequests = 16;
+  std::vector<GenerationRequest> reference(kRequests);
+  std::vector<proto::GenerateRequest> requests(kRequests);
+  for (int i = 0; i < kRequests; ++i) {
+    const int n_prompt = i % 4 == 0 ? 1 : 3 + static_cast<int>(rng() % 60);
+    for (int k = 0; k < n_prompt; ++k) {
+      reference[i].prompt_ids.push_back(static_cast<int32_t>(rng() % 120000));
+    }
+    reference[i].max_new_tokens = 1 + static_cast<int>(rng() % 24);
+    requests[i].prompt_ids = reference[i].prompt_ids;
+    requests[i].max_tokens = reference[i].max_new_tokens;
+    requests[i].ignore_eos = true;
+  }
+  // Two text prompts through the tokenizer as well.
+  for (int i : {5, 9}) {
+    const std::string text = i == 5 ? "The quick brown fox" : "Bonjour, ça va? 你好";
+    requests[i].prompt_ids.clear();
+    requests[i].prompt = text;
+    reference[i].prompt_ids = tok->encode(text, true);
+  }
+  const auto expected = offline_reference(cluster.model_dir(), reference);
+
+  // Two clients, interleaved submissions.
+  auto a = cluster.client();
+  auto b = cluster.client();
+  std::vector<uint64_t> ids_a, ids_b;
+  std::vector<std::pair<int, uint64_t>> which;
+  for (int i = 0; i < kRequests; ++i) {
+    auto& c = i % 2 ? b : a;
+    auto id = c->submit(requests[i]);
+    ASSERT_TRUE(id.is_ok());
+    (i % 2 ? ids_b : ids_a).push_back(*id);
+    which.push_back({i % 2, *id});
+  }
+  auto got_a = collect(*a, ids_a);
+  auto got_b = collect(*b, ids_b);
+  for (int i = 0; i < kRequests; ++i) {
+    const Stream& s = (which[i].first ? got_b : got_a)[which[i].second];
+    ASSERT_TRUE(s.done) << "request " << i << " got no answer\n" << cluster.logs();
+    ASSERT_FALSE(s.error) << "request " << i;
+    EXPECT_EQ(s.ids, expected[i].output_ids) << "request " << i;
+    EXPECT_EQ(s.finish_reason, "length") << "request " << i;
+    EXPECT_EQ(s.text, tok->decode(expected[i].output_ids, true)) << "request " << i;
+  }
+  EXPECT_TRUE(cluster.wait_metric("litellama_scheduler_kv_slots_used", 0));
+}
+
+TEST(ServicesIntegration, StopStringsAndStopIdsEndTheStream) {
+  ServiceCluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.start_all());
+  auto tok = Tokenizer::load(cluster.model_dir());
+  ASSERT_TRUE(tok.is_ok());
+  auto c = cluster.client();
+  proto::GenerateRequest probe;
+  probe.prompt_ids = {1, 2, 3, 4, 5};
+  probe.max_tokens = 12;
+  probe.ignore_eos = true;
+  auto full = c->generate(probe, nullptr, 30000);
+  ASSERT_TRUE(full.is_ok()) << full.status().to_string();
+  ASSERT_EQ(full->token_ids.size(), 12u);
+
+  // Stop on the 4th generated id: the stream ends with it.
+  proto::GenerateRequest by_id = probe;
+  by_id.stop_token_ids = {full->token_ids[3]};
+  auto stopped = c->generate(by_id, nullptr, 30000);
+  ASSERT_TRUE(stopped.is_ok());
+  EXPECT_EQ(stopped->finish_reason, "stop");
+  const auto first = std::find(full->token_ids.begin(), full->token_ids.end(), full->token_ids[3]);
+  EXPECT_EQ(stopped->token_ids, std::vector<int32_t>(full->token_ids.begin(), first + 1));
+
+  // Stop string taken from the middle of the text: the text ends right before it.
+  const std::string text = full->text;
+  ASSERT_GT(text.size(), 6u);
+  const std::string stop = text.substr(text.size() / 2, 3);
+  proto::GenerateRequest by_string = probe;
+  by_string.stop = {stop};
+  auto cut = c->generate(by_string, nullptr, 30000);
+  ASSERT_TRUE(cut.is_ok());
+  EXPECT_EQ(cut->finish_reason, "stop");
+  EXPECT_EQ(cut->text, text.substr(0, text.find(stop)));
+  EXPECT_TRUE(cluster.wait_metric("litellama_scheduler_kv_slots_used", 0));
+}
+
+TEST(ServicesIntegration, AbortMidStreamFreesEverySlot) {
+  ServiceCluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.start_all());
+  auto c = cluster.client();
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 6; ++i) {
+    proto::GenerateRequest r;
+    r.prompt_ids = {10, 20, 30, 40 + i};
+    r.max_tokens = 300;  // all six fit the pool together (admission reserves full length)
+    r.ignore_eos = true;
+    ids.push_back(c->submit(r).value());
+  }
+  // Wait until every request streamed something, then abort them all.
+  std::set<uint64_t> started;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (started.size() < ids.size() && std::chrono::steady_clock::now() < deadline) {
+    auto e = c->next_event(100);
+    if (e.is_ok() && *e && (*e)->kind == net::ClientEvent::Kind::kChunk) {
+      started.insert((*e)->request_id());
+    }
+  }
+  ASSERT_EQ(started.size(), ids.size());
+  EXPECT_GT(metric_value(cluster.scheduler_metrics(), "litellama_scheduler_kv_slots_used"), 0);
+  for (uint64_t id : ids) ASSERT_TRUE(c->abort(id).is_ok());
+  auto got = collect(*c, ids, 10000);
+  for (uint64_t id : ids) {
+    EXPECT_TRUE(got[id].done);
+    EXPECT_EQ(got[id].finish_reason, "abort");
+    EXPECT_LT(got[id].ids.size(), 300u);
+  }
+  EXPECT_TRUE(cluster.wait_metric("litellama_scheduler_kv_slots_used", 0));
+  EXPECT_TRUE(cluster.wait_metric("litellama_scheduler_requests_running", 0));
+  EXPECT_TRUE(cluster.wait_metric("litellama_scheduler_aborts_total", 6));
+
+  // A client that goes away mid-stream is aborted as well.
+  {
+    auto gone = cluster.client();
+    proto::GenerateRequest r;
+    r.prompt_ids = {5, 6, 7};
+    r.max_tokens = 1000;
+    r.ignore_eos = true;
+    const uint64_t id = gone->submit(r).value();
+    auto got_gone = collect(*gone, {id}, 300);
+    (void)got_gone;
+  }
+  EXPECT_TRUE(cluster.wait_metric("litellama_scheduler_aborts_total", 7));
+  EXPECT_TRUE(cluster.wait_metric("litellama_scheduler_kv_slots_used", 0));
+}
+
+// Sends raw frames on a socket of the given type connected to `endpoint`.
+void send_garbage(const std::string& endpoint, zmq::socket_type type) {
+  zmq::context_t ctx;
+  zmq::socket_t s(ctx, type);
+  s.set(zmq::sockopt::linger, 2000);
+  s.connect(endpoint);
+  std::vector<std::string> payloads;
+  payloads.push_back("");
+  payloads.push_back("\xff\xfe\x00garbage");
+  payloads.push_back(std::string(1, '\xdd') + std::string("\xff\xff\xff\xff", 4));  // huge array
+  {
+    msgpack::sbuffer b;
+    msgpack::pack(b, std::vector<int>{1, 2, 3});  // not a map
+    payloads.emplace_back(b.data(), b.size());
+  }
+  {
+    msgpack::sbuffer b;
+    msgpack::packer<msgpack::sbuffer> p(b);
+    p.pack_map(2);
+    p.pack(std::string("v"));
+    p.pack(99);  // unknown version
+    p.pack(std::string("type"));
+    p.pack(std::string("generate_request"));
+    payloads.emplace_back(b.data(), b.size());
+  }
+  {
+    msgpack::sbuffer b;
+    msgpack::packer<msgpack::sbuffer> p(b);
+    p.pack_map(2);
+    p.pack(std::string("v"));
+    p.pack(1);
+    p.pack(std::string("type"));
+    p.pack(std::string("no_such_message"));
+    payloads.emplace_back(b.data(), b.size());
+  }
+  {
+    msgpack::sbuffer b;
+    msgpack::packer<msgpack::sbuffer> p(b);
+    p.pack_map(4);
+    p.pack(std::string("v"));
+    p.pack(1);
+    p.pack(std::string("type"));
+    p.pack(std::string("generate_request"));
+    p.pack(std::string("max_tokens"));
+    p.pack(std::string("many"));  // wrong type
+    p.pack(std::string("prompt_ids"));
+    p.pack(std::string("x"));
+    payloads.emplace_back(b.data(), b.size());
+  }
+  // Valid messages of the wrong hop.
+  payloads.push_back(proto::encode(proto::StepResult{}));
+  payloads.push_back(proto::encode(proto::DetokenizeReply{}));
+  payloads.push_back(proto::encode(proto::GenerateChunk{}));
+  for (const auto& p : payloads) s.send(zmq::buffer(p), zmq::send_flags::none);
+  // A multi-frame message.
+  s.send(zmq::str_buffer("a"), zmq::send_flags::sndmore);
+  s.send(zmq::str_buffer("b"), zmq::send_flags::none);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+}
+
+TEST(ServicesIntegration, MalformedFramesOnEverySocketAreSurvived) {
+  ServiceCluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.start_all());
+  send_garbage(cluster.endpoint("client"), zmq::socket_type::dealer);
+  send_garbage(cluster.endpoint("worker"), zmq::socket_type::dealer);
+  send_garbage(cluster.endpoint("tokenizer"), zmq::socket_type::dealer);
+
+  // Every process is still up and serving.
+  for (const char* name : {"scheduler", "worker", "tokenizer"}) {
+    EXPECT_TRUE(cluster.process(name).running()) << name;
+  }
+  auto c = cluster.client();
+  proto::GenerateRequest r;
+  r.prompt = "still serving";
+  r.max_tokens = 5;
+  r.ignore_eos = true;
+  auto done = c->generate(r, nullptr, 30000);
+  ASSERT_TRUE(done.is_ok()) << done.status().to_string();
+  EXPECT_EQ(done->token_ids.size(), 5u);
+
+  const std::string m = cluster.scheduler_metrics();
+  EXPECT_GE(metric_value(m, "litellama_scheduler_protocol_errors_total{socket=\"client\"}"), 10);
+  EXPECT_GE(metric_value(m, "litellama_scheduler_protocol_errors_total{socket=\"worker\"}"), 10);
+  EXPECT_GE(metric_value(m, "litellama_scheduler_protocol_errors_total{socket=\"tokenizer\"}"), 10);
+  // A bad request id answer never hangs: bad requests are refused with an error.
+  proto::GenerateRequest bad;
+  bad.prompt_ids = {1, 2};
+  bad.max_tokens = 0;
+  auto refused = c->generate(bad, nullptr, 5000);
+  EXPECT_FALSE(refused.is_ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  proto::GenerateRequest out_of_vocab;
+  out_of_vocab.prompt_ids = {1, 999999999};
+  out_of_vocab.max_tokens = 3;
+  auto refused2 = c->generate(out_of_vocab, nullptr, 5000);
+  EXPECT_FALSE(refused2.is_ok());
+  EXPECT_TRUE(cluster.process("worker").running());
+}
+
+TEST(ServicesIntegration, WorkerKilledMidStreamFailsRequestsAndServiceRecovers) {
+  ServiceCluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.start_all());
+  auto c = cluster.client();
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 4; ++i) {
+    proto::GenerateRequest r;
+    r.prompt_ids = {100, 200, 300 + i};
+    r.max_tokens = 400;
+    r.ignore_eos = true;
+    ids.push_back(c->submit(r).value());
+  }
+  std::set<uint64_t> started;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (started.size() < ids.size() && std::chrono::steady_clock::now() < deadline) {
+    auto e = c->next_event(100);
+    ASSERT_TRUE(!e.is_ok() || !*e || (*e)->kind == net::ClientEvent::Kind::kChunk);
+    if (e.is_ok() && *e) started.insert((*e)->request_id());
+  }
+  ASSERT_EQ(started.size(), ids.size());
+
+  cluster.process("worker").signal(SIGKILL);
+  const auto killed_at = std::chrono::steady_clock::now();
+  auto got = collect(*c, ids, 5000);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  for (uint64_t id : ids) {
+    EXPECT_TRUE(got[id].done) << "request " << id << " hangs";
+    EXPECT_TRUE(got[id].error) << "request " << id;
+  }
+  EXPECT_LT(seconds, 3.0);
+  EXPECT_EQ(testing::http_get(cluster.scheduler_port(), "/ready").first, 503);
+  EXPECT_EQ(testing::http_get(cluster.scheduler_port(), "/health").first, 200);
+
+  cluster.start_worker();
+  cluster.wait_ready();
+  proto::GenerateRequest r;
+  r.prompt_ids = {100, 200, 300};
+  r.max_tokens = 8;
+  r.ignore_eos = true;
+  auto done = c->generate(r, nullptr, 30000);
+  ASSERT_TRUE(done.is_ok()) << done.status().to_string();
+  GenerationRequest ref;
+  ref.prompt_ids = r.prompt_ids;
+  ref.max_new_tokens = 8;
+  EXPECT_EQ(done->token_ids, offline_reference(cluster.model_dir(), {ref})[0].output_ids);
+  EXPECT_EQ(testing::http_get(cluster.scheduler_port(), "/ready").first, 200);
+  EXPECT_TRUE(cluster.wait_metric("litellama_scheduler_kv_slots_used", 0));
+}
+
+TEST(ServicesIntegration, TokenizerRestartLosesNothing) {
+  ServiceCluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.start_all());
+  cluster.process("tokenizer").signal(SIGKILL);
+  auto c = cluster.client();
+  proto::GenerateRequest r;
+  r.messages = {{"user", "hello"}};
+  r.max_tokens = 6;
+  r.ignore_eos = true;
+  const uint64_t id = c->submit(r).value();
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  cluster.start_tokenizer();
+  auto got = collect(*c, {id}, 30000);
+  ASSERT_TRUE(got[id].done);
+  EXPECT_FALSE(got[id].error);
+  EXPECT_EQ(got[id].ids.size(), 6u);
+}
+
+TEST(ServicesIntegration, MetricsOverHttpAreConsistent) {
+  ServiceCluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.start_all());
+  auto c = cluster.client();
+  std::vector<uint64_t> ids;
+  int total_generated = 0, total_prompt = 0;
+  for (int i = 0; i < 5; ++i) {
+    proto::GenerateRequest r;
+    r.prompt_ids = std::vector<int32_t>(static_cast<size_t>(3 + i), 42);
+    r.max_tokens = 4 + i;
+    r.ignore_eos = true;
+    total_generated += r.max_tokens;
+    total_prompt += 3 + i;
+    ids.push_back(c->submit(r).value());
+  }
+  auto got = collect(*c, ids);
+  for (uint64_t id : ids) ASSERT_TRUE(got[id].done && !got[id].error);
+  ASSERT_TRUE(
+      cluster.wait_metric("litellama_scheduler_requests_finished_total{reason=\"length\"}", 5));
+  const std::string m = cluster.scheduler_metrics();
+  EXPECT_EQ(metric_value(m, "litellama_scheduler_generation_tokens_total"), total_generated);
+  EXPECT_EQ(metric_value(m, "litellama_scheduler_prompt_tokens_total"), total_prompt);
+  EXPECT_EQ(metric_value(m, "litellama_scheduler_time_to_first_token_seconds_count"), 5);
+  EXPECT_EQ(metric_value(m, "litellama_scheduler_e2e_request_latency_seconds_count"), 5);
+  EXPECT_EQ(metric_value(m, "litellama_scheduler_queue_time_seconds_count"), 5);
+  EXPECT_EQ(metric_value(m, "litellama_scheduler_inter_token_latency_seconds_count"),
+            total_generated - 5);
+  EXPECT_EQ(metric_value(m, "litellama_scheduler_requests_running"), 0);
+  EXPECT_EQ(metric_value(m, "litellama_scheduler_requests_waiting"), 0);
+  EXPECT_EQ(metric_value(m, "litellama_scheduler_kv_slots_used"), 0);
+  EXPECT_EQ(metric_value(m, "litellama_scheduler_kv_slots_capacity"), ServiceCluster::kKvSlots);
+  EXPECT_EQ(metric_value(m, "litellama_scheduler_aborts_total"), 0);
+  EXPECT_GT(metric_value(m, "litellama_scheduler_hop_duration_seconds_count{hop=\"worker_step\"}"),
+            0);
+  EXPECT_NE(m.find("litellama_scheduler_protocol_errors_total"), std::string::npos);
+
+  const std::string w = testing::http_get(cluster.worker_port(), "/metrics").second;
+  EXPECT_GT(metric_value(w, "litellama_worker_steps_total"), 0);
+  EXPECT_GT(metric_value(w, "litellama_worker_step_duration_seconds_count"), 0);
+  EXPECT_EQ(metric_value(w, "litellama_worker_kv_slots_capacity"), ServiceCluster::kKvSlots);
+  const std::string t = testing::http_get(cluster.tokenizer_port(), "/metrics").second;
+  EXPECT_GE(metric_value(t, "litellama_tokenizer_detokenize_items_total"), 5);
+  for (int port : {cluster.scheduler_port(), cluster.worker_port(), cluster.tokenizer_port()}) {
+    EXPECT_EQ(testing::http_get(port, "/health").first, 200);
+    EXPECT_EQ(testing::http_get(port, "/ready").first, 200);
+  }
+}
+
+}  // namespace
+}  // namespace litellama
