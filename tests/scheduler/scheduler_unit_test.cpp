@@ -1,0 +1,169 @@
+// Scheduler pieces without processes: KV slot allocator, wire codec, the continuous batcher's
+// placeholders and slot release, the stateless detokenization window.
+#include <map>
+
+#include <gtest/gtest.h>
+
+#include "common/proto/client_messages.h"
+#include "common/proto/step_ring.h"
+#include "common/proto/worker_messages.h"
+#include "services/scheduler/continuous_batcher.h"
+#include "services/scheduler/kv_slot_allocator.h"
+#include "services/tokenizer/service/detokenize_window.h"
+
+namespace litellama {
+namespace {
+
+TEST(KvSlotAllocator, AllocateReleaseRefcountReserve) {
+  KvSlotAllocator a(7);
+  std::vector<int32_t> s;
+  ASSERT_TRUE(a.allocate(5, &s).is_ok());
+  EXPECT_EQ(a.n_used(), 5);
+  EXPECT_FALSE(a.allocate(3, &s).is_ok());
+  EXPECT_EQ(s.size(), 5u);  // nothing half-allocated
+  a.retain(std::span<const int32_t>(s.data(), 2));
+  a.release(s);
+  EXPECT_EQ(a.n_used(), 2);  // shared ones still held
+  a.release(std::span<const int32_t>(s.data(), 2));
+  a.release(std::span<const int32_t>(s.data(), 2));  // double release is ignored
+  EXPECT_EQ(a.n_free(), 7);
+  ASSERT_TRUE(a.reserve(6).is_ok());
+  EXPECT_FALSE(a.reserve(2).is_ok());
+  a.unreserve(6);
+  EXPECT_EQ(a.n_free_unreserved(), 7);
+}
+
+TEST(ProtoCodec, RoundTripAndRejections) {
+  proto::GenerateRequest r;
+  r.request_id = 19;
+  r.prompt_ids = {1, 3, 7};
+  r.messages = {{"user", "héllo"}};
+  r.stop = {"\n\n"};
+  r.sampling.top_p = 0.5f;
+  auto back = proto::decode<proto::GenerateRequest>(proto::encode(r));
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(back->request_id, 19u);
+  EXPECT_EQ(back->prompt_ids, r.prompt_ids);
+  EXPECT_EQ(back->messages[0].content, "héllo");
+  EXPECT_EQ(back->sampling.top_p, 0.5f);
+  // Wrong type for the struct asked for, truncated bytes, garbage.
+  EXPECT_FALSE(proto::decode<proto::AbortRequest>(proto::encode(r)).is_ok());
+  const std::string bytes = proto::encode(r);
+  EXPECT_FALSE(proto::Envelope::parse(bytes.substr(0, bytes.size() - 3)).is_ok());
+  EXPECT_FALSE(proto::Envelope::parse("\xc1").is_ok());
+  EXPECT_FALSE(proto::Envelope::parse("").is_ok());
+  for (int t = 0; t <= static_cast<int>(proto::MessageType::kSchedulerHeartbeat); ++t) {
+    const auto type = static_cast<proto::MessageType>(t);
+    EXPECT_EQ(proto::parse_message_type(proto::message_type_name(type)), type);
+  }
+}
+
+// A fake model: the next id is a function of the fed id and its position.
+int32_t fake_next(int32_t id, int32_t pos) { return (id * 31 + pos * 7 + 1) % 1000; }
+
+TEST(ContinuousBatcher, OverlappedStepsMatchSequentialGeneration) {
+  KvSlotAllocator allocator(200);
+  BatcherOptions options;
+  options.max_batch_tokens = 9;  // forces chunked prefill
+  options.max_prefill_chunk = 5;
+  ContinuousBatcher batcher(allocator, options);
+  batcher.set_model(1000, 0, {});
+  auto ring = proto::StepRing::create("litellama-unit-ring", {64, 8, 200, 200});
+  ASSERT_TRUE(ring.is_ok());
+  std::vector<std::unique_ptr<Request>> requests;
+  for (int i = 0; i < 4; ++i) {
+    auto r = std::make_unique<Request>();
+    r->id = static_cast<uint64_t>(i + 1);
+    for (int k = 0; k < 3 + 4 * i; ++k) r->prompt_ids.push_back(10 * i + k);
+    r->max_tokens = 5 + i;
+    batcher.enqueue(r.get());
+    requests.push_back(std::move(r));
+  }
+  // Worker side: resolve placeholders from the previous step, then "sample".
+  std::vector<int32_t> previous;
+  std::vector<std::pair<PlannedStep, int>> in_flight;
+  uint64_t step_id = 1;
+  int buffer = 0;
+  std::vector<Request*> rejected, updated;
+  auto run_worker = [&](const PlannedStep& plan, int buf) {
+    proto::StepView v = (*ring)->buffer(buf);
+    std::vector<int32_t> sampled(static_cast<size_t>(v.header->n_seqs), -1);
+    for (int s = 0; s < v.header->n_seqs; ++s) {
+      const int32_t last = v.token_start[static_cast<size_t>(s + 1)] - 1;
+      int32_t id = v.token_ids[static_cast<size_t>(last)];
+      if (id < 0) id = previous.at(static_cast<size_t>(-id - 1));
+      if (v.sample[static_cast<size_t>(s)]) {
+        sampled[static_cast<size_t>(s)] = fake_next(id, v.positions[static_cast<size_t>(last)]);
+      }
+      std::copy(sampled.begin(), sampled.end(), v.sampled_ids.begin());
+    }
+    previous = sampled;
+    (void)plan;
+  };
+  for (int iter = 0; iter < 200 && batcher.has_work(); ++iter) {
+    while (in_flight.size() < 2) {
+      auto plan = batcher.plan(step_id, (*ring)->buffer(buffer), (*ring)->limits(), &rejected);
+      if (!plan) break;
+      in_flight.push_back({*plan, buffer});
+      ++step_id;
+      buffer ^= 1;
+    }
+    ASSERT_FALSE(in_flight.empty());
+    auto [plan, buf] = in_flight.front();
+    in_flight.erase(in_flight.begin());
+    run_worker(plan, buf);
+    updated.clear();
+    batcher.complete(plan, (*ring)->buffer(buf).sampled_ids.first(plan.request_ids.size()),
+                     &updated);
+  }
+  while (!in_flight.empty()) {  // steps still out when the last request finished
+    auto [plan, buf] = in_flight.front();
+    in_flight.erase(in_flight.begin());
+    run_worker(plan, buf);
+    batcher.complete(plan, (*ring)->buffer(buf).sampled_ids.first(plan.request_ids.size()),
+                     &updated);
+  }
+  EXPECT_TRUE(rejected.empty());
+  for (const auto& r : requests) {
+    std::vector<int32_t> expected;
+    int32_t id = r->prompt_ids.back();
+    int32_t pos = r->n_prompt() - 1;
+    for (int k = 0; k < r->max_tokens; ++k) {
+      id = fake_next(id, pos++);
+      expected.push_back(id);
+    }
+    EXPECT_EQ(r->output_ids, expected) << "request " << r->id;
+    EXPECT_EQ(r->finish, RequestFinish::kLength);
+  }
+  EXPECT_EQ(allocator.n_used(), 0);
+  EXPECT_EQ(allocator.n_reserved(), 0);
+}
+
+TEST(DetokenizeWindow, HoldsSplitCharactersAndFlushes) {
+  // "ids" are bytes here; decode maps invalid UTF-8 tails to U+FFFD like a tokenizer does.
+  const DecodeFn decode = [](std::span<const int32_t> ids) -> Result<std::string> {
+    std::string s;
+    for (int32_t id : ids) s.push_back(static_cast<char>(id));
+    if (!s.empty() && (static_cast<unsigned char>(s.back()) & 0x80)) {
+      const unsigned char c = static_cast<unsigned char>(s.back());
+      if (c >= 0xC0) s.replace(s.size() - 1, 1, "\xEF\xBF\xBD");
+    }
+    return s;
+  };
+  proto::DetokenizeItem item;
+  item.token_ids = {'a', ' ', 'b', 0xC3};  // "a b" + first byte of "é"
+  item.read_offset = 2;
+  auto r = detokenize_window(item, decode);
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_FALSE(r->advanced);
+  item.token_ids.push_back(0xA9);
+  r = detokenize_window(item, decode);
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_TRUE(r->advanced);
+  EXPECT_EQ(r->text, "b\xC3\xA9");
+  item.read_offset = 99;
+  EXPECT_FALSE(detokenize_window(item, decode).is_ok());
+}
+
+}  // namespace
+}  // namespace litellama
