@@ -10,6 +10,7 @@
 
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/generate_remote.h"
 #include "services/worker/checkpoint.h"
 #include "services/worker/offline_engine.h"
 #ifdef LITELLAMA_WITH_TOKENIZER
@@ -36,13 +37,36 @@ struct GenerateArgs {
   int32_t kv_slots = 0;
   double kv_memory_fraction = 0.85;
   int32_t threads = 0;
+  std::string server;  // non-empty: send the request to a running scheduler
 };
+
+RemoteGenerateArgs remote_args(const GenerateArgs& a) {
+  RemoteGenerateArgs r;
+  r.server = a.server;
+  r.input_ids = a.input_ids;
+  r.prompt = a.prompt;
+  r.chat = a.chat;
+  r.max_new_tokens = a.max_new_tokens;
+  r.temperature = a.sampling.temperature;
+  r.top_k = a.sampling.top_k;
+  r.top_p = a.sampling.top_p;
+  r.min_p = a.sampling.min_p;
+  r.repetition_penalty = a.sampling.repetition_penalty;
+  r.frequency_penalty = a.sampling.frequency_penalty;
+  r.presence_penalty = a.sampling.presence_penalty;
+  r.seed = a.sampling.seed;
+  r.stop_token_ids = a.stop_token_ids;
+  r.ignore_eos = a.ignore_eos;
+  r.top_logits = a.top_logits;
+  r.json = a.json;
+  return r;
+}
 
 int run_generate(const GenerateArgs& a) {
   const char* cmd = "generate";
   if (a.input_ids.empty() == a.prompt.empty()) {
-    return fail(cmd, Status(StatusCode::kInvalidArgument,
-                            "give exactly one of --input-ids and --prompt"));
+    return fail(
+        cmd, Status(StatusCode::kInvalidArgument, "give exactly one of --input-ids and --prompt"));
   }
   std::string model_dir = a.model;
   if (model_dir.empty()) {
@@ -59,16 +83,15 @@ int run_generate(const GenerateArgs& a) {
   } else if (a.device == "cuda") {
     options.device = Device::kCuda;
   } else {
-    return fail(cmd, make_error(StatusCode::kInvalidArgument,
-                                "unknown --device '{}' (cpu or cuda)", a.device));
+    return fail(cmd, make_error(StatusCode::kInvalidArgument, "unknown --device '{}' (cpu or cuda)",
+                                a.device));
   }
   const std::string dtype_name =
       !a.dtype.empty() ? a.dtype : (options.device == Device::kCpu ? "float32" : "bfloat16");
   auto dtype = dtype_from_torch_name(dtype_name);
   if (!dtype) {
     return fail(cmd, make_error(StatusCode::kInvalidArgument,
-                                "unknown --dtype '{}' (float32, bfloat16 or float16)",
-                                dtype_name));
+                                "unknown --dtype '{}' (float32, bfloat16 or float16)", dtype_name));
   }
   options.compute_dtype = *dtype;
   options.n_threads = a.threads;
@@ -94,9 +117,9 @@ int run_generate(const GenerateArgs& a) {
   } else {
 #ifdef LITELLAMA_WITH_TOKENIZER
     if (!tokenizer) {
-      return fail(cmd, make_error(StatusCode::kNotFound,
-                                  "--prompt needs tokenizer.json in the model directory '{}'",
-                                  model_dir));
+      return fail(
+          cmd, make_error(StatusCode::kNotFound,
+                          "--prompt needs tokenizer.json in the model directory '{}'", model_dir));
     }
     std::string text = a.prompt;
     if (a.chat) {
@@ -108,8 +131,9 @@ int run_generate(const GenerateArgs& a) {
       req.prompt_ids = tokenizer->encode(text, /*add_special_tokens=*/true);
     }
 #else
-    return fail(cmd, Status(StatusCode::kUnsupported, "this build has no tokenizer: use "
-                                                      "--input-ids"));
+    return fail(cmd, Status(StatusCode::kUnsupported,
+                            "this build has no tokenizer: use "
+                            "--input-ids"));
 #endif
   }
   if (req.prompt_ids.empty()) {
@@ -125,9 +149,9 @@ int run_generate(const GenerateArgs& a) {
     req.stop_token_ids.insert(req.stop_token_ids.end(), ids->begin(), ids->end());
   }
   // Exactly enough KV for this request unless told otherwise.
-  options.n_kv_slots = a.kv_slots > 0 ? a.kv_slots
-                                      : static_cast<int32_t>(req.prompt_ids.size()) +
-                                            std::max(a.max_new_tokens, 1);
+  options.n_kv_slots =
+      a.kv_slots > 0 ? a.kv_slots
+                     : static_cast<int32_t>(req.prompt_ids.size()) + std::max(a.max_new_tokens, 1);
   options.max_batch_tokens = std::max<int32_t>(8192, static_cast<int32_t>(req.prompt_ids.size()));
   auto runner = create_model_runner(*ckpt, options);
   if (!runner.is_ok()) return fail(cmd, runner.status());
@@ -213,7 +237,12 @@ CommandMain register_generate_command(CLI::App& app) {
                   "cuda: share of free device memory for the KV pool")
       ->check(CLI::Range(0.01, 0.99));
   sub->add_option("--threads", args->threads, "cpu: worker threads (default: all)");
-  return [args]() { return run_generate(*args); };
+  sub->add_option("--server", args->server,
+                  "send the request to a running scheduler (litellama serve) at ADDR");
+  return [args]() {
+    if (!args->server.empty()) return run_generate_remote(remote_args(*args));
+    return run_generate(*args);
+  };
 }
 
 }  // namespace litellama::cli
