@@ -65,8 +65,8 @@ RemoteGenerateArgs remote_args(const GenerateArgs& a) {
 int run_generate(const GenerateArgs& a) {
   const char* cmd = "generate";
   if (a.input_ids.empty() == a.prompt.empty()) {
-    return fail(
-        cmd, Status(StatusCode::kInvalidArgument, "give exactly one of --input-ids and --prompt"));
+    return fail(cmd, Status(StatusCode::kInvalidArgument,
+                            "give exactly one of --input-ids and --prompt"));
   }
   std::string model_dir = a.model;
   if (model_dir.empty()) {
@@ -83,15 +83,16 @@ int run_generate(const GenerateArgs& a) {
   } else if (a.device == "cuda") {
     options.device = Device::kCuda;
   } else {
-    return fail(cmd, make_error(StatusCode::kInvalidArgument, "unknown --device '{}' (cpu or cuda)",
-                                a.device));
+    return fail(cmd, make_error(StatusCode::kInvalidArgument,
+                                "unknown --device '{}' (cpu or cuda)", a.device));
   }
   const std::string dtype_name =
       !a.dtype.empty() ? a.dtype : (options.device == Device::kCpu ? "float32" : "bfloat16");
   auto dtype = dtype_from_torch_name(dtype_name);
   if (!dtype) {
     return fail(cmd, make_error(StatusCode::kInvalidArgument,
-                                "unknown --dtype '{}' (float32, bfloat16 or float16)", dtype_name));
+                                "unknown --dtype '{}' (float32, bfloat16 or float16)",
+                                dtype_name));
   }
   options.compute_dtype = *dtype;
   options.n_threads = a.threads;
@@ -117,9 +118,9 @@ int run_generate(const GenerateArgs& a) {
   } else {
 #ifdef LITELLAMA_WITH_TOKENIZER
     if (!tokenizer) {
-      return fail(
-          cmd, make_error(StatusCode::kNotFound,
-                          "--prompt needs tokenizer.json in the model directory '{}'", model_dir));
+      return fail(cmd, make_error(StatusCode::kNotFound,
+                                  "--prompt needs tokenizer.json in the model directory '{}'",
+                                  model_dir));
     }
     std::string text = a.prompt;
     if (a.chat) {
@@ -131,9 +132,8 @@ int run_generate(const GenerateArgs& a) {
       req.prompt_ids = tokenizer->encode(text, /*add_special_tokens=*/true);
     }
 #else
-    return fail(cmd, Status(StatusCode::kUnsupported,
-                            "this build has no tokenizer: use "
-                            "--input-ids"));
+    return fail(cmd, Status(StatusCode::kUnsupported, "this build has no tokenizer: use "
+                                                      "--input-ids"));
 #endif
   }
   if (req.prompt_ids.empty()) {
@@ -149,9 +149,9 @@ int run_generate(const GenerateArgs& a) {
     req.stop_token_ids.insert(req.stop_token_ids.end(), ids->begin(), ids->end());
   }
   // Exactly enough KV for this request unless told otherwise.
-  options.n_kv_slots =
-      a.kv_slots > 0 ? a.kv_slots
-                     : static_cast<int32_t>(req.prompt_ids.size()) + std::max(a.max_new_tokens, 1);
+  options.n_kv_slots = a.kv_slots > 0 ? a.kv_slots
+                                      : static_cast<int32_t>(req.prompt_ids.size()) +
+                                            std::max(a.max_new_tokens, 1);
   options.max_batch_tokens = std::max<int32_t>(8192, static_cast<int32_t>(req.prompt_ids.size()));
   auto runner = create_model_runner(*ckpt, options);
   if (!runner.is_ok()) return fail(cmd, runner.status());
