@@ -41,10 +41,19 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
+#if defined(__CUDACC__)
+// nvcc's front end cannot evaluate fmt's consteval format-string check with every host compiler,
+// so CUDA translation units format at run time.
+template <typename... Args>
+Status make_error(StatusCode code, fmt::string_view f, Args&&... args) {
+  return Status(code, fmt::format(fmt::runtime(f), std::forward<Args>(args)...));
+}
+#else
 template <typename... Args>
 Status make_error(StatusCode code, fmt::format_string<Args...> f, Args&&... args) {
   return Status(code, fmt::format(f, std::forward<Args>(args)...));
 }
+#endif
 
 // A value or the Status that explains why there is none.
 template <typename T>

@@ -14,14 +14,14 @@ namespace litellama {
 
 inline Status cuda_status(cudaError_t err, const char* expr, const char* file, int line) {
   if (err == cudaSuccess) return Status::ok();
-  return Status(StatusCode::kInternal, fmt::format("CUDA error {} ({}) in '{}' at {}:{}",
+  return Status(StatusCode::kInternal, fmt::format(fmt::runtime("CUDA error {} ({}) in '{}' at {}:{}"),
                                                    cudaGetErrorName(err), cudaGetErrorString(err),
                                                    expr, file, line));
 }
 
 inline Status cublas_status(cublasStatus_t err, const char* expr, const char* file, int line) {
   if (err == CUBLAS_STATUS_SUCCESS) return Status::ok();
-  return Status(StatusCode::kInternal, fmt::format("cuBLAS error {} in '{}' at {}:{}",
+  return Status(StatusCode::kInternal, fmt::format(fmt::runtime("cuBLAS error {} in '{}' at {}:{}"),
                                                    cublasGetStatusString(err), expr, file, line));
 }
 

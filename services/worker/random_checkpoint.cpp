@@ -27,8 +27,10 @@ uint64_t fnv1a(const std::string& s) {
   return h;
 }
 
+// head_dim 0: hidden / heads. The test presets use 64 (narrow models, GPU-supported head size).
 json llama_config(int64_t vocab, int64_t hidden, int64_t inter, int64_t layers, int64_t heads,
-                  int64_t kv_heads, int64_t max_pos, double theta, bool tied) {
+                  int64_t kv_heads, int64_t max_pos, double theta, bool tied,
+                  int64_t head_dim = 0) {
   return json{{"architectures", {"LlamaForCausalLM"}},
               {"model_type", "llama"},
               {"vocab_size", vocab},
@@ -37,7 +39,7 @@ json llama_config(int64_t vocab, int64_t hidden, int64_t inter, int64_t layers, 
               {"num_hidden_layers", layers},
               {"num_attention_heads", heads},
               {"num_key_value_heads", kv_heads},
-              {"head_dim", hidden / heads},
+              {"head_dim", head_dim > 0 ? head_dim : hidden / heads},
               {"max_position_embeddings", max_pos},
               {"rms_norm_eps", 1e-5},
               {"rope_theta", theta},
@@ -93,30 +95,30 @@ std::vector<RandomCheckpointPreset> make_presets() {
   std::vector<RandomCheckpointPreset> p;
   // Test models: two layers, tiny widths, the real vocabulary sizes.
   {
-    json c = llama_config(128256, 64, 128, 2, 4, 2, 131072, 500000.0, true);
+    json c = llama_config(128256, 64, 128, 2, 4, 2, 131072, 500000.0, true, 64);
     c["rope_scaling"] = llama3_rope(8.0, 8192);
     p.push_back({"llama3-tiny", "Llama 3.1 graph: GQA 4/2, tied embeddings, llama3 RoPE scaling",
                  c, "llama3_1"});
   }
   {
-    json c = llama_config(128256, 64, 160, 2, 8, 2, 8192, 500000.0, false);
-    p.push_back({"llama3-untied-tiny", "Llama 3 graph: GQA 8/2, untied embeddings, plain RoPE",
+    json c = llama_config(128256, 64, 160, 2, 8, 1, 8192, 500000.0, false, 64);
+    p.push_back({"llama3-untied-tiny", "Llama 3 graph: GQA 8/1, untied embeddings, plain RoPE",
                  c, "llama3"});
   }
   {
-    json c = with_llama2_ids(llama_config(32000, 64, 128, 2, 4, 4, 4096, 10000.0, false));
+    json c = with_llama2_ids(llama_config(32000, 64, 128, 2, 4, 4, 4096, 10000.0, false, 64));
     c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
     p.push_back({"llama2-linear-tiny", "Llama 2 graph: MHA, linear RoPE scaling", c, "llama2"});
   }
   {
-    json c = with_llama2_ids(llama_config(32000, 64, 128, 2, 4, 4, 32, 10000.0, false));
+    json c = with_llama2_ids(llama_config(32000, 64, 128, 2, 4, 4, 32, 10000.0, false, 64));
     c["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};
     p.push_back({"llama2-dynamic-tiny",
                  "Llama 2 graph with dynamic NTK RoPE past a 32-token original context", c,
                  "llama2"});
   }
   {
-    json c = with_llama2_ids(llama_config(32000, 64, 128, 2, 4, 1, 4096, 1000000.0, false));
+    json c = with_llama2_ids(llama_config(32000, 64, 128, 2, 4, 1, 4096, 1000000.0, false, 64));
     c["architectures"] = {"MistralForCausalLM"};
     c["model_type"] = "mistral";
     c["sliding_window"] = nullptr;
@@ -125,18 +127,18 @@ std::vector<RandomCheckpointPreset> make_presets() {
     p.push_back({"mistral-tiny", "Mistral graph (no sliding window): GQA 4/1", c, "llama2"});
   }
   {
-    json c = qwen_config("Qwen2ForCausalLM", "qwen2", 64, 128, 2, 4, 2, 16, 4096, true);
+    json c = qwen_config("Qwen2ForCausalLM", "qwen2", 64, 128, 2, 4, 2, 64, 4096, true);
     p.push_back({"qwen2-tiny", "Qwen2 graph: q/k/v bias, tied embeddings", c, "qwen3"});
   }
   {
-    json c = qwen_config("Qwen2ForCausalLM", "qwen2", 64, 128, 2, 4, 2, 16, 128, false);
+    json c = qwen_config("Qwen2ForCausalLM", "qwen2", 64, 128, 2, 4, 2, 64, 128, false);
     c["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0},
                          {"original_max_position_embeddings", 32}};
     p.push_back({"qwen2-yarn-tiny", "Qwen2 graph with YaRN RoPE scaling (4x of 32)", c, "qwen3"});
   }
   {
-    json c = qwen_config("Qwen3ForCausalLM", "qwen3", 64, 128, 2, 4, 2, 32, 40960, true);
-    p.push_back({"qwen3-tiny", "Qwen3 graph: per-head q/k RMSNorm, head_dim 32 != hidden/heads", c,
+    json c = qwen_config("Qwen3ForCausalLM", "qwen3", 64, 128, 2, 4, 2, 128, 40960, true);
+    p.push_back({"qwen3-tiny", "Qwen3 graph: per-head q/k RMSNorm, head_dim 128 != hidden/heads", c,
                  "qwen3"});
   }
   // The embedded default model: a small Llama 3 with the real Llama 3.1 tokenizer.

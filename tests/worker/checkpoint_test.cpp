@@ -44,14 +44,14 @@ TEST(CheckpointTest, LoadsAndValidatesAModel) {
   EXPECT_EQ(c.arch, Architecture::kQwen3);
   EXPECT_TRUE(c.qk_norm);
   EXPECT_FALSE(c.qkv_bias);
-  EXPECT_EQ(c.head_dim, 32);
-  EXPECT_EQ(c.n_heads * c.head_dim, 128);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.n_heads * c.head_dim, 512);  // explicit head_dim, not hidden / heads
   EXPECT_EQ(c.vocab_size, 151936);
   EXPECT_TRUE(c.tie_word_embeddings);
   EXPECT_EQ(ckpt->lm_head_name(), "model.embed_tokens.weight");
   auto q_norm = ckpt->tensor("model.layers.1.self_attn.q_norm.weight");
   ASSERT_TRUE(q_norm.is_ok());
-  EXPECT_EQ(q_norm->shape, std::vector<int64_t>{32});
+  EXPECT_EQ(q_norm->shape, std::vector<int64_t>{128});
   EXPECT_EQ(ckpt->tensor("nope").status().code(), StatusCode::kNotFound);
 }
 

@@ -9,38 +9,16 @@
 
 #include "services/worker/checkpoint.h"
 #include "services/worker/offline_engine.h"
-#include "tests/worker/test_util.h"
+#include "tests/worker/golden_util.h"
 
 namespace litellama {
 namespace {
 
-namespace fs = std::filesystem;
-using nlohmann::json;
-
-std::vector<std::string> golden_presets() {
-  return {"llama3-tiny",   "llama3-untied-tiny", "llama2-linear-tiny", "llama2-dynamic-tiny",
-          "mistral-tiny",  "qwen2-tiny",         "qwen2-yarn-tiny",    "qwen3-tiny"};
-}
+using test::json;
+using test::load_golden;
+using test::request_for;
 
 class GoldenTest : public ::testing::TestWithParam<std::string> {};
-
-json load_golden(const std::string& preset) {
-  const fs::path path = fs::path(test::source_dir()) / "tests/golden/models" / (preset + ".json");
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << "missing golden file " << path
-                         << " (LITELLAMA_SOURCE_DIR=" << test::source_dir() << ")";
-  json j;
-  if (in) in >> j;
-  return j;
-}
-
-GenerationRequest request_for(const json& c) {
-  GenerationRequest r;
-  r.prompt_ids = c["prompt_ids"].get<std::vector<int32_t>>();
-  r.max_new_tokens = static_cast<int32_t>(c["greedy_ids"].size());
-  r.n_top_logits = static_cast<int32_t>(c["top_logits"].size());
-  return r;
-}
 
 TEST_P(GoldenTest, MatchesTransformersAloneAndBatched) {
   const std::string preset = GetParam();
@@ -94,14 +72,8 @@ TEST_P(GoldenTest, MatchesTransformersAloneAndBatched) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, GoldenTest, ::testing::ValuesIn(golden_presets()),
-                         [](const auto& info) {
-                           std::string name = info.param;
-                           for (auto& ch : name) {
-                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           }
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(Presets, GoldenTest, ::testing::ValuesIn(test::golden_presets()),
+                         test::preset_test_name);
 
 }  // namespace
 }  // namespace litellama
