@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One pass on a GPU machine: build, the GPU test suite, memcheck on the GPU golden test, the
+# batch-1 decode step time of a Llama-3.2-1B-shaped model, and time per output token in-process
+# versus through the three services. Results go to $OUT (or ./gpu-check-out).
+# Usage: bench/gpu_check.sh   (from the repository root, after the build dependencies are there)
+set -uo pipefail
+out="${OUT:-gpu-check-out}"
+mkdir -p "$out"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLITELLAMA_CUDA_ARCHITECTURES=90 \
+  -DLITELLAMA_BENCH=OFF > "$out/cmake.log" 2>&1 || { tail -n 30 "$out/cmake.log"; exit 1; }
+cmake --build build -j"$(nproc)" > "$out/build.log" 2>&1 || { grep -A5 error "$out/build.log" | head -40; exit 1; }
+nvidia-smi -L
+ctest --test-dir build -L gpu -j1 --output-on-failure > "$out/gpu_tests.log" 2>&1
+grep -E "tests passed|tests failed" "$out/gpu_tests.log"
+compute-sanitizer --tool memcheck build/tests/golden_gpu_test \
+  --gtest_filter='*Float32*llama3_tiny*:*Float32*qwen2_tiny*:*HalfPrecision*qwen3_tiny*' \
+  > "$out/sanitizer.log" 2>&1
+grep -E "ERROR SUMMARY|PASSED|FAILED" "$out/sanitizer.log" | head -5
+build/tests/cuda_model_runner_test --gtest_also_run_disabled_tests \
+  --gtest_filter='*DISABLED_DecodeStep*' > "$out/decode_timing.log" 2>&1
+grep -iE "ms|FAILED" "$out/decode_timing.log" | head -10
+
+# In-process versus served, batch 1, same model and lengths.
+model=/tmp/litellama-1b
+build/bin/litellama make-model --preset llama3.2-1b --out "$model" > /dev/null
+ids=$(seq -s, 1000 1127)
+build/bin/litellama generate --model "$model" --device cuda --input-ids "$ids" \
+  --max-new-tokens 256 --ignore-eos --json > "$out/inprocess.json" 2>"$out/inprocess.log"
+python3 -c "import json;d=json.load(open('$out/inprocess.json'));print('in-process: %.3f ms per output token (%d tokens incl. 128-token prefill)'%(d['seconds']*1e3/len(d['output_ids']),len(d['output_ids'])))"
+build/bin/litellama serve --model "$model" --device cuda --run-dir /tmp/litellama-gpu \
+  --metrics-port 9400 --log-dir "$out" > "$out/serve.log" 2>&1 &
+serve_pid=$!
+python3 - <<'PY'
+import time, urllib.request
+for _ in range(240):
+    try:
+        if urllib.request.urlopen("http://127.0.0.1:9400/ready", timeout=1).status == 200:
+            break
+    except Exception:
+        pass
+    time.sleep(0.5)
+PY
+build/bin/litellama bench --server ipc:///tmp/litellama-gpu/client.sock -n 8 -c 1 \
+  --input-len 128 --output-len 256 > "$out/served_bench.txt" 2>&1
+tail -n 25 "$out/served_bench.txt"
+kill -TERM "$serve_pid"; wait "$serve_pid"
