@@ -78,6 +78,9 @@ struct RunnerOptions {
   int32_t n_threads = 0;  // CPU: 0 = all hardware threads
   int32_t max_batch_tokens = 8192;  // largest n_tokens of one step (sizes workspaces)
   int32_t max_batch_seqs = 256;     // largest n_seqs of one step
+  // CUDA: launch pure decode steps as captured CUDA graphs (one per batch size); false runs every
+  // kernel launch from the host, the reference the graph path is tested against.
+  bool use_cuda_graphs = true;
 };
 
 class ModelRunner {

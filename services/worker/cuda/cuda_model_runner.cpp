@@ -12,6 +12,17 @@
 //   linear(float32 logits = normed @ Wlm^T) -> sampling
 //   one cudaMemcpyAsync of sampled ids (and top logits) back, then the step's only host sync.
 //
+// CUDA graphs: a pure decode step (every sequence brings one token and is sampled, no penalty
+// history) is launched as one graph captured per (batch size, top-logit count, attention split
+// count), from after the staging copy through sampling. What must stay true for a replay to be
+// right: every array the kernels read lives at an offset of the staging buffer that depends only
+// on the batch size (StepLayout puts the variable-length slot table last), the kernels read
+// kv_len and the slot table from there rather than from launch arguments, and no launch
+// configuration depends on anything but the key (attention_decode's split count is part of the
+// key, so a graph is recaptured when growing contexts change it). The first step of a new key
+// runs eagerly (lazy module loading and cuBLAS heuristics happen outside capture); the second
+// captures. Growing the staging buffer moves it, which drops every graph.
+//
 // Every buffer is allocated once in create(); a step allocates nothing unless its slot table or
 // penalty history outgrows the staging buffers (they then grow geometrically, once).
 #include "services/worker/cuda/cuda_model_runner.h"
@@ -21,6 +32,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <unordered_map>
 #include <utility>
 
 #include "kernels/add_rmsnorm.h"
@@ -47,6 +59,39 @@ constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 // Upper bound of any sequence's kv_len, for the decode-attention workspace (whose split count is
 // capped, so this only needs to be large).
 constexpr int32_t kMaxKvLenHint = int32_t{1} << 30;
+// Captured decode graphs kept at once; the least recently used is dropped beyond this.
+constexpr size_t kMaxDecodeGraphs = 64;
+
+// One instantiated graph; destroys it.
+class GraphExec {
+ public:
+  GraphExec() = default;
+  explicit GraphExec(cudaGraphExec_t exec) : exec_(exec) {}
+  GraphExec(GraphExec&& o) noexcept : exec_(std::exchange(o.exec_, nullptr)) {}
+  GraphExec& operator=(GraphExec&& o) noexcept {
+    if (this != &o) {
+      reset();
+      exec_ = std::exchange(o.exec_, nullptr);
+    }
+    return *this;
+  }
+  GraphExec(const GraphExec&) = delete;
+  GraphExec& operator=(const GraphExec&) = delete;
+  ~GraphExec() { reset(); }
+  cudaGraphExec_t get() const { return exec_; }
+
+ private:
+  void reset() {
+    if (exec_ != nullptr) (void)cudaGraphExecDestroy(exec_);
+    exec_ = nullptr;
+  }
+  cudaGraphExec_t exec_ = nullptr;
+};
+
+struct DecodeGraph {
+  GraphExec exec;      // empty until the key's second step captures it
+  uint64_t last_use = 0;
+};
 
 // Owns a stream and a cuBLAS handle; destroyed in reverse order of creation.
 class CudaContext {
@@ -89,6 +134,9 @@ class CudaModelRunner final : public ModelRunner {
   Status ensure_staging(size_t bytes);
   Status run_layers(const StepPlan& plan);
   Status run_head(const StepPlan& plan, int32_t n_top);
+  // Runs the layers and the head, eagerly or through a captured graph.
+  Status run_forward(const StepBatch& batch, const StepPlan& plan);
+  Status capture_forward(const StepPlan& plan, int32_t n_top, GraphExec* exec);
   void* k_pool(int32_t layer) const;
   void* v_pool(int32_t layer) const;
 
@@ -130,6 +178,10 @@ class CudaModelRunner final : public ModelRunner {
   // Step metadata: the same layout on both sides (StepLayout).
   PinnedBuffer staging_host_;
   DeviceBuffer staging_device_;
+  // Decode graphs by key (n_seqs, n_top, attention split count); see the top of this file.
+  std::unordered_map<uint64_t, DecodeGraph> decode_graphs_;
+  uint64_t graph_clock_ = 0;
+  bool graphs_failed_ = false;
 };
 
 void* CudaModelRunner::k_pool(int32_t layer) const {
@@ -240,6 +292,7 @@ Status CudaModelRunner::ensure_staging(size_t bytes) {
   // Rare (a longer slot table or history than ever before): wait until no copy uses them.
   LITELLAMA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx_.stream()));
   const size_t grown = std::max(bytes, staging_host_.size_bytes() * 2);
+  decode_graphs_.clear();  // they read the old buffer
   staging_host_ = PinnedBuffer();
   staging_device_ = DeviceBuffer();
   LITELLAMA_ASSIGN_OR_RETURN(staging_host_, PinnedBuffer::allocate(grown));
@@ -268,17 +321,17 @@ Status CudaModelRunner::step(const StepBatch& batch, StepOutput* out) {
   LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging_device_.data(), staging_host_.data(),
                                                  plan.layout.total_bytes, cudaMemcpyHostToDevice,
                                                  stream));
-  LITELLAMA_RETURN_IF_ERROR(run_layers(plan));
+  LITELLAMA_RETURN_IF_ERROR(run_forward(batch, plan));
 
   const auto n_sampled = static_cast<int32_t>(plan.sampled_seqs.size());
   const int32_t n_top = batch.n_top_logits;
   out->sampled_ids.assign(static_cast<size_t>(plan.n_seqs), -1);
-  out->top_logits.assign(static_cast<size_t>(plan.n_seqs), {});
+  out->top_logits.resize(static_cast<size_t>(plan.n_seqs));
+  for (auto& top : out->top_logits) top.clear();
   if (n_sampled == 0) {
     LITELLAMA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
     return Status::ok();
   }
-  LITELLAMA_RETURN_IF_ERROR(run_head(plan, n_top));
   // results_: sampled [n_sampled] | top ids [n_sampled, n_top] | top logits [n_sampled, n_top].
   const size_t results_bytes = static_cast<size_t>(n_sampled) * (1 + 2 * n_top) * sizeof(int32_t);
   LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(results_host_.data(), results_.data(),
@@ -296,6 +349,69 @@ Status CudaModelRunner::step(const StepBatch& batch, StepOutput* out) {
       top.emplace_back(top_ids[r * n_top + i], top_values[r * n_top + i]);
     }
   }
+  return Status::ok();
+}
+
+Status CudaModelRunner::run_forward(const StepBatch& batch, const StepPlan& plan) {
+  const auto n_sampled = static_cast<int32_t>(plan.sampled_seqs.size());
+  const int32_t n_top = batch.n_top_logits;
+  const bool graphable = options_.use_cuda_graphs && !graphs_failed_ && plan.n_prefill == 0 &&
+                         n_sampled == plan.n_seqs && batch.history_ids.empty();
+  if (!graphable) {
+    LITELLAMA_RETURN_IF_ERROR(run_layers(plan));
+    return n_sampled > 0 ? run_head(plan, n_top) : Status::ok();
+  }
+  const ModelConfig& c = config_;
+  const int32_t n_splits = attention_decode_n_splits(plan.n_decode, c.n_heads, c.n_kv_heads,
+                                                     c.head_dim, plan.max_decode_kv_len, n_sms_);
+  const uint64_t key = (static_cast<uint64_t>(plan.n_seqs) << 40) |
+                       (static_cast<uint64_t>(n_top) << 20) | static_cast<uint64_t>(n_splits);
+  auto it = decode_graphs_.find(key);
+  if (it == decode_graphs_.end()) {
+    if (decode_graphs_.size() >= kMaxDecodeGraphs) {
+      auto oldest = decode_graphs_.begin();
+      for (auto g = decode_graphs_.begin(); g != decode_graphs_.end(); ++g) {
+        if (g->second.last_use < oldest->second.last_use) oldest = g;
+      }
+      decode_graphs_.erase(oldest);
+    }
+    decode_graphs_[key].last_use = ++graph_clock_;
+    LITELLAMA_RETURN_IF_ERROR(run_layers(plan));  // first sight: eager, outside any capture
+    return run_head(plan, n_top);
+  }
+  DecodeGraph& graph = it->second;
+  graph.last_use = ++graph_clock_;
+  if (graph.exec.get() == nullptr && !capture_forward(plan, n_top, &graph.exec).is_ok()) {
+    // A capture the runtime refuses leaves the kernels unchanged and correct when launched
+    // directly: stop capturing and run eagerly from here on.
+    (void)cudaGetLastError();
+    graphs_failed_ = true;
+    decode_graphs_.clear();
+    LITELLAMA_RETURN_IF_ERROR(run_layers(plan));
+    return run_head(plan, n_top);
+  }
+  LITELLAMA_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(graph.exec.get(), ctx_.stream()));
+  return Status::ok();
+}
+
+Status CudaModelRunner::capture_forward(const StepPlan& plan, int32_t n_top, GraphExec* exec) {
+  cudaStream_t stream = ctx_.stream();
+  LITELLAMA_CUDA_RETURN_IF_ERROR(
+      cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  Status recorded = run_layers(plan);
+  if (recorded.is_ok()) recorded = run_head(plan, n_top);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  if (!recorded.is_ok()) {
+    if (graph != nullptr) (void)cudaGraphDestroy(graph);
+    return recorded;
+  }
+  LITELLAMA_CUDA_RETURN_IF_ERROR(ended);
+  cudaGraphExec_t instance = nullptr;
+  const cudaError_t made = cudaGraphInstantiate(&instance, graph, 0);
+  (void)cudaGraphDestroy(graph);
+  LITELLAMA_CUDA_RETURN_IF_ERROR(made);
+  *exec = GraphExec(instance);
   return Status::ok();
 }
 

@@ -1,0 +1,287 @@
+// litellama-bench: decode and prefill step times of the CUDA model runner on a random-weight
+// checkpoint of a preset shape (written in Hugging Face layout when the directory has none, so a
+// reference implementation can load the same weights), and the device's copy bandwidth.
+//
+// A decode measurement: `batch` sequences with `context`-token prompts are prefilled (packed,
+// max_batch_tokens per step), then every sequence decodes greedily; warm-up steps first, then the
+// host wall time of each timed step (step() ends in the step's only synchronization); the median
+// is reported. Bytes per decode step = every weight read once (the embedding table only for the
+// batch's rows, the LM head in full) + every sequence's K/V at its mean kv_len; the fraction is
+// those bytes over the time, against the copy bandwidth measured in the same process.
+// Output: one JSON object per line on stdout.
+#include <cuda_runtime.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "services/worker/checkpoint.h"
+#include "services/worker/model_runner.h"
+#include "services/worker/random_checkpoint.h"
+
+namespace litellama {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// Device-to-device copy of `bytes` bytes; bandwidth counts bytes read plus bytes written.
+double copy_bandwidth_gb_per_s(size_t bytes, int n_repeats) {
+  void* a = nullptr;
+  void* b = nullptr;
+  if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) return 0;
+  (void)cudaMemset(a, 1, bytes);
+  cudaEvent_t start, stop;
+  (void)cudaEventCreate(&start);
+  (void)cudaEventCreate(&stop);
+  std::vector<double> ms;
+  for (int i = 0; i < n_repeats + 2; ++i) {
+    (void)cudaEventRecord(start);
+    (void)cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice);
+    (void)cudaEventRecord(stop);
+    (void)cudaEventSynchronize(stop);
+    float t = 0;
+    (void)cudaEventElapsedTime(&t, start, stop);
+    if (i >= 2) ms.push_back(t);
+  }
+  (void)cudaEventDestroy(start);
+  (void)cudaEventDestroy(stop);
+  (void)cudaFree(a);
+  (void)cudaFree(b);
+  return 2.0 * static_cast<double>(bytes) / (median(ms) * 1e-3) / 1e9;
+}
+
+// Bytes one decode step of `batch` sequences at mean kv_len `kv_len` must read.
+double decode_bytes(const ModelConfig& c, size_t elem_bytes, int32_t batch, double kv_len) {
+  const double H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
+  const double q_dim = static_cast<double>(c.n_heads) * c.head_dim;
+  const double kv_dim = static_cast<double>(c.n_kv_heads) * c.head_dim;
+  const double per_layer = H * (q_dim + 2 * kv_dim) + q_dim * H + 3 * H * I + 2 * H;
+  const double weights = c.n_layers * per_layer + H + V * H + batch * H;
+  const double kv = static_cast<double>(batch) * kv_len * c.n_layers * 2 * kv_dim;
+  return (weights + kv) * static_cast<double>(elem_bytes);
+}
+
+struct Args {
+  std::string preset;
+  std::string dir;
+  std::string batches = "1";
+  int32_t context = 512;
+  int32_t n_warmup = 5;
+  int32_t n_steps = 30;
+  std::string prefills;  // "1x2048,16x512"
+  bool graphs = true;
+  bool copy_bandwidth = true;
+};
+
+std::vector<int32_t> parse_ints(const std::string& s, char sep) {
+  std::vector<int32_t> v;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, sep)) {
+    if (!item.empty()) v.push_back(std::stoi(item));
+  }
+  return v;
+}
+
+int run(const Args& a) {
+  auto preset = find_random_checkpoint_preset(a.preset);
+  if (!preset.is_ok()) {
+    std::fprintf(stderr, "%s\n", preset.status().message().c_str());
+    return 2;
+  }
+  if (!std::filesystem::exists(std::filesystem::path(a.dir) / "config.json")) {
+    RandomCheckpointOptions wo;
+    wo.storage_dtype = DType::kBF16;
+    const auto t0 = Clock::now();
+    const Status written = write_random_checkpoint(a.dir, preset->config, wo);
+    if (!written.is_ok()) {
+      std::fprintf(stderr, "%s\n", written.message().c_str());
+      return 1;
+    }
+    std::fprintf(stderr, "wrote %s in %.1f s\n", a.dir.c_str(),
+                 std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  auto ckpt = Checkpoint::open(a.dir);
+  if (!ckpt.is_ok()) {
+    std::fprintf(stderr, "%s\n", ckpt.status().message().c_str());
+    return 1;
+  }
+  const ModelConfig& c = ckpt->config();
+  const std::vector<int32_t> batches = parse_ints(a.batches, ',');
+  std::vector<std::pair<int32_t, int32_t>> prefills;  // (n_seqs, tokens each)
+  for (const std::string& p : [&] {
+         std::vector<std::string> v;
+         std::stringstream in(a.prefills);
+         std::string item;
+         while (std::getline(in, item, ',')) v.push_back(item);
+         return v;
+       }()) {
+    const auto x = p.find('x');
+    prefills.emplace_back(std::stoi(p.substr(0, x)), std::stoi(p.substr(x + 1)));
+  }
+
+  double bw = 0;
+  if (a.copy_bandwidth) {
+    bw = copy_bandwidth_gb_per_s(size_t{2} << 30, 5);
+    nlohmann::json j{{"kind", "copy_bandwidth"}, {"gb_per_s", bw}};
+    std::printf("%s\n", j.dump().c_str());
+    std::fflush(stdout);
+  }
+
+  RunnerOptions o;
+  o.device = Device::kCuda;
+  o.compute_dtype = DType::kBF16;
+  o.max_batch_tokens = 8192;
+  o.max_batch_seqs = std::max(256, *std::max_element(batches.begin(), batches.end()));
+  o.use_cuda_graphs = a.graphs;
+  int64_t slots = 0;
+  for (int32_t b : batches) {
+    slots = std::max<int64_t>(slots, int64_t{b} * (a.context + a.n_warmup + a.n_steps + 2));
+  }
+  for (const auto& [n, len] : prefills) slots = std::max<int64_t>(slots, int64_t{n} * len);
+  o.n_kv_slots = static_cast<int32_t>(slots);
+  const auto t_load = Clock::now();
+  auto runner = create_model_runner(*ckpt, o);
+  if (!runner.is_ok()) {
+    std::fprintf(stderr, "%s\n", runner.status().message().c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "loaded %s in %.1f s\n", a.preset.c_str(),
+               std::chrono::duration<double>(Clock::now() - t_load).count());
+  ModelRunner& r = **runner;
+  std::mt19937 rng(1);
+  std::uniform_int_distribution<int32_t> id(0, c.vocab_size - 1);
+  StepBatch batch;
+  StepOutput out;
+  auto timed_step = [&](double* ms) -> bool {
+    const auto t0 = Clock::now();
+    const Status s = r.step(batch, &out);
+    *ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    if (!s.is_ok()) std::fprintf(stderr, "step failed: %s\n", s.message().c_str());
+    return s.is_ok();
+  };
+
+  for (const auto& [n, len] : prefills) {
+    std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(n));
+    std::vector<int32_t> slot_ids(static_cast<size_t>(n) * len);
+    std::iota(slot_ids.begin(), slot_ids.end(), 0);
+    for (auto& p : prompts) {
+      for (int32_t i = 0; i < len; ++i) p.push_back(id(rng));
+    }
+    std::vector<double> times;
+    for (int rep = 0; rep < 6; ++rep) {
+      batch.clear();
+      for (int32_t s = 0; s < n; ++s) {
+        batch.add_sequence(prompts[static_cast<size_t>(s)],
+                           std::span(slot_ids.data() + static_cast<size_t>(s) * len,
+                                     static_cast<size_t>(len)),
+                           true, SamplingParams{}, 0);
+      }
+      double ms = 0;
+      if (!timed_step(&ms)) return 1;
+      if (rep >= 2) times.push_back(ms);
+    }
+    const double m = median(times);
+    nlohmann::json j{{"kind", "prefill"},  {"preset", a.preset}, {"graphs", a.graphs},
+                     {"batch", n},         {"context", len},     {"ms", m},
+                     {"tokens_per_s", n * len / (m * 1e-3)}};
+    std::printf("%s\n", j.dump().c_str());
+    std::fflush(stdout);
+  }
+
+  for (int32_t b : batches) {
+    const int32_t per_seq = a.context + a.n_warmup + a.n_steps + 1;
+    std::vector<std::vector<int32_t>> tokens(static_cast<size_t>(b));
+    std::vector<int32_t> perm(static_cast<size_t>(b) * per_seq);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);  // scattered slots, as a pool in use has
+    auto slots_of = [&](int32_t s, size_t kv) {
+      return std::span<const int32_t>(perm.data() + static_cast<size_t>(s) * per_seq, kv);
+    };
+    // Prefill, packed up to max_batch_tokens per step.
+    int32_t s = 0;
+    while (s < b) {
+      batch.clear();
+      int32_t budget = o.max_batch_tokens;
+      std::vector<int32_t> in_step;
+      while (s < b && budget >= a.context) {
+        auto& t = tokens[static_cast<size_t>(s)];
+        for (int32_t i = 0; i < a.context; ++i) t.push_back(id(rng));
+        batch.add_sequence(t, slots_of(s, t.size()), true, SamplingParams{}, 0);
+        in_step.push_back(s++);
+        budget -= a.context;
+      }
+      double ms = 0;
+      if (!timed_step(&ms)) return 1;
+      for (size_t k = 0; k < in_step.size(); ++k) {
+        tokens[static_cast<size_t>(in_step[k])].push_back(out.sampled_ids[k]);
+      }
+    }
+    std::vector<double> times;
+    for (int32_t step = 0; step < a.n_warmup + a.n_steps; ++step) {
+      batch.clear();
+      for (int32_t q = 0; q < b; ++q) {
+        const auto& t = tokens[static_cast<size_t>(q)];
+        batch.add_sequence(std::span(&t.back(), 1), slots_of(q, t.size()), true,
+                           SamplingParams{}, step + 1);
+      }
+      double ms = 0;
+      if (!timed_step(&ms)) return 1;
+      if (step >= a.n_warmup) times.push_back(ms);
+      for (int32_t q = 0; q < b; ++q) {
+        tokens[static_cast<size_t>(q)].push_back(out.sampled_ids[static_cast<size_t>(q)]);
+      }
+    }
+    const double m = median(times);
+    const double kv_mean = a.context + 1 + a.n_warmup + a.n_steps / 2.0;
+    const double bytes = decode_bytes(c, 2, b, kv_mean);
+    nlohmann::json j{{"kind", "decode"},
+                     {"preset", a.preset},
+                     {"graphs", a.graphs},
+                     {"batch", b},
+                     {"context", a.context},
+                     {"ms", m},
+                     {"min_ms", *std::min_element(times.begin(), times.end())},
+                     {"tokens_per_s", b / (m * 1e-3)},
+                     {"bytes", bytes},
+                     {"floor_ms", bw > 0 ? bytes / (bw * 1e9) * 1e3 : 0.0},
+                     {"bandwidth_fraction", bw > 0 ? bytes / (m * 1e-3) / (bw * 1e9) : 0.0}};
+    std::printf("%s\n", j.dump().c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace litellama
+
+int main(int argc, char** argv) {
+  litellama::Args a;
+  CLI::App app("litellama-bench: CUDA runner step times on a random-weight checkpoint");
+  app.add_option("--preset", a.preset, "model shape (litellama make-model presets)")->required();
+  app.add_option("--dir", a.dir, "checkpoint directory (written when it has no config.json)")
+      ->required();
+  app.add_option("--batches", a.batches, "decode batch sizes, comma-separated");
+  app.add_option("--context", a.context, "prompt tokens per sequence before decoding");
+  app.add_option("--warmup", a.n_warmup, "untimed decode steps");
+  app.add_option("--steps", a.n_steps, "timed decode steps");
+  app.add_option("--prefills", a.prefills, "prefill steps to time, e.g. 1x2048,16x512");
+  app.add_option("--graphs", a.graphs, "launch decode steps as CUDA graphs (1/0)");
+  app.add_option("--copy-bandwidth", a.copy_bandwidth, "measure the device copy bandwidth (1/0)");
+  CLI11_PARSE(app, argc, argv);
+  return litellama::run(a);
+}
