@@ -27,6 +27,7 @@ struct GenerateArgs {
   std::string dtype;
   std::string input_ids;
   std::string prompt;
+  bool prompt_given = false;  // --prompt appeared, possibly empty
   bool chat = false;
   int32_t max_new_tokens = 16;
   SamplingParams sampling;
@@ -64,9 +65,12 @@ RemoteGenerateArgs remote_args(const GenerateArgs& a) {
 
 int run_generate(const GenerateArgs& a) {
   const char* cmd = "generate";
+  if (a.prompt_given && a.prompt.empty()) {
+    return fail(cmd, Status(StatusCode::kInvalidArgument, "--prompt is empty"));
+  }
   if (a.input_ids.empty() == a.prompt.empty()) {
-    return fail(cmd, Status(StatusCode::kInvalidArgument,
-                            "give exactly one of --input-ids and --prompt"));
+    return fail(
+        cmd, Status(StatusCode::kInvalidArgument, "give exactly one of --input-ids and --prompt"));
   }
   std::string model_dir = a.model;
   if (model_dir.empty()) {
@@ -83,16 +87,15 @@ int run_generate(const GenerateArgs& a) {
   } else if (a.device == "cuda") {
     options.device = Device::kCuda;
   } else {
-    return fail(cmd, make_error(StatusCode::kInvalidArgument,
-                                "unknown --device '{}' (cpu or cuda)", a.device));
+    return fail(cmd, make_error(StatusCode::kInvalidArgument, "unknown --device '{}' (cpu or cuda)",
+                                a.device));
   }
   const std::string dtype_name =
       !a.dtype.empty() ? a.dtype : (options.device == Device::kCpu ? "float32" : "bfloat16");
   auto dtype = dtype_from_torch_name(dtype_name);
   if (!dtype) {
     return fail(cmd, make_error(StatusCode::kInvalidArgument,
-                                "unknown --dtype '{}' (float32, bfloat16 or float16)",
-                                dtype_name));
+                                "unknown --dtype '{}' (float32, bfloat16 or float16)", dtype_name));
   }
   options.compute_dtype = *dtype;
   options.n_threads = a.threads;
@@ -118,9 +121,9 @@ int run_generate(const GenerateArgs& a) {
   } else {
 #ifdef LITELLAMA_WITH_TOKENIZER
     if (!tokenizer) {
-      return fail(cmd, make_error(StatusCode::kNotFound,
-                                  "--prompt needs tokenizer.json in the model directory '{}'",
-                                  model_dir));
+      return fail(
+          cmd, make_error(StatusCode::kNotFound,
+                          "--prompt needs tokenizer.json in the model directory '{}'", model_dir));
     }
     std::string text = a.prompt;
     if (a.chat) {
@@ -132,8 +135,9 @@ int run_generate(const GenerateArgs& a) {
       req.prompt_ids = tokenizer->encode(text, /*add_special_tokens=*/true);
     }
 #else
-    return fail(cmd, Status(StatusCode::kUnsupported, "this build has no tokenizer: use "
-                                                      "--input-ids"));
+    return fail(cmd, Status(StatusCode::kUnsupported,
+                            "this build has no tokenizer: use "
+                            "--input-ids"));
 #endif
   }
   if (req.prompt_ids.empty()) {
@@ -149,9 +153,9 @@ int run_generate(const GenerateArgs& a) {
     req.stop_token_ids.insert(req.stop_token_ids.end(), ids->begin(), ids->end());
   }
   // Exactly enough KV for this request unless told otherwise.
-  options.n_kv_slots = a.kv_slots > 0 ? a.kv_slots
-                                      : static_cast<int32_t>(req.prompt_ids.size()) +
-                                            std::max(a.max_new_tokens, 1);
+  options.n_kv_slots =
+      a.kv_slots > 0 ? a.kv_slots
+                     : static_cast<int32_t>(req.prompt_ids.size()) + std::max(a.max_new_tokens, 1);
   options.max_batch_tokens = std::max<int32_t>(8192, static_cast<int32_t>(req.prompt_ids.size()));
   auto runner = create_model_runner(*ckpt, options);
   if (!runner.is_ok()) return fail(cmd, runner.status());
@@ -209,7 +213,8 @@ CommandMain register_generate_command(CLI::App& app) {
   sub->add_option("--dtype", args->dtype,
                   "compute dtype: float32 (cpu), bfloat16 (cuda default) or float16");
   sub->add_option("--input-ids", args->input_ids, "prompt token ids, comma-separated");
-  sub->add_option("--prompt", args->prompt, "prompt text (encoded with the model's tokenizer)");
+  CLI::Option* prompt_option =
+      sub->add_option("--prompt", args->prompt, "prompt text (encoded with the model's tokenizer)");
   sub->add_flag("--chat", args->chat, "wrap --prompt in the model's chat template as a user turn");
   sub->add_option("--max-new-tokens", args->max_new_tokens, "tokens to generate")
       ->capture_default_str()
@@ -239,7 +244,8 @@ CommandMain register_generate_command(CLI::App& app) {
   sub->add_option("--threads", args->threads, "cpu: worker threads (default: all)");
   sub->add_option("--server", args->server,
                   "send the request to a running scheduler (litellama serve) at ADDR");
-  return [args]() {
+  return [args, prompt_option]() {
+    args->prompt_given = prompt_option->count() > 0;
     if (!args->server.empty()) return run_generate_remote(remote_args(*args));
     return run_generate(*args);
   };

@@ -19,6 +19,7 @@ struct MakeModelArgs {
   std::string dtype;
   int32_t shards = 1;
   std::string tokenizer_dir;
+  bool no_tokenizer = false;
   bool list = false;
 };
 
@@ -35,8 +36,8 @@ int run_make_model(const MakeModelArgs& a) {
   }
   auto preset = find_random_checkpoint_preset(a.preset);
   if (!preset.is_ok()) return fail(cmd, preset.status());
-  const bool tiny = preset->name.size() > 5 &&
-                    preset->name.compare(preset->name.size() - 5, 5, "-tiny") == 0;
+  const bool tiny =
+      preset->name.size() > 5 && preset->name.compare(preset->name.size() - 5, 5, "-tiny") == 0;
   const std::string dtype_name = !a.dtype.empty() ? a.dtype : (tiny ? "float32" : "bfloat16");
   auto dtype = dtype_from_torch_name(dtype_name);
   if (!dtype) {
@@ -47,7 +48,9 @@ int run_make_model(const MakeModelArgs& a) {
   options.storage_dtype = *dtype;
   options.n_shards = a.shards;
   options.tokenizer_dir = a.tokenizer_dir;
-  if (options.tokenizer_dir.empty() && !preset->tokenizer.empty()) {
+  if (a.no_tokenizer) {
+    options.tokenizer_dir.clear();
+  } else if (options.tokenizer_dir.empty() && !preset->tokenizer.empty()) {
     const auto tok = std::filesystem::path(assets_dir()) / "tokenizers" / preset->tokenizer;
     if (std::filesystem::exists(tok / "tokenizer.json")) options.tokenizer_dir = tok.string();
   }
@@ -74,6 +77,7 @@ CommandMain register_make_model_command(CLI::App& app) {
       ->check(CLI::Range(1, 64));
   sub->add_option("--tokenizer-dir", args->tokenizer_dir,
                   "copy tokenizer files from here (default: the preset's, from assets/)");
+  sub->add_flag("--no-tokenizer", args->no_tokenizer, "write no tokenizer files");
   sub->add_flag("--list", args->list, "list the presets");
   return [args]() { return run_make_model(*args); };
 }

@@ -6,24 +6,36 @@ namespace litellama {
 
 size_t dtype_size_bytes(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return 4;
-    case DType::kBF16: return 2;
-    case DType::kF16: return 2;
-    case DType::kI32: return 4;
-    case DType::kI64: return 8;
-    case DType::kU8: return 1;
+    case DType::kF32:
+      return 4;
+    case DType::kBF16:
+      return 2;
+    case DType::kF16:
+      return 2;
+    case DType::kI32:
+      return 4;
+    case DType::kI64:
+      return 8;
+    case DType::kU8:
+      return 1;
   }
   return 0;
 }
 
 const char* dtype_safetensors_name(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "F32";
-    case DType::kBF16: return "BF16";
-    case DType::kF16: return "F16";
-    case DType::kI32: return "I32";
-    case DType::kI64: return "I64";
-    case DType::kU8: return "U8";
+    case DType::kF32:
+      return "F32";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF16:
+      return "F16";
+    case DType::kI32:
+      return "I32";
+    case DType::kI64:
+      return "I64";
+    case DType::kU8:
+      return "U8";
   }
   return "?";
 }
@@ -40,12 +52,18 @@ std::optional<DType> dtype_from_safetensors_name(std::string_view name) {
 
 const char* dtype_torch_name(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "float32";
-    case DType::kBF16: return "bfloat16";
-    case DType::kF16: return "float16";
-    case DType::kI32: return "int32";
-    case DType::kI64: return "int64";
-    case DType::kU8: return "uint8";
+    case DType::kF32:
+      return "float32";
+    case DType::kBF16:
+      return "bfloat16";
+    case DType::kF16:
+      return "float16";
+    case DType::kI32:
+      return "int32";
+    case DType::kI64:
+      return "int64";
+    case DType::kU8:
+      return "uint8";
   }
   return "?";
 }
@@ -102,7 +120,9 @@ uint16_t f32_to_f16(float f) {
 
 void convert_to_f32(float* dst, const void* src, DType dtype, size_t n) {
   switch (dtype) {
-    case DType::kF32: std::memcpy(dst, src, n * sizeof(float)); return;
+    case DType::kF32:
+      std::memcpy(dst, src, n * sizeof(float));
+      return;
     case DType::kBF16: {
       const auto* s = static_cast<const uint16_t*>(src);
       for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
@@ -133,7 +153,9 @@ void convert_to_f32(float* dst, const void* src, DType dtype, size_t n) {
 
 void convert_from_f32(void* dst, DType dtype, const float* src, size_t n) {
   switch (dtype) {
-    case DType::kF32: std::memcpy(dst, src, n * sizeof(float)); return;
+    case DType::kF32:
+      std::memcpy(dst, src, n * sizeof(float));
+      return;
     case DType::kBF16: {
       auto* d = static_cast<uint16_t*>(dst);
       for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
@@ -146,7 +168,8 @@ void convert_from_f32(void* dst, DType dtype, const float* src, size_t n) {
     }
     case DType::kI32:
     case DType::kI64:
-    case DType::kU8: return;  // integer targets are never produced from float
+    case DType::kU8:
+      return;  // integer targets are never produced from float
   }
 }
 

@@ -4,14 +4,22 @@ namespace litellama {
 
 const char* status_code_name(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "ok";
-    case StatusCode::kInvalidArgument: return "invalid argument";
-    case StatusCode::kNotFound: return "not found";
-    case StatusCode::kUnsupported: return "unsupported";
-    case StatusCode::kDataLoss: return "data loss";
-    case StatusCode::kResourceExhausted: return "resource exhausted";
-    case StatusCode::kUnavailable: return "unavailable";
-    case StatusCode::kInternal: return "internal";
+    case StatusCode::kOk:
+      return "ok";
+    case StatusCode::kInvalidArgument:
+      return "invalid argument";
+    case StatusCode::kNotFound:
+      return "not found";
+    case StatusCode::kUnsupported:
+      return "unsupported";
+    case StatusCode::kDataLoss:
+      return "data loss";
+    case StatusCode::kResourceExhausted:
+      return "resource exhausted";
+    case StatusCode::kUnavailable:
+      return "unavailable";
+    case StatusCode::kInternal:
+      return "internal";
   }
   return "unknown";
 }

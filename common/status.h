@@ -59,7 +59,7 @@ Status make_error(StatusCode code, fmt::format_string<Args...> f, Args&&... args
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}         // NOLINT(google-explicit-constructor)
   Result(Status status) : v_(std::move(status)) {}  // NOLINT(google-explicit-constructor)
 
   bool is_ok() const { return std::holds_alternative<T>(v_); }
@@ -83,10 +83,10 @@ class [[nodiscard]] Result {
 }  // namespace litellama
 
 // Propagate a failed Status from an expression returning Status.
-#define LITELLAMA_RETURN_IF_ERROR(expr)            \
-  do {                                             \
-    ::litellama::Status _st = (expr);              \
-    if (!_st.is_ok()) return _st;                  \
+#define LITELLAMA_RETURN_IF_ERROR(expr) \
+  do {                                  \
+    ::litellama::Status _st = (expr);   \
+    if (!_st.is_ok()) return _st;       \
   } while (0)
 
 #define LITELLAMA_CONCAT_INNER(a, b) a##b
@@ -95,6 +95,6 @@ class [[nodiscard]] Result {
 #define LITELLAMA_ASSIGN_OR_RETURN(lhs, expr) \
   LITELLAMA_ASSIGN_OR_RETURN_IMPL(LITELLAMA_CONCAT(_res_, __LINE__), lhs, expr)
 #define LITELLAMA_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
-  auto tmp = (expr);                                     \
-  if (!tmp.is_ok()) return tmp.status();                 \
+  auto tmp = (expr);                                    \
+  if (!tmp.is_ok()) return tmp.status();                \
   lhs = std::move(tmp).value()

@@ -14,9 +14,9 @@ namespace litellama {
 
 inline Status cuda_status(cudaError_t err, const char* expr, const char* file, int line) {
   if (err == cudaSuccess) return Status::ok();
-  return Status(StatusCode::kInternal, fmt::format(fmt::runtime("CUDA error {} ({}) in '{}' at {}:{}"),
-                                                   cudaGetErrorName(err), cudaGetErrorString(err),
-                                                   expr, file, line));
+  return Status(StatusCode::kInternal,
+                fmt::format(fmt::runtime("CUDA error {} ({}) in '{}' at {}:{}"),
+                            cudaGetErrorName(err), cudaGetErrorString(err), expr, file, line));
 }
 
 inline Status cublas_status(cublasStatus_t err, const char* expr, const char* file, int line) {

@@ -66,13 +66,17 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
     std::set<std::string> shard_set;
     for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
       if (!it.value().is_string()) {
-        return make_error(StatusCode::kInvalidArgument, "'{}': weight_map entry '{}' is not a "
-                          "file name", index_path.string(), it.key());
+        return make_error(StatusCode::kInvalidArgument,
+                          "'{}': weight_map entry '{}' is not a "
+                          "file name",
+                          index_path.string(), it.key());
       }
       const std::string shard = it.value().get<std::string>();
       if (shard.find('/') != std::string::npos || shard.find("..") != std::string::npos) {
-        return make_error(StatusCode::kInvalidArgument, "'{}': shard name '{}' is not a plain "
-                          "file name", index_path.string(), shard);
+        return make_error(StatusCode::kInvalidArgument,
+                          "'{}': shard name '{}' is not a plain "
+                          "file name",
+                          index_path.string(), shard);
       }
       weight_map[it.key()] = shard;
       shard_set.insert(shard);
@@ -97,8 +101,7 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
         if (w == weight_map.end() || w->second != name) continue;  // index says it lives elsewhere
       }
       if (ckpt.tensors_.count(e.name)) {
-        return make_error(StatusCode::kInvalidArgument, "tensor '{}' appears in two files",
-                          e.name);
+        return make_error(StatusCode::kInvalidArgument, "tensor '{}' appears in two files", e.name);
       }
       TensorView view;
       view.name = e.name;
@@ -112,8 +115,10 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
   }
   for (const auto& [tensor, shard] : weight_map) {
     if (!ckpt.tensors_.count(tensor)) {
-      return make_error(StatusCode::kDataLoss, "index lists tensor '{}' in '{}' but that file "
-                        "does not contain it", tensor, shard);
+      return make_error(StatusCode::kDataLoss,
+                        "index lists tensor '{}' in '{}' but that file "
+                        "does not contain it",
+                        tensor, shard);
     }
   }
 

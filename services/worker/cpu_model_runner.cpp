@@ -43,7 +43,7 @@ class CpuModelRunner final : public ModelRunner {
   int32_t n_threads_;
   std::vector<CpuLayer> layers_;
   std::vector<float> embed_, final_norm_, lm_head_;  // lm_head_ empty when tied
-  std::vector<std::vector<float>> k_pool_, v_pool_;   // [layer][n_slots, n_kv_heads, head_dim]
+  std::vector<std::vector<float>> k_pool_, v_pool_;  // [layer][n_slots, n_kv_heads, head_dim]
 };
 
 Status CpuModelRunner::load(const Checkpoint& ckpt) {
@@ -316,8 +316,8 @@ Result<std::unique_ptr<ModelRunner>> create_cpu_model_runner(const Checkpoint& c
   int32_t n_slots = options.n_kv_slots;
   if (n_slots <= 0) {
     const int64_t per_slot = int64_t{2} * c.n_layers * c.n_kv_heads * c.head_dim * 4;
-    n_slots = static_cast<int32_t>(std::min<int64_t>(options.kv_memory_bytes / per_slot,
-                                                     int64_t{1} << 24));
+    n_slots = static_cast<int32_t>(
+        std::min<int64_t>(options.kv_memory_bytes / per_slot, int64_t{1} << 24));
   }
   if (n_slots <= 0) {
     return make_error(StatusCode::kResourceExhausted, "KV pool would hold no token");

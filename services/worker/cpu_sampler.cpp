@@ -75,9 +75,9 @@ int32_t sample_token(std::span<float> logits, const SamplingParams& params,
     std::nth_element(ids.begin(), ids.begin() + params.top_k - 1, ids.end(), better);
     const float kth = logits[ids[params.top_k - 1]];
     // Values tied with the k-th survive, as in the reference implementation.
-    n = static_cast<size_t>(std::partition(ids.begin(), ids.end(),
-                                           [&](int32_t id) { return logits[id] >= kth; }) -
-                            ids.begin());
+    n = static_cast<size_t>(
+        std::partition(ids.begin(), ids.end(), [&](int32_t id) { return logits[id] >= kth; }) -
+        ids.begin());
   }
   std::sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n), better);
 

@@ -10,50 +10,53 @@ using nlohmann::json;
 
 const char* architecture_name(Architecture arch) {
   switch (arch) {
-    case Architecture::kLlama: return "LlamaForCausalLM";
-    case Architecture::kMistral: return "MistralForCausalLM";
-    case Architecture::kQwen2: return "Qwen2ForCausalLM";
-    case Architecture::kQwen3: return "Qwen3ForCausalLM";
-    case Architecture::kLlava: return "LlavaForConditionalGeneration";
+    case Architecture::kLlama:
+      return "LlamaForCausalLM";
+    case Architecture::kMistral:
+      return "MistralForCausalLM";
+    case Architecture::kQwen2:
+      return "Qwen2ForCausalLM";
+    case Architecture::kQwen3:
+      return "Qwen3ForCausalLM";
+    case Architecture::kLlava:
+      return "LlavaForConditionalGeneration";
   }
   return "?";
 }
 
 const char* rope_scaling_name(RopeScalingType type) {
   switch (type) {
-    case RopeScalingType::kDefault: return "default";
-    case RopeScalingType::kLinear: return "linear";
-    case RopeScalingType::kDynamic: return "dynamic";
-    case RopeScalingType::kLlama3: return "llama3";
-    case RopeScalingType::kYarn: return "yarn";
+    case RopeScalingType::kDefault:
+      return "default";
+    case RopeScalingType::kLinear:
+      return "linear";
+    case RopeScalingType::kDynamic:
+      return "dynamic";
+    case RopeScalingType::kLlama3:
+      return "llama3";
+    case RopeScalingType::kYarn:
+      return "yarn";
   }
   return "?";
 }
 
 namespace {
 
-// Reads config keys with errors that name the key. `defaults` (LLaVA's nested text_config relies
-// on LlamaConfig's defaults) supplies values for absent keys; without it a missing key is an error.
+// Reads config keys with errors that name the key; a missing required key is an error.
 class ConfigReader {
  public:
-  ConfigReader(const json& j, const json* defaults) : j_(j), defaults_(defaults) {}
+  explicit ConfigReader(const json& j) : j_(j) {}
 
   const json* find(const char* key) const {
     auto it = j_.find(key);
-    if (it != j_.end() && !it->is_null()) return &*it;
-    if (defaults_) {
-      auto d = defaults_->find(key);
-      if (d != defaults_->end() && !d->is_null()) return &*d;
-    }
-    return nullptr;
+    return (it != j_.end() && !it->is_null()) ? &*it : nullptr;
   }
 
   Status get_int(const char* key, int64_t* out) const {
     const json* v = find(key);
     if (!v) return make_error(StatusCode::kInvalidArgument, "config.json: missing key '{}'", key);
     if (!v->is_number_integer()) {
-      return make_error(StatusCode::kInvalidArgument, "config.json: '{}' must be an integer",
-                        key);
+      return make_error(StatusCode::kInvalidArgument, "config.json: '{}' must be an integer", key);
     }
     *out = v->get<int64_t>();
     return Status::ok();
@@ -103,17 +106,21 @@ class ConfigReader {
 
  private:
   const json& j_;
-  const json* defaults_;
 };
 
 // LlamaConfig's defaults, which LLaVA-1.5's text_config leaves implicit.
 const json& llama_defaults() {
   static const json kDefaults = {
-      {"hidden_size", 4096},         {"intermediate_size", 11008},
-      {"num_hidden_layers", 32},     {"num_attention_heads", 32},
-      {"max_position_embeddings", 2048}, {"rms_norm_eps", 1e-6},
-      {"vocab_size", 32000},         {"rope_theta", 10000.0},
-      {"tie_word_embeddings", false}, {"bos_token_id", 1},
+      {"hidden_size", 4096},
+      {"intermediate_size", 11008},
+      {"num_hidden_layers", 32},
+      {"num_attention_heads", 32},
+      {"max_position_embeddings", 2048},
+      {"rms_norm_eps", 1e-6},
+      {"vocab_size", 32000},
+      {"rope_theta", 10000.0},
+      {"tie_word_embeddings", false},
+      {"bos_token_id", 1},
       {"eos_token_id", 2},
   };
   return kDefaults;
@@ -159,8 +166,8 @@ Status parse_rope(const json& j, const ConfigReader& reader, ModelConfig* config
     return (it != scaling->end() && it->is_number()) ? it->get<double>() : fallback;
   };
   rope.factor = num("factor", 1.0);
-  rope.original_max_position_embeddings = static_cast<int64_t>(
-      num("original_max_position_embeddings", static_cast<double>(config->max_position_embeddings)));
+  rope.original_max_position_embeddings = static_cast<int64_t>(num(
+      "original_max_position_embeddings", static_cast<double>(config->max_position_embeddings)));
   if (type == "default") {
     rope.type = RopeScalingType::kDefault;
     return Status::ok();
@@ -174,8 +181,9 @@ Status parse_rope(const json& j, const ConfigReader& reader, ModelConfig* config
     rope.low_freq_factor = num("low_freq_factor", 1.0);
     rope.high_freq_factor = num("high_freq_factor", 4.0);
     if (!(rope.high_freq_factor > rope.low_freq_factor)) {
-      return make_error(StatusCode::kInvalidArgument,
-                        "config.json: llama3 rope scaling needs high_freq_factor > low_freq_factor");
+      return make_error(
+          StatusCode::kInvalidArgument,
+          "config.json: llama3 rope scaling needs high_freq_factor > low_freq_factor");
     }
   } else if (type == "yarn") {
     rope.type = RopeScalingType::kYarn;
@@ -227,9 +235,10 @@ Status parse_token_ids(const json& j, ModelConfig* config) {
   return Status::ok();
 }
 
-// Parses the decoder ("text") part of a config: the top level, or LLaVA's text_config.
-Status parse_text_config(const json& j, const json* defaults, ModelConfig* config) {
-  ConfigReader reader(j, defaults);
+// Parses the decoder ("text") part of a config: the top level, or LLaVA's text_config merged
+// over LlamaConfig's defaults.
+Status parse_text_config(const json& j, ModelConfig* config) {
+  ConfigReader reader(j);
   LITELLAMA_RETURN_IF_ERROR(reader.get_int32("hidden_size", &config->hidden_size));
   LITELLAMA_RETURN_IF_ERROR(reader.get_int32("intermediate_size", &config->intermediate_size));
   LITELLAMA_RETURN_IF_ERROR(reader.get_int32("num_hidden_layers", &config->n_layers));
@@ -260,8 +269,8 @@ Status parse_text_config(const json& j, const json* defaults, ModelConfig* confi
     return make_error(StatusCode::kInvalidArgument, "config.json: head_dim {} must be even",
                       config->head_dim);
   }
-  LITELLAMA_RETURN_IF_ERROR(reader.get_int("max_position_embeddings",
-                                           &config->max_position_embeddings));
+  LITELLAMA_RETURN_IF_ERROR(
+      reader.get_int("max_position_embeddings", &config->max_position_embeddings));
   if (config->max_position_embeddings <= 0) {
     return make_error(StatusCode::kInvalidArgument,
                       "config.json: 'max_position_embeddings' must be positive");
@@ -292,8 +301,8 @@ Status parse_text_config(const json& j, const json* defaults, ModelConfig* confi
                         "config.json: hidden_act '{}' is not supported (only silu)", name);
     }
   }
-  if (const json* mlp_bias = reader.find("mlp_bias"); mlp_bias && mlp_bias->is_boolean() &&
-                                                       mlp_bias->get<bool>()) {
+  if (const json* mlp_bias = reader.find("mlp_bias");
+      mlp_bias && mlp_bias->is_boolean() && mlp_bias->get<bool>()) {
     return make_error(StatusCode::kUnsupported, "config.json: mlp_bias is not supported");
   }
   LITELLAMA_RETURN_IF_ERROR(parse_rope(j, reader, config));
@@ -345,7 +354,7 @@ Result<ModelConfig> parse_model_config(const json& j) {
     }
     json merged = llama_defaults();
     merged.update(*text);
-    LITELLAMA_RETURN_IF_ERROR(parse_text_config(merged, nullptr, &config));
+    LITELLAMA_RETURN_IF_ERROR(parse_text_config(merged, &config));
     if (config.eos_token_ids.empty()) LITELLAMA_RETURN_IF_ERROR(parse_token_ids(j, &config));
     for (const char* key : {"torch_dtype", "dtype"}) {
       if (auto d = j.find(key); d != j.end() && d->is_string()) {
@@ -358,7 +367,7 @@ Result<ModelConfig> parse_model_config(const json& j) {
     return config;
   }
 
-  LITELLAMA_RETURN_IF_ERROR(parse_text_config(j, nullptr, &config));
+  LITELLAMA_RETURN_IF_ERROR(parse_text_config(j, &config));
   switch (config.arch) {
     case Architecture::kQwen2:
       config.qkv_bias = true;

@@ -45,8 +45,8 @@ struct RopeConfig {
   // yarn
   double beta_fast = 32.0;
   double beta_slow = 1.0;
-  double mscale = 0.0;          // 0: not given
-  double mscale_all_dim = 0.0;  // 0: not given
+  double mscale = 0.0;            // 0: not given
+  double mscale_all_dim = 0.0;    // 0: not given
   double attention_factor = 0.0;  // 0: not given, derived from factor
   bool truncate = true;
 };
@@ -64,8 +64,8 @@ struct ModelConfig {
   int64_t max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = false;
-  bool qkv_bias = false;      // Qwen2, or Llama with attention_bias
-  bool qk_norm = false;       // Qwen3
+  bool qkv_bias = false;             // Qwen2, or Llama with attention_bias
+  bool qk_norm = false;              // Qwen3
   DType torch_dtype = DType::kBF16;  // storage type the checkpoint declares
   RopeConfig rope;
   int32_t bos_token_id = -1;

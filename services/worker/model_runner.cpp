@@ -63,11 +63,13 @@ Status StepBatch::validate(int32_t n_kv_slots, int32_t vocab_size) const {
   if (n == 0) return make_error(StatusCode::kInvalidArgument, "step batch has no sequences");
   if (token_start.size() != n + 1 || slot_start.size() != n + 1 || sample.size() != n ||
       sampling.size() != n || n_generated.size() != n) {
-    return make_error(StatusCode::kInvalidArgument, "step batch per-sequence arrays disagree in "
+    return make_error(StatusCode::kInvalidArgument,
+                      "step batch per-sequence arrays disagree in "
                       "length");
   }
   if (positions.size() != token_ids.size()) {
-    return make_error(StatusCode::kInvalidArgument, "step batch positions and token ids differ "
+    return make_error(StatusCode::kInvalidArgument,
+                      "step batch positions and token ids differ "
                       "in length");
   }
   if (token_start[0] != 0 || slot_start[0] != 0 ||
@@ -90,8 +92,8 @@ Status StepBatch::validate(int32_t n_kv_slots, int32_t vocab_size) const {
     }
     if (kv_len[s] < n_new || slot_start[s + 1] - slot_start[s] != kv_len[s]) {
       return make_error(StatusCode::kInvalidArgument,
-                        "sequence {}: slot table has {} entries for kv_len {} and {} new tokens",
-                        s, slot_start[s + 1] - slot_start[s], kv_len[s], n_new);
+                        "sequence {}: slot table has {} entries for kv_len {} and {} new tokens", s,
+                        slot_start[s + 1] - slot_start[s], kv_len[s], n_new);
     }
     for (int32_t i = 0; i < n_new; ++i) {
       if (positions[static_cast<size_t>(token_start[s] + i)] != kv_len[s] - n_new + i) {
@@ -111,20 +113,26 @@ Status StepBatch::validate(int32_t n_kv_slots, int32_t vocab_size) const {
     const SamplingParams& p = sampling[s];
     if (!(p.temperature >= 0) || p.top_k < 0 || !(p.top_p > 0 && p.top_p <= 1) ||
         !(p.min_p >= 0 && p.min_p <= 1) || !(p.repetition_penalty > 0)) {
-      return make_error(StatusCode::kInvalidArgument, "sequence {}: sampling parameters out of "
-                        "range", s);
+      return make_error(StatusCode::kInvalidArgument,
+                        "sequence {}: sampling parameters out of "
+                        "range",
+                        s);
     }
   }
   for (int32_t id : token_ids) {
     if (id < 0 || id >= vocab_size) {
-      return make_error(StatusCode::kInvalidArgument, "token id {} is outside the vocabulary "
-                        "(size {})", id, vocab_size);
+      return make_error(StatusCode::kInvalidArgument,
+                        "token id {} is outside the vocabulary "
+                        "(size {})",
+                        id, vocab_size);
     }
   }
   for (int32_t id : history_ids) {
     if (id < 0 || id >= vocab_size) {
-      return make_error(StatusCode::kInvalidArgument, "history token id {} is outside the "
-                        "vocabulary", id);
+      return make_error(StatusCode::kInvalidArgument,
+                        "history token id {} is outside the "
+                        "vocabulary",
+                        id);
     }
   }
   for (int32_t slot : slot_table) {
@@ -139,7 +147,8 @@ Status StepBatch::validate(int32_t n_kv_slots, int32_t vocab_size) const {
 Result<std::unique_ptr<ModelRunner>> create_model_runner(const Checkpoint& checkpoint,
                                                          const RunnerOptions& options) {
   switch (options.device) {
-    case Device::kCpu: return create_cpu_model_runner(checkpoint, options);
+    case Device::kCpu:
+      return create_cpu_model_runner(checkpoint, options);
     case Device::kCuda:
 #ifdef LITELLAMA_WITH_CUDA
       return create_cuda_model_runner(checkpoint, options);

@@ -6,8 +6,10 @@ namespace litellama {
 
 const char* finish_reason_name(FinishReason reason) {
   switch (reason) {
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
   }
   return "?";
 }
@@ -46,12 +48,13 @@ Result<std::vector<GenerationResult>> OfflineEngine::generate(
       }
     }
     if (r.max_new_tokens < 1) {
-      return make_error(StatusCode::kInvalidArgument, "request {}: max_new_tokens must be >= 1",
-                        i);
+      return make_error(StatusCode::kInvalidArgument, "request {}: max_new_tokens must be >= 1", i);
     }
     if (r.n_top_logits < 0 || r.n_top_logits > config.vocab_size) {
-      return make_error(StatusCode::kInvalidArgument, "request {}: top logits count {} is out of "
-                        "range", i, r.n_top_logits);
+      return make_error(StatusCode::kInvalidArgument,
+                        "request {}: top logits count {} is out of "
+                        "range",
+                        i, r.n_top_logits);
     }
     slots_needed += static_cast<int64_t>(r.prompt_ids.size()) + r.max_new_tokens;
     any_penalties = any_penalties || r.sampling.has_penalties();
@@ -96,8 +99,8 @@ Result<std::vector<GenerationResult>> OfflineEngine::generate(
       if (s.n_prefilled < n_prompt) {
         if (prefill_budget <= 0) continue;
         const int32_t n = std::min(prefill_budget, n_prompt - s.n_prefilled);
-        new_tokens = std::span<const int32_t>(r.prompt_ids).subspan(
-            static_cast<size_t>(s.n_prefilled), static_cast<size_t>(n));
+        new_tokens = std::span<const int32_t>(r.prompt_ids)
+                         .subspan(static_cast<size_t>(s.n_prefilled), static_cast<size_t>(n));
         prefill_budget -= n;
         s.n_prefilled += n;
         sample = s.n_prefilled == n_prompt;

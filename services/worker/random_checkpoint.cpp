@@ -66,29 +66,18 @@ json with_llama2_ids(json c) {
   return c;
 }
 
-json qwen_config(const char* arch, const char* type, int64_t hidden, int64_t inter,
-                 int64_t layers, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                 int64_t max_pos, bool tied) {
-  return json{{"architectures", {arch}},
-              {"model_type", type},
-              {"vocab_size", 151936},
-              {"hidden_size", hidden},
-              {"intermediate_size", inter},
-              {"num_hidden_layers", layers},
-              {"num_attention_heads", heads},
-              {"num_key_value_heads", kv_heads},
-              {"head_dim", head_dim},
-              {"max_position_embeddings", max_pos},
-              {"rms_norm_eps", 1e-6},
-              {"rope_theta", 1000000.0},
-              {"rope_scaling", nullptr},
-              {"tie_word_embeddings", tied},
-              {"use_sliding_window", false},
-              {"sliding_window", nullptr},
-              {"hidden_act", "silu"},
-              {"attention_bias", std::string(type) == "qwen2"},
-              {"bos_token_id", 151643},
-              {"eos_token_id", 151645}};
+json qwen_config(const char* arch, const char* type, int64_t hidden, int64_t inter, int64_t layers,
+                 int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_pos, bool tied) {
+  return json{{"architectures", {arch}},      {"model_type", type},
+              {"vocab_size", 151936},         {"hidden_size", hidden},
+              {"intermediate_size", inter},   {"num_hidden_layers", layers},
+              {"num_attention_heads", heads}, {"num_key_value_heads", kv_heads},
+              {"head_dim", head_dim},         {"max_position_embeddings", max_pos},
+              {"rms_norm_eps", 1e-6},         {"rope_theta", 1000000.0},
+              {"rope_scaling", nullptr},      {"tie_word_embeddings", tied},
+              {"use_sliding_window", false},  {"sliding_window", nullptr},
+              {"hidden_act", "silu"},         {"attention_bias", std::string(type) == "qwen2"},
+              {"bos_token_id", 151643},       {"eos_token_id", 151645}};
 }
 
 std::vector<RandomCheckpointPreset> make_presets() {
@@ -97,13 +86,13 @@ std::vector<RandomCheckpointPreset> make_presets() {
   {
     json c = llama_config(128256, 64, 128, 2, 4, 2, 131072, 500000.0, true, 64);
     c["rope_scaling"] = llama3_rope(8.0, 8192);
-    p.push_back({"llama3-tiny", "Llama 3.1 graph: GQA 4/2, tied embeddings, llama3 RoPE scaling",
-                 c, "llama3_1"});
+    p.push_back({"llama3-tiny", "Llama 3.1 graph: GQA 4/2, tied embeddings, llama3 RoPE scaling", c,
+                 "llama3_1"});
   }
   {
     json c = llama_config(128256, 64, 160, 2, 8, 1, 8192, 500000.0, false, 64);
-    p.push_back({"llama3-untied-tiny", "Llama 3 graph: GQA 8/1, untied embeddings, plain RoPE",
-                 c, "llama3"});
+    p.push_back({"llama3-untied-tiny", "Llama 3 graph: GQA 8/1, untied embeddings, plain RoPE", c,
+                 "llama3"});
   }
   {
     json c = with_llama2_ids(llama_config(32000, 64, 128, 2, 4, 4, 4096, 10000.0, false, 64));
@@ -132,8 +121,8 @@ std::vector<RandomCheckpointPreset> make_presets() {
   }
   {
     json c = qwen_config("Qwen2ForCausalLM", "qwen2", 64, 128, 2, 4, 2, 64, 128, false);
-    c["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0},
-                         {"original_max_position_embeddings", 32}};
+    c["rope_scaling"] = {
+        {"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32}};
     p.push_back({"qwen2-yarn-tiny", "Qwen2 graph with YaRN RoPE scaling (4x of 32)", c, "qwen3"});
   }
   {
@@ -145,8 +134,8 @@ std::vector<RandomCheckpointPreset> make_presets() {
   {
     json c = llama_config(128256, 256, 768, 4, 8, 2, 131072, 500000.0, true);
     c["rope_scaling"] = llama3_rope(8.0, 8192);
-    p.push_back({"default", "embedded default: Llama 3.1 graph, 4 layers, hidden 256, random",
-                 c, "llama3_1"});
+    p.push_back({"default", "embedded default: Llama 3.1 graph, 4 layers, hidden 256, random", c,
+                 "llama3_1"});
   }
   // Benchmark shapes (published architectures, random weights).
   {
@@ -241,7 +230,8 @@ Status write_random_checkpoint(const std::string& dir, json config,
                                const RandomCheckpointOptions& options) {
   if (options.storage_dtype != DType::kF32 && options.storage_dtype != DType::kBF16 &&
       options.storage_dtype != DType::kF16) {
-    return make_error(StatusCode::kInvalidArgument, "storage dtype must be float32, bfloat16 or "
+    return make_error(StatusCode::kInvalidArgument,
+                      "storage dtype must be float32, bfloat16 or "
                       "float16");
   }
   if (options.n_shards < 1) {
@@ -281,8 +271,8 @@ Status write_random_checkpoint(const std::string& dir, json config,
 
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec) return make_error(StatusCode::kInvalidArgument, "cannot create '{}': {}", dir,
-                            ec.message());
+  if (ec)
+    return make_error(StatusCode::kInvalidArgument, "cannot create '{}': {}", dir, ec.message());
   {
     std::ofstream out(fs::path(dir) / "config.json");
     out << config.dump(2) << "\n";
@@ -323,8 +313,8 @@ Status write_random_checkpoint(const std::string& dir, json config,
     shard.push_back(std::move(t));
     const size_t remaining_tensors = specs.size() - i - 1;
     const int32_t remaining_shards = options.n_shards - shard_index - 1;
-    if (remaining_shards > 0 &&
-        (shard_bytes >= shard_target || remaining_tensors == static_cast<size_t>(remaining_shards))) {
+    if (remaining_shards > 0 && (shard_bytes >= shard_target ||
+                                 remaining_tensors == static_cast<size_t>(remaining_shards))) {
       LITELLAMA_RETURN_IF_ERROR(flush());
     }
   }
@@ -338,12 +328,15 @@ Status write_random_checkpoint(const std::string& dir, json config,
     for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
       const fs::path src = fs::path(options.tokenizer_dir) / f;
       if (!fs::exists(src)) {
-        return make_error(StatusCode::kNotFound, "tokenizer file '{}' not found (run "
-                          "scripts/fetch-assets.sh)", src.string());
+        return make_error(StatusCode::kNotFound,
+                          "tokenizer file '{}' not found (run "
+                          "scripts/fetch-assets.sh)",
+                          src.string());
       }
       fs::copy_file(src, fs::path(dir) / f, fs::copy_options::overwrite_existing, ec);
-      if (ec) return make_error(StatusCode::kInternal, "cannot copy '{}': {}", src.string(),
-                                ec.message());
+      if (ec)
+        return make_error(StatusCode::kInternal, "cannot copy '{}': {}", src.string(),
+                          ec.message());
     }
   }
   return Status::ok();

@@ -18,8 +18,8 @@ namespace litellama {
 struct RandomCheckpointPreset {
   std::string name;
   std::string description;
-  nlohmann::json config;      // config.json as written (torch_dtype filled in at write time)
-  std::string tokenizer;      // assets/tokenizers/<tokenizer> to copy beside it, or empty
+  nlohmann::json config;  // config.json as written (torch_dtype filled in at write time)
+  std::string tokenizer;  // assets/tokenizers/<tokenizer> to copy beside it, or empty
 };
 
 // All presets, in a fixed order.
@@ -29,7 +29,7 @@ Result<RandomCheckpointPreset> find_random_checkpoint_preset(const std::string& 
 struct RandomCheckpointOptions {
   uint64_t seed = 0;
   DType storage_dtype = DType::kF32;
-  int32_t n_shards = 1;  // > 1 writes model-0000i-of-0000n.safetensors + index
+  int32_t n_shards = 1;       // > 1 writes model-0000i-of-0000n.safetensors + index
   std::string tokenizer_dir;  // copy tokenizer.json / tokenizer_config.json from here if set
 };
 

@@ -37,21 +37,23 @@ double rope_dynamic_base(const ModelConfig& config, int64_t seq_len) {
   const double orig = static_cast<double>(r.original_max_position_embeddings);
   if (r.type != RopeScalingType::kDynamic || static_cast<double>(seq_len) <= orig) return r.theta;
   const double d = config.head_dim;
-  return r.theta *
-         std::pow((r.factor * static_cast<double>(seq_len) / orig) - (r.factor - 1.0), d / (d - 2.0));
+  return r.theta * std::pow((r.factor * static_cast<double>(seq_len) / orig) - (r.factor - 1.0),
+                            d / (d - 2.0));
 }
 
 std::vector<float> rope_inv_freq(const ModelConfig& config, int64_t seq_len) {
   const RopeConfig& r = config.rope;
   const int32_t dim = config.head_dim;
   switch (r.type) {
-    case RopeScalingType::kDefault: return base_inv_freq(r.theta, dim);
+    case RopeScalingType::kDefault:
+      return base_inv_freq(r.theta, dim);
     case RopeScalingType::kLinear: {
       auto inv = base_inv_freq(r.theta, dim);
       for (auto& f : inv) f = f / static_cast<float>(r.factor);
       return inv;
     }
-    case RopeScalingType::kDynamic: return base_inv_freq(rope_dynamic_base(config, seq_len), dim);
+    case RopeScalingType::kDynamic:
+      return base_inv_freq(rope_dynamic_base(config, seq_len), dim);
     case RopeScalingType::kLlama3: {
       auto inv = base_inv_freq(r.theta, dim);
       const double old_ctx = static_cast<double>(r.original_max_position_embeddings);
@@ -90,8 +92,8 @@ std::vector<float> rope_inv_freq(const ModelConfig& config, int64_t seq_len) {
         const float ramp = std::clamp(
             static_cast<float>((static_cast<double>(i) - low) / (high - low)), 0.0f, 1.0f);
         const float extrapolation_factor = 1.0f - ramp;
-        inv[static_cast<size_t>(i)] = interpolation * (1 - extrapolation_factor) +
-                                      extrapolation * extrapolation_factor;
+        inv[static_cast<size_t>(i)] =
+            interpolation * (1 - extrapolation_factor) + extrapolation * extrapolation_factor;
       }
       return inv;
     }

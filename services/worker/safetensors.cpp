@@ -26,8 +26,7 @@ Result<std::vector<SafetensorsEntry>> parse_safetensors(const MappedFile& file) 
   const char* begin = reinterpret_cast<const char*>(file.data() + 8);
   json header = json::parse(begin, begin + header_len, nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded() || !header.is_object()) {
-    return make_error(StatusCode::kDataLoss, "'{}': safetensors header is not a JSON object",
-                      path);
+    return make_error(StatusCode::kDataLoss, "'{}': safetensors header is not a JSON object", path);
   }
   const size_t data_start = 8 + header_len;
   const size_t data_size = file.size_bytes() - data_start;
@@ -38,11 +37,11 @@ Result<std::vector<SafetensorsEntry>> parse_safetensors(const MappedFile& file) 
     const json& t = it.value();
     SafetensorsEntry e;
     e.name = it.key();
-    if (!t.is_object() || !t.contains("dtype") || !t["dtype"].is_string() ||
-        !t.contains("shape") || !t["shape"].is_array() || !t.contains("data_offsets") ||
-        !t["data_offsets"].is_array() || t["data_offsets"].size() != 2) {
-      return make_error(StatusCode::kDataLoss, "'{}': malformed header entry for tensor '{}'",
-                        path, e.name);
+    if (!t.is_object() || !t.contains("dtype") || !t["dtype"].is_string() || !t.contains("shape") ||
+        !t["shape"].is_array() || !t.contains("data_offsets") || !t["data_offsets"].is_array() ||
+        t["data_offsets"].size() != 2) {
+      return make_error(StatusCode::kDataLoss, "'{}': malformed header entry for tensor '{}'", path,
+                        e.name);
     }
     auto dtype = dtype_from_safetensors_name(t["dtype"].get<std::string>());
     if (!dtype) {
@@ -53,13 +52,11 @@ Result<std::vector<SafetensorsEntry>> parse_safetensors(const MappedFile& file) 
     uint64_t numel = 1;
     for (const auto& d : t["shape"]) {
       if (!d.is_number_unsigned() && !(d.is_number_integer() && d.get<int64_t>() >= 0)) {
-        return make_error(StatusCode::kDataLoss, "'{}': tensor '{}' has a bad shape", path,
-                          e.name);
+        return make_error(StatusCode::kDataLoss, "'{}': tensor '{}' has a bad shape", path, e.name);
       }
       const auto dim = d.get<uint64_t>();
       if (dim != 0 && numel > (uint64_t{1} << 62) / dim) {
-        return make_error(StatusCode::kDataLoss, "'{}': tensor '{}' shape overflows", path,
-                          e.name);
+        return make_error(StatusCode::kDataLoss, "'{}': tensor '{}' shape overflows", path, e.name);
       }
       e.shape.push_back(static_cast<int64_t>(dim));
       numel *= dim;

@@ -10,10 +10,10 @@
 namespace litellama {
 
 struct SamplingParams {
-  float temperature = 0.0f;  // 0: greedy (argmax after penalties)
-  int32_t top_k = 0;         // 0: off
-  float top_p = 1.0f;        // 1: off
-  float min_p = 0.0f;        // 0: off
+  float temperature = 0.0f;         // 0: greedy (argmax after penalties)
+  int32_t top_k = 0;                // 0: off
+  float top_p = 1.0f;               // 1: off
+  float min_p = 0.0f;               // 0: off
   float repetition_penalty = 1.0f;  // 1: off
   float frequency_penalty = 0.0f;   // 0: off
   float presence_penalty = 0.0f;    // 0: off

@@ -69,7 +69,7 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             model_dir = os.path.join(tmp, preset)
             subprocess.run([args.litellama, "make-model", "--preset", preset, "--out", model_dir,
-                            "--seed", str(SEED), "--dtype", "float32", "--tokenizer-dir", ""],
+                            "--seed", str(SEED), "--dtype", "float32", "--no-tokenizer"],
                            check=True)
             model = AutoModelForCausalLM.from_pretrained(
                 model_dir, torch_dtype=torch.float32, attn_implementation="eager")

@@ -239,7 +239,9 @@ TEST(CheckpointTest, LlavaTextModelUnderItsPublishedNames) {
                        std::vector<uint8_t>(mapped->data() + e.offset_bytes,
                                             mapped->data() + e.offset_bytes + e.size_bytes)});
   }
-  tensors.push_back({"vision_tower.vision_model.post_layernorm.weight", DType::kF32, {4},
+  tensors.push_back({"vision_tower.vision_model.post_layernorm.weight",
+                     DType::kF32,
+                     {4},
                      std::vector<uint8_t>(16, 0)});
   const std::string llava = tmp.sub("llava");
   fs::create_directories(llava);

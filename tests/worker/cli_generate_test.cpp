@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -37,7 +38,8 @@ class CliGenerateTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     tmp_ = new test::TempDir();
-    const auto r = run("make-model --preset llama3-untied-tiny --seed 11 --out " + model());
+    const auto r =
+        run("make-model --preset llama3-untied-tiny --seed 11 --no-tokenizer --out " + model());
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
   static void TearDownTestSuite() { delete tmp_; }
@@ -79,17 +81,48 @@ TEST_F(CliGenerateTest, StopTokenEndsGeneration) {
   const int second_id = j["output_ids"][1];
   const auto stopped = run("generate --model " + model() +
                            " --input-ids 1,2,3 --max-new-tokens 10 --ignore-eos --json "
-                           "--stop-token-ids " + std::to_string(second_id));
+                           "--stop-token-ids " +
+                           std::to_string(second_id));
   auto k = nlohmann::json::parse(stopped.output.substr(stopped.output.find('{')));
   EXPECT_EQ(k["finish_reason"], "stop");
   EXPECT_EQ(k["output_ids"].size(), 2u);
 }
 
+TEST_F(CliGenerateTest, PromptTextThroughTheModelsTokenizer) {
+  const std::string tok = test::source_dir() + "/assets/tokenizers/llama3_1";
+  ASSERT_TRUE(std::filesystem::exists(tok + "/tokenizer.json"))
+      << "tokenizer assets missing: run scripts/fetch-assets.sh";
+  const std::string dir = tmp_->sub("with-tokenizer");
+  auto made = run("make-model --preset llama3-untied-tiny --seed 11 --out " + dir +
+                  " --tokenizer-dir " + tok);
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  const auto r = run("generate --model " + dir +
+                     " --prompt 'Hello, world' --max-new-tokens 4 --ignore-eos --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto j = nlohmann::json::parse(r.output.substr(r.output.find('{')));
+  EXPECT_EQ(j["output_ids"].size(), 4u);
+  // <|begin_of_text|> Hello , world
+  EXPECT_EQ(j["n_prompt_tokens"], 4);
+  EXPECT_TRUE(j.contains("text"));
+  // The same ids given directly produce the same output.
+  const auto ids = run("generate --model " + dir +
+                       " --input-ids 128000,9906,11,1917 --max-new-tokens 4 --ignore-eos --json");
+  auto k = nlohmann::json::parse(ids.output.substr(ids.output.find('{')));
+  EXPECT_EQ(j["output_ids"], k["output_ids"]);
+
+  const auto chat = run("generate --model " + dir +
+                        " --prompt 'Hi' --chat --max-new-tokens 2 --ignore-eos --json");
+  ASSERT_EQ(chat.exit_code, 0) << chat.output;
+  auto c = nlohmann::json::parse(chat.output.substr(chat.output.find('{')));
+  EXPECT_GT(c["n_prompt_tokens"].get<int>(), 10);  // header tokens of the chat template
+}
+
 TEST_F(CliGenerateTest, BadInputGetsAClearError) {
+  expect_error("generate --model " + model() + " --prompt hi",
+               "--prompt needs tokenizer.json in the model directory");
   expect_error("generate --model " + model() + " --input-ids 1,x,3", "'x' is not a token id");
   expect_error("generate --model " + model() + " --input-ids 1,,3", "empty element");
-  expect_error("generate --model " + model() + " --input-ids 99999999",
-               "outside the vocabulary");
+  expect_error("generate --model " + model() + " --input-ids 99999999", "outside the vocabulary");
   expect_error("generate --model " + model() + " --input-ids 1 --prompt hi",
                "exactly one of --input-ids and --prompt");
   expect_error("generate --model " + model(), "exactly one of --input-ids and --prompt");
@@ -103,10 +136,9 @@ TEST_F(CliGenerateTest, BadInputGetsAClearError) {
   expect_error("generate --model " + model() + " --input-ids 1 --max-new-tokens 0",
                "max-new-tokens");
   expect_error("generate --model " + model() + " --input-ids 1 --temperature -1", "temperature");
-  expect_error("generate --model " + model() + " --input-ids 1 --prompt ''",
-               "exactly one of --input-ids and --prompt");
+  expect_error("generate --model " + model() + " --input-ids 1 --prompt ''", "--prompt is empty");
   expect_error("make-model --preset nope --out " + tmp_->sub("x"), "no model preset 'nope'");
-  expect_error("frobnicate", "frobnicate");
+  expect_error("frobnicate", "subcommand");
 }
 
 }  // namespace

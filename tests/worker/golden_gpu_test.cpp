@@ -104,9 +104,8 @@ TEST_P(GoldenGpuTest, HalfPrecisionTopLogitsWithinTolerance) {
         found = found || id == ref_top;
         EXPECT_TRUE(std::isfinite(value));
       }
-      EXPECT_TRUE(found) << GetParam() << " " << dtype_torch_name(dtype)
-                         << ": reference top id " << ref_top << " not in our top "
-                         << top.size();
+      EXPECT_TRUE(found) << GetParam() << " " << dtype_torch_name(dtype) << ": reference top id "
+                         << ref_top << " not in our top " << top.size();
     }
   }
 }

@@ -18,8 +18,8 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 inline std::vector<std::string> golden_presets() {
-  return {"llama3-tiny",   "llama3-untied-tiny", "llama2-linear-tiny", "llama2-dynamic-tiny",
-          "mistral-tiny",  "qwen2-tiny",         "qwen2-yarn-tiny",    "qwen3-tiny"};
+  return {"llama3-tiny",  "llama3-untied-tiny", "llama2-linear-tiny", "llama2-dynamic-tiny",
+          "mistral-tiny", "qwen2-tiny",         "qwen2-yarn-tiny",    "qwen3-tiny"};
 }
 
 inline json load_golden(const std::string& preset) {

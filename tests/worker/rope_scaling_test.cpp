@@ -49,7 +49,7 @@ TEST(RopeScalingTest, Llama3KeepsHighFrequenciesAndScalesLowOnes) {
   plain_cfg.rope.type = RopeScalingType::kDefault;
   auto plain = rope_inv_freq(plain_cfg, 1);
   auto scaled = rope_inv_freq(c, 1);
-  EXPECT_FLOAT_EQ(scaled[0], plain[0]);  // wavelength 2*pi: untouched
+  EXPECT_FLOAT_EQ(scaled[0], plain[0]);           // wavelength 2*pi: untouched
   EXPECT_FLOAT_EQ(scaled[31], plain[31] / 8.0f);  // longest wavelength: divided by factor
   EXPECT_FLOAT_EQ(rope_attention_scaling(c), 1.0f);
 }
@@ -62,8 +62,8 @@ TEST(RopeScalingTest, YarnAttentionFactor) {
   auto inv = rope_inv_freq(c, 1);
   ModelConfig plain_cfg = config_with(RopeScalingType::kDefault, 1.0);
   auto plain = rope_inv_freq(plain_cfg, 1);
-  EXPECT_FLOAT_EQ(inv[0], plain[0]);                // extrapolated band
-  EXPECT_NEAR(inv[31], plain[31] / 4.0f, 1e-12);     // interpolated band
+  EXPECT_FLOAT_EQ(inv[0], plain[0]);              // extrapolated band
+  EXPECT_NEAR(inv[31], plain[31] / 4.0f, 1e-12);  // interpolated band
 }
 
 }  // namespace
