@@ -14,6 +14,9 @@ namespace litellama {
 
 namespace {
 
+// Below this many multiply-adds an op runs on one thread.
+constexpr int64_t kMinParallelMacs = int64_t{1} << 18;
+
 struct CpuLayer {
   std::vector<float> input_norm, wq, wk, wv, bq, bk, bv, q_norm, k_norm, wo;
   std::vector<float> post_norm, w_gate, w_up, w_down;
@@ -88,7 +91,10 @@ void CpuModelRunner::linear(float* out, const float* in, const float* w, const f
                             int64_t n_rows, int64_t n_out, int64_t n_in) const {
   // Four rows share each pass over a weight row, so weights stream once per four tokens.
   constexpr int64_t kRowBlock = 4;
-#pragma omp parallel for schedule(static) num_threads(n_threads_)
+  // Small products run on one thread: a parallel region costs more than it saves there, and
+  // much more on a loaded machine where worker threads wait to be scheduled.
+  const bool parallel = n_rows * n_out * n_in >= kMinParallelMacs;
+#pragma omp parallel for schedule(static) num_threads(n_threads_) if (parallel)
   for (int64_t n = 0; n < n_out; ++n) {
     const float* wr = w + n * n_in;
     const float b = bias ? bias[n] : 0.0f;
@@ -146,7 +152,10 @@ void CpuModelRunner::attention(float* out, const float* q, int32_t layer,
   for (int32_t s = 0; s < batch.n_seqs(); ++s) {
     for (int32_t t = batch.token_start[s]; t < batch.token_start[s + 1]; ++t) seq_of[t] = s;
   }
-#pragma omp parallel num_threads(n_threads_)
+  int64_t n_pairs = 0;  // (query, key) dot products of this step
+  for (int64_t t = 0; t < n_tokens; ++t) n_pairs += batch.positions[t] + 1;
+  const bool parallel = n_pairs * n_heads * hd >= kMinParallelMacs;
+#pragma omp parallel num_threads(n_threads_) if (parallel)
   {
     std::vector<float> scores;
     std::vector<float> acc(static_cast<size_t>(hd));

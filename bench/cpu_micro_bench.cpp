@@ -1,0 +1,140 @@
+// Micro-benchmarks of the CPU-side hot spots (Google Benchmark): tokenizer encode and streaming
+// decode, the CPU sampler over a real vocabulary, and one CPU-runner decode step of a tiny model.
+// Run: build/bin/litellama-micro-bench [--benchmark_filter=...]
+#include <benchmark/benchmark.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <numeric>
+#include <random>
+#include <string>
+
+#include "services/tokenizer/incremental_detokenizer.h"
+#include "services/tokenizer/tokenizer.h"
+#include "services/worker/checkpoint.h"
+#include "services/worker/cpu_sampler.h"
+#include "services/worker/model_runner.h"
+#include "services/worker/random_checkpoint.h"
+
+namespace litellama {
+namespace {
+
+#ifndef LITELLAMA_SOURCE_DIR
+#define LITELLAMA_SOURCE_DIR "."
+#endif
+
+const Tokenizer* llama3_tokenizer() {
+  static const Tokenizer* tok = [] {
+    auto t = Tokenizer::load(std::string(LITELLAMA_SOURCE_DIR) + "/assets/tokenizers/llama3_1");
+    return t.is_ok() ? new Tokenizer(std::move(t).value()) : nullptr;
+  }();
+  return tok;
+}
+
+std::string sample_text() {
+  std::string text;
+  for (int i = 0; i < 200; ++i) {
+    text += "The quick brown fox jumps over the lazy dog; numbers 12345 and émoji 🦊 ";
+    text += "日本語のテキスト, код на русском, and code: for (int i = 0; i < n; ++i) {}\n";
+  }
+  return text;
+}
+
+void BM_TokenizerEncode(benchmark::State& state) {
+  const Tokenizer* tok = llama3_tokenizer();
+  if (!tok) {
+    state.SkipWithError("assets/tokenizers/llama3_1 missing (run scripts/fetch-assets.sh)");
+    return;
+  }
+  const std::string text = sample_text();
+  for (auto _ : state) benchmark::DoNotOptimize(tok->encode(text));
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * text.size()));
+}
+BENCHMARK(BM_TokenizerEncode)->Unit(benchmark::kMillisecond);
+
+void BM_IncrementalDetokenize(benchmark::State& state) {
+  const Tokenizer* tok = llama3_tokenizer();
+  if (!tok) {
+    state.SkipWithError("assets/tokenizers/llama3_1 missing (run scripts/fetch-assets.sh)");
+    return;
+  }
+  const auto ids = tok->encode(sample_text());
+  for (auto _ : state) {
+    IncrementalDetokenizer detok(*tok);
+    size_t n = 0;
+    for (size_t i = 0; i < ids.size(); ++i) n += detok.push({&ids[i], 1}).size();
+    benchmark::DoNotOptimize(n);
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * ids.size()));
+}
+BENCHMARK(BM_IncrementalDetokenize)->Unit(benchmark::kMillisecond);
+
+void BM_CpuSampler(benchmark::State& state) {
+  std::vector<float> logits(128256);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (auto& l : logits) l = normal(rng);
+  SamplingParams p;
+  p.temperature = state.range(0) ? 0.8f : 0.0f;
+  p.top_k = state.range(0) ? 50 : 0;
+  p.top_p = state.range(0) ? 0.9f : 1.0f;
+  int64_t n = 0;
+  std::vector<float> work(logits.size());
+  for (auto _ : state) {
+    work = logits;
+    SamplingInput in;
+    in.n_generated = n++;
+    benchmark::DoNotOptimize(sample_token(work, p, in));
+  }
+}
+BENCHMARK(BM_CpuSampler)->Arg(0)->Arg(1)->ArgNames({"top_k_top_p"});
+
+void BM_CpuDecodeStep(benchmark::State& state) {
+  const auto dir = std::filesystem::temp_directory_path() / "litellama-micro-bench-default";
+  if (!std::filesystem::exists(dir / "model.safetensors")) {
+    auto preset = find_random_checkpoint_preset("default");
+    RandomCheckpointOptions options;
+    options.storage_dtype = DType::kBF16;
+    if (!preset.is_ok() ||
+        !write_random_checkpoint(dir.string(), preset->config, options).is_ok()) {
+      state.SkipWithError("cannot write the default model");
+      return;
+    }
+  }
+  auto ckpt = Checkpoint::open(dir.string());
+  RunnerOptions options;
+  options.n_kv_slots = 4096;
+  auto runner = create_model_runner(*ckpt, options);
+  if (!runner.is_ok()) {
+    state.SkipWithError(runner.status().message().c_str());
+    return;
+  }
+  const auto batch_size = static_cast<int32_t>(state.range(0));
+  const int32_t context = 128;
+  std::vector<int32_t> prompt(context);
+  std::iota(prompt.begin(), prompt.end(), 1000);
+  StepBatch prefill;
+  std::vector<std::vector<int32_t>> slots(batch_size);
+  for (int32_t s = 0; s < batch_size; ++s) {
+    for (int32_t i = 0; i <= context; ++i) slots[s].push_back(s * (context + 1) + i);
+    prefill.add_sequence(prompt, std::span<const int32_t>(slots[s]).first(context), true, {}, 0);
+  }
+  StepOutput out;
+  if (!(*runner)->step(prefill, &out).is_ok()) {
+    state.SkipWithError("prefill failed");
+    return;
+  }
+  StepBatch decode;
+  for (int32_t s = 0; s < batch_size; ++s) {
+    const int32_t tok = out.sampled_ids[s];
+    decode.add_sequence(std::span<const int32_t>(&tok, 1), slots[s], true, {}, 1);
+  }
+  for (auto _ : state) benchmark::DoNotOptimize((*runner)->step(decode, &out).is_ok());
+  state.SetItemsProcessed(state.iterations() * batch_size);
+}
+BENCHMARK(BM_CpuDecodeStep)->Arg(1)->Arg(8)->ArgNames({"batch"})->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace litellama
+
+BENCHMARK_MAIN();
