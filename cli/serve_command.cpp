@@ -39,9 +39,10 @@ int run_serve(LaunchOptions options, int ready_timeout_ms) {
                  "tokenizers +2..)\n",
                  options.metrics_host.c_str(), options.metrics_port);
   }
-  launcher.supervise(g_stop);
+  const Status supervised = launcher.supervise(g_stop);
   std::fprintf(stderr, "litellama serve: stopping\n");
   launcher.stop_all();
+  if (!supervised) return fail(cmd, supervised);
   return 0;
 }
 

@@ -4,14 +4,37 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include <fmt/format.h>
 
+#include "common/net/metrics_server.h"
 #include "common/net/scheduler_client.h"
 #include "common/net/zmq_util.h"
 
 namespace litellama::cli {
+
+namespace {
+
+// A child that exits this soon after a start, this many times in a row, is not restarted again.
+constexpr double kQuickExitSeconds = 10.0;
+constexpr int32_t kMaxQuickExits = 5;
+
+std::string log_tail(const std::string& path, size_t n_lines) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    lines.push_back(std::move(line));
+    if (lines.size() > n_lines) lines.erase(lines.begin());
+  }
+  std::string out;
+  for (const auto& line : lines) out += "\n  " + line;
+  return out;
+}
+
+}  // namespace
 
 ServiceLauncher::ServiceLauncher(LaunchOptions options) : options_(std::move(options)) {}
 
@@ -23,7 +46,18 @@ Status ServiceLauncher::launch(Service& s) {
   std::string log;
   if (!options_.log_dir.empty()) log = options_.log_dir + "/" + s.name + ".log";
   LITELLAMA_ASSIGN_OR_RETURN(s.process, net::ChildProcess::spawn(s.argv, log));
+  s.started = std::chrono::steady_clock::now();
   return Status::ok();
+}
+
+std::string ServiceLauncher::describe_exit(const Service& s, int code, const char* when) const {
+  std::string what = fmt::format("{} exited with status {}{}", s.name, code, when);
+  if (code == net::kExitConfigError) what += " (its configuration cannot work; not restarted)";
+  if (!options_.log_dir.empty()) {
+    const std::string tail = log_tail(options_.log_dir + "/" + s.name + ".log", 5);
+    if (!tail.empty()) what += "; the end of " + s.name + ".log:" + tail;
+  }
+  return what;
 }
 
 Status ServiceLauncher::start() {
@@ -48,31 +82,42 @@ Status ServiceLauncher::start() {
   const std::string worker_ep = net::ipc_endpoint(options_.run_dir, "worker");
   const std::string tokenizer_ep = net::ipc_endpoint(options_.run_dir, "tokenizer");
   services_.clear();
-  services_.push_back(
-      {"scheduler",
-       {bin + "/litellama-scheduler", "--client-endpoint", client_endpoint_, "--worker-endpoint",
-        worker_ep, "--tokenizer-endpoint", tokenizer_ep, "--metrics", metrics(0), "--log-level",
-        options_.log_level, "--max-batch-tokens", std::to_string(options_.max_batch_tokens),
-        "--max-batch-seqs", std::to_string(options_.max_batch_seqs)},
-       {},
-       0});
-  services_.push_back(
-      {"worker",
-       {bin + "/litellama-worker", "--model", options_.model_dir, "--device", options_.device,
-        "--scheduler", worker_ep, "--metrics", metrics(1), "--log-level", options_.log_level,
-        "--kv-slots", std::to_string(options_.kv_slots), "--threads",
-        std::to_string(options_.threads), "--max-batch-tokens",
-        std::to_string(options_.max_batch_tokens), "--max-batch-seqs",
-        std::to_string(options_.max_batch_seqs)},
-       {},
-       0});
+  auto add = [this](std::string name, std::vector<std::string> argv, std::string metrics_listen) {
+    Service& s = services_.emplace_back();
+    s.name = std::move(name);
+    s.argv = std::move(argv);
+    s.metrics_listen = std::move(metrics_listen);
+  };
+  add("scheduler",
+      {bin + "/litellama-scheduler", "--client-endpoint", client_endpoint_, "--worker-endpoint",
+       worker_ep, "--tokenizer-endpoint", tokenizer_ep, "--metrics", metrics(0), "--log-level",
+       options_.log_level, "--max-batch-tokens", std::to_string(options_.max_batch_tokens),
+       "--max-batch-seqs", std::to_string(options_.max_batch_seqs)},
+      metrics(0));
+  add("worker",
+      {bin + "/litellama-worker", "--model", options_.model_dir, "--device", options_.device,
+       "--scheduler", worker_ep, "--metrics", metrics(1), "--log-level", options_.log_level,
+       "--kv-slots", std::to_string(options_.kv_slots), "--threads",
+       std::to_string(options_.threads), "--max-batch-tokens",
+       std::to_string(options_.max_batch_tokens), "--max-batch-seqs",
+       std::to_string(options_.max_batch_seqs)},
+      metrics(1));
   for (int32_t i = 0; i < options_.n_tokenizers; ++i) {
-    services_.push_back(
-        {fmt::format("tokenizer-{}", i),
-         {bin + "/litellama-tokenizer", "--model", options_.model_dir, "--scheduler", tokenizer_ep,
-          "--metrics", metrics(2 + i), "--log-level", options_.log_level},
-         {},
-         0});
+    add(fmt::format("tokenizer-{}", i),
+        {bin + "/litellama-tokenizer", "--model", options_.model_dir, "--scheduler", tokenizer_ep,
+         "--metrics", metrics(2 + i), "--log-level", options_.log_level},
+        metrics(2 + i));
+  }
+  // A taken port would make that service exit at once; say which and why before starting any.
+  for (const Service& s : services_) {
+    if (s.metrics_listen.empty()) continue;
+    if (Status st = net::MetricsServer::check_available(s.metrics_listen); !st) {
+      return make_error(st.code(),
+                        "metrics port of the {}: {}; pass --metrics-port with {} free ports "
+                        "from there (the scheduler's, the worker's, one per tokenizer), or "
+                        "--metrics-port 0 to turn metrics off",
+                        s.name, st.message(), 2 + options_.n_tokenizers);
+    }
   }
   for (Service& s : services_) LITELLAMA_RETURN_IF_ERROR(launch(s));
   return Status::ok();
@@ -82,9 +127,12 @@ Status ServiceLauncher::wait_ready(int timeout_ms) {
   LITELLAMA_ASSIGN_OR_RETURN(auto client, net::SchedulerClient::connect(client_endpoint_));
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (std::chrono::steady_clock::now() < deadline) {
+    // Whatever made a service exit before the others were up (a bad model, a taken port) would
+    // most likely make it exit again: report it instead of waiting out the timeout.
     for (Service& s : services_) {
-      if (auto code = s.process.poll(); code && !options_.restart) {
-        return make_error(StatusCode::kUnavailable, "{} exited with status {}", s.name, *code);
+      if (auto code = s.process.poll()) {
+        return make_error(StatusCode::kUnavailable, "{}",
+                          describe_exit(s, *code, " while the services were starting"));
       }
     }
     if (client->wait_ready(500).is_ok()) return Status::ok();
@@ -93,22 +141,32 @@ Status ServiceLauncher::wait_ready(int timeout_ms) {
                     timeout_ms);
 }
 
-void ServiceLauncher::supervise(const std::atomic<bool>& stop) {
+Status ServiceLauncher::supervise(const std::atomic<bool>& stop) {
   while (!stop.load()) {
     for (Service& s : services_) {
       auto code = s.process.poll();
-      if (!code || !options_.restart || stop.load()) continue;
+      if (!code || stop.load()) continue;
+      if (!options_.restart || *code == net::kExitConfigError) {
+        return make_error(StatusCode::kUnavailable, "{}", describe_exit(s, *code));
+      }
+      const double ran_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - s.started).count();
+      s.n_quick_exits = ran_seconds < kQuickExitSeconds ? s.n_quick_exits + 1 : 0;
+      if (s.n_quick_exits >= kMaxQuickExits) {
+        return make_error(StatusCode::kUnavailable,
+                          "{}, the {}th time in a row within {} s of a start; giving up",
+                          describe_exit(s, *code), kMaxQuickExits, kQuickExitSeconds);
+      }
       ++s.n_restarts;
       std::fprintf(stderr, "litellama serve: %s exited with status %d; restarting (%d)\n",
                    s.name.c_str(), *code, s.n_restarts);
       // Back off a little when a service keeps dying.
-      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(5000, 200 * s.n_restarts)));
-      if (Status st = launch(s); !st) {
-        std::fprintf(stderr, "litellama serve: %s\n", st.to_string().c_str());
-      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200 * (1 << s.n_quick_exits)));
+      if (Status st = launch(s); !st) return st;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
+  return Status::ok();
 }
 
 void ServiceLauncher::stop_all() {

@@ -1,9 +1,16 @@
 // ServiceLauncher: starts litellama-scheduler, litellama-worker and N litellama-tokenizer
 // processes (sibling binaries of this executable) on one run directory, restarts any that dies,
 // and stops them all in order (tokenizers and worker, then the scheduler).
+//
+// Failing fast: the metrics ports are checked before anything starts; a service that exits while
+// the others are still coming up ends start-up with its exit status and the end of its log; a
+// service that exits with net::kExitConfigError (its port or endpoint is taken) is not restarted
+// but ends supervision; one that keeps dying right after each restart is given up on. A slow
+// service (a CUDA worker loading weights) is never restarted for being slow: only exits count.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -41,10 +48,12 @@ class ServiceLauncher {
   ~ServiceLauncher();
 
   Status start();
-  // Waits until the scheduler reports a worker and a tokenizer up.
+  // Waits until the scheduler reports a worker and a tokenizer up; fails at once when a service
+  // exits meanwhile.
   Status wait_ready(int timeout_ms);
-  // Restarts dead children until *stop; returns then (without stopping them).
-  void supervise(const std::atomic<bool>& stop);
+  // Restarts dead children until *stop (then returns ok, without stopping them), or until a
+  // child cannot be brought back (returns why).
+  Status supervise(const std::atomic<bool>& stop);
   void stop_all();
 
   const std::string& client_endpoint() const { return client_endpoint_; }
@@ -53,10 +62,15 @@ class ServiceLauncher {
   struct Service {
     std::string name;
     std::vector<std::string> argv;
+    std::string metrics_listen;  // "" : off
     net::ChildProcess process;
     int32_t n_restarts = 0;
+    int32_t n_quick_exits = 0;  // exits in a row within kQuickExitSeconds of a start
+    std::chrono::steady_clock::time_point started;
   };
   Status launch(Service& s);
+  // "<name> exited with status N<when>" plus the last lines of its log file, when there is one.
+  std::string describe_exit(const Service& s, int code, const char* when = "") const;
 
   LaunchOptions options_;
   std::string client_endpoint_;

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,10 +18,15 @@ Result<ChildProcess> ChildProcess::spawn(const std::vector<std::string>& argv,
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) return make_error(StatusCode::kUnavailable, "fork failed for {}", argv[0]);
   if (pid == 0) {
     setpgid(0, 0);
+    // Die with the spawner. The signal fires when the spawning thread ends, so spawn from a
+    // thread that lives as long as the child should (the launcher's main thread does).
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(127);  // the spawner died before prctl took effect
     if (!log_path.empty()) {
       const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       if (fd >= 0) {

@@ -1,5 +1,7 @@
 // ChildProcess: a spawned program (fork + exec) the launcher and the integration tests supervise.
-// The child gets its own process group so a signal aimed at it reaches nothing else.
+// The child gets its own process group so a signal aimed at it reaches nothing else, and it gets
+// SIGTERM when the process that spawned it dies: a launcher killed outright (SIGKILL, a timeout)
+// must not leave services behind that hold its sockets, shared memory and metrics ports.
 #pragma once
 
 #include <sys/types.h>
@@ -11,6 +13,12 @@
 #include "common/status.h"
 
 namespace litellama::net {
+
+// Exit status of a service whose configuration cannot work (its metrics port is taken, its
+// endpoint cannot be bound): restarting it would fail the same way, so supervisors (serve, the
+// systemd units' RestartPreventExitStatus) leave it down and report it. Same value as sysexits'
+// EX_CONFIG.
+inline constexpr int kExitConfigError = 78;
 
 class ChildProcess {
  public:

@@ -20,10 +20,17 @@ class MetricsServer {
   // Returns "" when ready, else why not. Called from the HTTP threads: must be thread-safe.
   using ReadyCheck = std::function<std::string()>;
 
-  // `listen` is "PORT" or "HOST:PORT" (port 0 picks a free one).
+  // `listen` is "PORT" or "HOST:PORT" (port 0 picks a free one). A port another process holds
+  // fails with kResourceExhausted and a message that says so (not civetweb's generic one).
   static Result<std::unique_ptr<MetricsServer>> start(
       const std::string& listen, std::shared_ptr<prometheus::Registry> registry, ReadyCheck ready);
   ~MetricsServer();
+
+  // Whether `listen` could be bound now (a socket with SO_REUSEADDR, as civetweb uses, bound and
+  // closed again). kResourceExhausted when the port is in use, kInvalidArgument when the address
+  // is malformed or not local. A launcher calls this before starting services so that a taken
+  // port is reported once, up front, instead of as a service that keeps exiting.
+  static Status check_available(const std::string& listen);
 
   int port() const { return port_; }
 

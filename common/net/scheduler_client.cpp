@@ -1,6 +1,7 @@
 #include "common/net/scheduler_client.h"
 
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include "common/log.h"
@@ -14,6 +15,14 @@ Result<std::unique_ptr<SchedulerClient>> SchedulerClient::connect(const std::str
   try {
     client->socket_ = zmq::socket_t(client->context_, zmq::socket_type::dealer);
     configure_socket(client->socket_);
+    // The context is the client's own, so one fixed inproc name cannot collide.
+    constexpr const char* kMonitor = "inproc://scheduler-client-monitor";
+    if (zmq_socket_monitor(client->socket_.handle(), kMonitor, ZMQ_EVENT_DISCONNECTED) != 0) {
+      throw zmq::error_t();
+    }
+    client->monitor_ = zmq::socket_t(client->context_, zmq::socket_type::pair);
+    client->monitor_.set(zmq::sockopt::linger, 0);
+    client->monitor_.connect(kMonitor);
     client->socket_.connect(endpoint);
   } catch (const zmq::error_t& e) {
     return make_error(StatusCode::kInvalidArgument, "cannot connect to '{}': {}", endpoint,
@@ -22,13 +31,28 @@ Result<std::unique_ptr<SchedulerClient>> SchedulerClient::connect(const std::str
   return client;
 }
 
-SchedulerClient::~SchedulerClient() = default;
+SchedulerClient::~SchedulerClient() {
+  if (socket_) zmq_socket_monitor(socket_.handle(), nullptr, 0);
+}
+
+void SchedulerClient::connection_lost() {
+  for (uint64_t id : open_) {
+    ClientEvent event;
+    event.kind = ClientEvent::Kind::kError;
+    event.error.request_id = id;
+    event.error.code = status_code_name(StatusCode::kUnavailable);
+    event.error.message = "the connection to the scheduler was lost";
+    events_.push_back(std::move(event));
+  }
+  open_.clear();
+}
 
 Result<uint64_t> SchedulerClient::submit(proto::GenerateRequest request) {
   request.request_id = next_request_id_++;
   if (send_one(socket_, proto::encode(request)) != SendResult::kSent) {
     return make_error(StatusCode::kUnavailable, "scheduler queue is full");
   }
+  open_.insert(request.request_id);
   return request.request_id;
 }
 
@@ -42,11 +66,21 @@ Status SchedulerClient::abort(uint64_t request_id) {
 }
 
 Result<bool> SchedulerClient::receive(int timeout_ms, std::optional<proto::ServerInfoReply>* info) {
-  zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
-  const int n = zmq::poll(&item, 1, std::chrono::milliseconds(timeout_ms));
+  zmq::pollitem_t items[] = {{socket_.handle(), 0, ZMQ_POLLIN, 0},
+                             {monitor_.handle(), 0, ZMQ_POLLIN, 0}};
+  const int n = zmq::poll(items, 2, std::chrono::milliseconds(timeout_ms));
   if (n == 0) return false;
   std::vector<zmq::message_t> frames;
-  if (!recv_frames(socket_, &frames)) return false;
+  // Replies already received come before the news that the connection dropped after them.
+  if (!recv_frames(socket_, &frames)) {
+    if (!recv_frames(monitor_, &frames)) return false;
+    uint16_t event = 0;
+    if (!frames.empty() && frames[0].size() >= sizeof(event)) {
+      std::memcpy(&event, frames[0].data(), sizeof(event));
+    }
+    if (event == ZMQ_EVENT_DISCONNECTED) connection_lost();
+    return true;
+  }
   if (frames.size() != 1) {
     ++n_protocol_errors_;
     return true;
@@ -64,6 +98,7 @@ Result<bool> SchedulerClient::receive(int timeout_ms, std::optional<proto::Serve
       ClientEvent event;
       event.kind = ClientEvent::Kind::kChunk;
       event.chunk = std::move(chunk).value();
+      if (event.chunk.finished) open_.erase(event.chunk.request_id);
       events_.push_back(std::move(event));
       return true;
     }
@@ -73,6 +108,7 @@ Result<bool> SchedulerClient::receive(int timeout_ms, std::optional<proto::Serve
       ClientEvent event;
       event.kind = ClientEvent::Kind::kError;
       event.error = std::move(error).value();
+      open_.erase(event.error.request_id);
       events_.push_back(std::move(event));
       return true;
     }

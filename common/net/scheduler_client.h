@@ -1,6 +1,11 @@
 // SchedulerClient: the client side of the client <-> scheduler hop (client_messages.h) over one
 // DEALER socket. Not thread-safe; one client may have many requests outstanding (the bench
 // command does), told apart by the ids submit() assigns.
+//
+// When the connection to the scheduler drops (the scheduler died or restarted: a new one knows
+// nothing of the old one's requests), every request still open gets an error event at once
+// instead of waiting out the caller's timeout. The socket reconnects by itself; new requests go
+// to the new scheduler.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -67,8 +73,13 @@ class SchedulerClient {
   // Receives one frame and decodes it; sets *info for a ServerInfoReply.
   Result<bool> receive(int timeout_ms, std::optional<proto::ServerInfoReply>* info);
 
+  // Fails every open request (the scheduler that knew them is gone).
+  void connection_lost();
+
   zmq::context_t context_{1};
   zmq::socket_t socket_;
+  zmq::socket_t monitor_;    // ZMQ_EVENT_DISCONNECTED of socket_
+  std::set<uint64_t> open_;  // submitted, no final chunk or error yet
   uint64_t next_request_id_ = 1;
   std::deque<ClientEvent> events_;
   int64_t n_protocol_errors_ = 0;

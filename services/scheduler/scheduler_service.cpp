@@ -56,6 +56,9 @@ SchedulerService::SchedulerService(SchedulerOptions options)
       metrics_data_(registry_),
       batcher_(allocator_, options_.batcher) {
   incarnation_ = net::random_id();
+  // Results a worker still had queued for a previous scheduler reach this one after a restart;
+  // step ids starting at a random point per incarnation keep them from matching a step of ours.
+  next_step_id_ = (incarnation_ & ~uint64_t{0xffffff}) | 1;
 }
 
 SchedulerService::~SchedulerService() = default;
@@ -393,7 +396,8 @@ void SchedulerService::on_worker_heartbeat(const std::string& identity,
   if (worker_) {
     const std::string old_ring = worker_->info.step_ring_name;
     worker_lost("replaced by a new worker", false);
-    proto::StepRing::remove(old_ring);  // its owner is gone; do not leak the segment
+    // Its owner is gone; do not leak the segment (unless the new worker reuses the name).
+    if (old_ring != hb.step_ring_name) proto::StepRing::remove(old_ring);
   }
   if (!hb.ready) {
     worker_loading_.store(true);

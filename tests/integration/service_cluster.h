@@ -119,15 +119,16 @@ class ServiceCluster {
                         "512", "--max-batch-seqs", "32"});
   }
   void start_worker() {
-    start("worker", {bin_ + "/litellama-worker", "--model", model_, "--run-dir", run_, "--metrics",
-                     "127.0.0.1:" + std::to_string(worker_port_), "--kv-slots",
-                     std::to_string(kKvSlots), "--threads", "1", "--heartbeat-ms", "50",
-                     "--max-batch-tokens", "512", "--max-batch-seqs", "32"});
+    start("worker",
+          {bin_ + "/litellama-worker", "--model", model_, "--run-dir", run_, "--metrics",
+           "127.0.0.1:" + std::to_string(worker_port_), "--kv-slots", std::to_string(kKvSlots),
+           "--threads", "1", "--heartbeat-ms", "50", "--peer-timeout-ms", "600",
+           "--max-batch-tokens", "512", "--max-batch-seqs", "32"});
   }
   void start_tokenizer() {
-    start("tokenizer",
-          {bin_ + "/litellama-tokenizer", "--model", model_, "--run-dir", run_, "--metrics",
-           "127.0.0.1:" + std::to_string(tokenizer_port_), "--heartbeat-ms", "50"});
+    start("tokenizer", {bin_ + "/litellama-tokenizer", "--model", model_, "--run-dir", run_,
+                        "--metrics", "127.0.0.1:" + std::to_string(tokenizer_port_),
+                        "--heartbeat-ms", "50", "--peer-timeout-ms", "600"});
   }
   void start_all() {
     make_model();
@@ -151,9 +152,12 @@ class ServiceCluster {
   }
   std::string endpoint(const std::string& name) const { return net::ipc_endpoint(run_, name); }
   const std::string& model_dir() const { return model_; }
+  const std::filesystem::path& dir() const { return dir_; }
+  const std::string& bin_dir() const { return bin_; }
   int scheduler_port() const { return scheduler_port_; }
   int worker_port() const { return worker_port_; }
   int tokenizer_port() const { return tokenizer_port_; }
+  std::string worker_metrics() const { return http_get(worker_port_, "/metrics").second; }
   std::string scheduler_metrics() const { return http_get(scheduler_port_, "/metrics").second; }
 
   // Polls the scheduler's metrics until `series` equals `value` (within timeout_ms).

@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/log.h"
+#include "common/net/child_process.h"
 #include "common/net/stop_signal.h"
 #include "common/net/zmq_util.h"
 #include "services/tokenizer/service/tokenizer_service.h"
@@ -39,8 +40,9 @@ int main(int argc, char** argv) {
   litellama::TokenizerService service(options);
   litellama::net::install_stop_signal(service.stop_flag());
   if (auto st = service.start(); !st) {
+    // Nothing here gets better by restarting (a port or endpoint taken, files missing).
     LITELLAMA_LOG_ERROR("{}", st.to_string());
-    return 1;
+    return litellama::net::kExitConfigError;
   }
   service.run();
   return 0;

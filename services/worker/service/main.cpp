@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/log.h"
+#include "common/net/child_process.h"
 #include "common/net/stop_signal.h"
 #include "common/net/zmq_util.h"
 #include "services/worker/service/worker_service.h"
@@ -36,7 +37,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 16));
   app.add_option("--step-ring", options.step_ring_name,
-                 "Shared-memory name of the step ring (default litellama-step-PID)");
+                 "Shared-memory name of the step ring (default litellama-step-PID-RANDOM)");
   app.add_option("--heartbeat-ms", options.heartbeat_interval_ms, "Heartbeat interval")
       ->capture_default_str()
       ->check(CLI::Range(10, 60000));
@@ -55,8 +56,9 @@ int main(int argc, char** argv) {
   litellama::WorkerService service(options);
   litellama::net::install_stop_signal(service.stop_flag());
   if (auto st = service.start(); !st) {
+    // Nothing here gets better by restarting (a port or endpoint taken, files missing).
     LITELLAMA_LOG_ERROR("{}", st.to_string());
-    return 1;
+    return litellama::net::kExitConfigError;
   }
   if (auto st = service.run(); !st) {
     LITELLAMA_LOG_ERROR("{}", st.to_string());

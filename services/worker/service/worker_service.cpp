@@ -55,7 +55,10 @@ WorkerService::WorkerService(WorkerOptions options)
     : options_(std::move(options)), registry_(std::make_shared<prometheus::Registry>()) {
   incarnation_ = net::random_id();
   if (options_.step_ring_name.empty()) {
-    options_.step_ring_name = "litellama-step-" + std::to_string(::getpid());
+    // The pid alone repeats across restarts in a container (always 1 there), and the scheduler
+    // removes a lost worker's ring by name: each incarnation gets a name of its own.
+    options_.step_ring_name =
+        fmt::format("litellama-step-{}-{:08x}", ::getpid(), incarnation_ & 0xffffffffu);
   }
   auto& r = *registry_;
   step_duration_ = &prometheus::BuildHistogram()
@@ -308,7 +311,8 @@ Status WorkerService::run() {
     if (now - last_heartbeat >= options_.heartbeat_interval_ms / 1000.0) {
       last_heartbeat = now;
       (void)net::send_one(scheduler_, proto::encode(heartbeat()));
-      scheduler_up_->Set(ready_reason().empty() || !ready_.load() ? 1 : 0);
+      const double silent = monotonic_seconds() - last_scheduler_seen_.load();
+      scheduler_up_->Set(silent <= options_.peer_timeout_ms / 1000.0 ? 1 : 0);
     }
     zmq::pollitem_t items[] = {{scheduler_.handle(), 0, ZMQ_POLLIN, 0},
                                {compute_io_.handle(), 0, ZMQ_POLLIN, 0}};

@@ -35,7 +35,7 @@ struct WorkerOptions {
   std::string scheduler_endpoint;  // the scheduler's worker endpoint
   std::string model_dir;
   RunnerOptions runner;
-  std::string step_ring_name;  // "" : litellama-step-<pid>
+  std::string step_ring_name;  // "" : litellama-step-<pid>-<random>
   std::string metrics_listen;  // "" : no HTTP listener
   int32_t heartbeat_interval_ms = 200;
   int32_t peer_timeout_ms = 2000;
