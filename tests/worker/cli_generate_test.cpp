@@ -38,9 +38,12 @@ class CliGenerateTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     tmp_ = new test::TempDir();
-    const auto r =
-        run("make-model --preset llama3-untied-tiny --seed 11 --no-tokenizer --out " + model());
-    ASSERT_EQ(r.exit_code, 0) << r.output;
+    made_ = run("make-model --preset llama3-untied-tiny --seed 11 --no-tokenizer --out " + model());
+  }
+  // A failed suite set-up fails every test (gtest would otherwise report them as skipped).
+  void SetUp() override {
+    ASSERT_EQ(made_.exit_code, 0) << "make-model failed (programs in '" << test::bin_dir()
+                                  << "'): " << made_.output;
   }
   static void TearDownTestSuite() { delete tmp_; }
   static std::string model() { return tmp_->sub("model"); }
@@ -53,8 +56,10 @@ class CliGenerateTest : public ::testing::Test {
   }
 
   static test::TempDir* tmp_;
+  static CommandResult made_;
 };
 test::TempDir* CliGenerateTest::tmp_ = nullptr;
+CommandResult CliGenerateTest::made_;
 
 TEST_F(CliGenerateTest, JsonOutput) {
   const auto r = run("generate --model " + model() +

@@ -29,14 +29,15 @@ class TempDir {
   std::string path_;
 };
 
+// The source tree and the built programs: the environment when set, else where the build put them.
 inline std::string source_dir() {
   const char* env = std::getenv("LITELLAMA_SOURCE_DIR");
-  return env ? env : "";
+  return env && *env ? env : LITELLAMA_TEST_SOURCE_DIR;
 }
 
 inline std::string bin_dir() {
   const char* env = std::getenv("LITELLAMA_BIN_DIR");
-  return env ? env : "";
+  return env && *env ? env : LITELLAMA_TEST_BIN_DIR;
 }
 
 // Writes preset `name` (float32 storage) with `seed` into dir; fails the test on error.
