@@ -10,6 +10,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string>
@@ -19,6 +20,7 @@
 #include <gtest/gtest.h>
 
 #include "common/net/child_process.h"
+#include "common/net/metrics_server.h"
 #include "service_cluster.h"
 
 namespace litellama {
@@ -128,10 +130,17 @@ TEST(ServiceOperation, MetricsPortInUseIsAConfigErrorThatSaysSo) {
 
 TEST(ServiceOperation, ServeRefusesATakenMetricsPortBeforeStartingAnything) {
   ServiceCluster cluster;
-  // The worker's port (base + 1) is the taken one, as in the failure this guards against.
-  HeldPort held;
-  ASSERT_TRUE(held.ok());
-  const int base = held.port() - 1;
+  // The worker's port (base + 1) is the taken one, as in the failure this guards against; the
+  // scheduler's (base) must be free for the report to be about the worker.
+  std::unique_ptr<HeldPort> held;
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    held = std::make_unique<HeldPort>();
+    ASSERT_TRUE(held->ok());
+    if (net::MetricsServer::check_available("127.0.0.1:" + std::to_string(held->port() - 1))) {
+      break;
+    }
+  }
+  const int base = held->port() - 1;
   const std::string run = (cluster.dir() / "run").string();
   const Exit exit = run_to_exit(
       {cluster.bin_dir() + "/litellama", "serve", "--model", (cluster.dir() / "no-model").string(),
@@ -139,7 +148,7 @@ TEST(ServiceOperation, ServeRefusesATakenMetricsPortBeforeStartingAnything) {
       cluster.dir() / "serve.log", 10000);
   EXPECT_EQ(exit.status, 1) << exit.output;
   EXPECT_LT(exit.seconds, 5.0);
-  const std::string port = "127.0.0.1:" + std::to_string(held.port());
+  const std::string port = "127.0.0.1:" + std::to_string(held->port());
   EXPECT_NE(exit.output.find("metrics port of the worker: " + port + " is already in use"),
             std::string::npos)
       << exit.output;
