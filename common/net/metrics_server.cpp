@@ -9,69 +9,51 @@
 #include <sstream>
 #include <vector>
 
-#include <CivetServer.h>
+#include <microhttpd.h>
 #include <prometheus/text_serializer.h>
 
 namespace litellama::net {
 
 namespace {
 
-void reply(mg_connection* conn, int code, const char* reason, const std::string& content_type,
-           const std::string& body) {
-  mg_printf(
-      conn,
-      "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
-      code, reason, content_type.c_str(), body.size());
-  mg_write(conn, body.data(), body.size());
-}
-
-class MetricsHandler : public CivetHandler {
- public:
-  explicit MetricsHandler(std::shared_ptr<prometheus::Registry> registry)
-      : registry_(std::move(registry)) {}
-  bool handleGet(CivetServer*, mg_connection* conn) override {
+// One request: GET /metrics, /health or /ready. Everything else is 404 (405 for other methods).
+MHD_Result answer(void* cls, MHD_Connection* connection, const char* url, const char* method,
+                  const char* /*version*/, const char* /*upload_data*/,
+                  size_t* /*upload_data_size*/, void** /*con_cls*/) {
+  const auto* handlers = static_cast<const MetricsServer::Handlers*>(cls);
+  unsigned int code = MHD_HTTP_OK;
+  std::string body;
+  const char* content_type = "text/plain";
+  const std::string path = url ? url : "";
+  if (std::strcmp(method, "GET") != 0 && std::strcmp(method, "HEAD") != 0) {
+    code = MHD_HTTP_METHOD_NOT_ALLOWED;
+    body = "only GET\n";
+  } else if (path == "/metrics") {
     std::ostringstream out;
-    prometheus::TextSerializer().Serialize(out, registry_->Collect());
-    reply(conn, 200, "OK", "text/plain; version=0.0.4", out.str());
-    return true;
-  }
-
- private:
-  std::shared_ptr<prometheus::Registry> registry_;
-};
-
-class HealthHandler : public CivetHandler {
- public:
-  bool handleGet(CivetServer*, mg_connection* conn) override {
-    reply(conn, 200, "OK", "text/plain", "ok\n");
-    return true;
-  }
-};
-
-class ReadyHandler : public CivetHandler {
- public:
-  explicit ReadyHandler(MetricsServer::ReadyCheck ready) : ready_(std::move(ready)) {}
-  bool handleGet(CivetServer*, mg_connection* conn) override {
-    const std::string why = ready_ ? ready_() : std::string();
+    prometheus::TextSerializer().Serialize(out, handlers->registry->Collect());
+    body = out.str();
+    content_type = "text/plain; version=0.0.4";
+  } else if (path == "/health") {
+    body = "ok\n";
+  } else if (path == "/ready") {
+    const std::string why = handlers->ready ? handlers->ready() : std::string();
     if (why.empty()) {
-      reply(conn, 200, "OK", "text/plain", "ready\n");
+      body = "ready\n";
     } else {
-      reply(conn, 503, "Service Unavailable", "text/plain", why + "\n");
+      code = MHD_HTTP_SERVICE_UNAVAILABLE;
+      body = why + "\n";
     }
-    return true;
+  } else {
+    code = MHD_HTTP_NOT_FOUND;
+    body = "not found\n";
   }
-
- private:
-  MetricsServer::ReadyCheck ready_;
-};
-
-// civetweb reports why mg_start failed only through the log_message callback, on the thread that
-// calls it; the constructor itself throws a generic "possible problem binding to port".
-thread_local std::string t_civetweb_error;
-
-int capture_civetweb_log(const mg_connection*, const char* message) {
-  if (message != nullptr && t_civetweb_error.empty()) t_civetweb_error = message;
-  return 1;  // handled: civetweb prints nothing itself
+  MHD_Response* response =
+      MHD_create_response_from_buffer(body.size(), body.data(), MHD_RESPMEM_MUST_COPY);
+  if (response == nullptr) return MHD_NO;
+  MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+  const MHD_Result queued = MHD_queue_response(connection, code, response);
+  MHD_destroy_response(response);
+  return queued;
 }
 
 // Splits "PORT" or "HOST:PORT" ("[v6]:PORT" too).
@@ -140,45 +122,50 @@ Status MetricsServer::check_available(const std::string& listen) {
   return Status::ok();
 }
 
-struct MetricsServer::Handlers {
-  std::unique_ptr<MetricsHandler> metrics;
-  HealthHandler health;
-  std::unique_ptr<ReadyHandler> ready;
-};
-
 Result<std::unique_ptr<MetricsServer>> MetricsServer::start(
     const std::string& listen, std::shared_ptr<prometheus::Registry> registry, ReadyCheck ready) {
+  std::string host, port;
+  if (!split_listen(listen, &host, &port)) {
+    return make_error(StatusCode::kInvalidArgument, "'{}' is not PORT or HOST:PORT", listen);
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (const int rc =
+          getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found);
+      rc != 0 || found == nullptr) {
+    return make_error(StatusCode::kInvalidArgument, "cannot resolve '{}': {}", listen,
+                      gai_strerror(rc));
+  }
   std::unique_ptr<MetricsServer> server(new MetricsServer());
   server->handlers_ = std::make_unique<Handlers>();
-  server->handlers_->metrics = std::make_unique<MetricsHandler>(std::move(registry));
-  server->handlers_->ready = std::make_unique<ReadyHandler>(std::move(ready));
-  const std::vector<std::string> options = {"listening_ports", listen, "num_threads", "2"};
-  CivetCallbacks callbacks;
-  callbacks.log_message = capture_civetweb_log;
-  t_civetweb_error.clear();
-  try {
-    server->server_ = std::make_unique<CivetServer>(options, &callbacks);
-  } catch (const std::exception& e) {
-    // Say which of the usual causes it is; civetweb's own text comes last.
+  server->handlers_->registry = std::move(registry);
+  server->handlers_->ready = std::move(ready);
+  unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL;
+  if (found->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+  server->daemon_ =
+      MHD_start_daemon(flags, 0, nullptr, nullptr, &answer, server->handlers_.get(),
+                       MHD_OPTION_SOCK_ADDR, found->ai_addr, MHD_OPTION_CONNECTION_LIMIT, 64u,
+                       MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
+  const int start_errno = errno;
+  freeaddrinfo(found);
+  if (server->daemon_ == nullptr) {
+    // Say which of the usual causes it is.
     Status why = check_available(listen);
-    std::string detail = t_civetweb_error.empty() ? e.what() : t_civetweb_error;
-    while (!detail.empty() && (detail.back() == '\n' || detail.back() == '\r')) detail.pop_back();
-    if (!why) {
-      return make_error(why.code(), "cannot serve metrics on '{}': {} ({})", listen, why.message(),
-                        detail);
-    }
-    return make_error(StatusCode::kUnavailable, "cannot serve metrics on '{}': {}", listen, detail);
+    if (!why)
+      return make_error(why.code(), "cannot serve metrics on '{}': {}", listen, why.message());
+    return make_error(StatusCode::kUnavailable, "cannot serve metrics on '{}': {}", listen,
+                      std::strerror(start_errno));
   }
-  server->server_->addHandler("/metrics", server->handlers_->metrics.get());
-  server->server_->addHandler("/health", &server->handlers_->health);
-  server->server_->addHandler("/ready", server->handlers_->ready.get());
-  const std::vector<int> ports = server->server_->getListeningPorts();
-  server->port_ = ports.empty() ? 0 : ports.front();
+  const MHD_DaemonInfo* info = MHD_get_daemon_info(server->daemon_, MHD_DAEMON_INFO_BIND_PORT);
+  server->port_ = info ? info->port : 0;
   return server;
 }
 
 MetricsServer::~MetricsServer() {
-  if (server_) server_->close();
+  if (daemon_) MHD_stop_daemon(daemon_);
 }
 
 }  // namespace litellama::net

@@ -1,6 +1,10 @@
-// MetricsServer: one HTTP listener per service (civetweb) serving the service's prometheus-cpp
-// registry at /metrics, liveness at /health (200 while the process runs) and readiness at /ready
-// (200, or 503 with the reason while loading or while a peer is down).
+// MetricsServer: one HTTP listener per service (GNU libmicrohttpd) serving the service's
+// prometheus-cpp registry at /metrics, liveness at /health (200 while the process runs) and
+// readiness at /ready (200, or 503 with the reason while loading or while a peer is down).
+//
+// Not civetweb (which prometheus-cpp's own exposer uses): civetweb starts its threads with a
+// fixed small stack, and a process that links cuBLAS (the CUDA worker) carries ~100 KB of static
+// thread-local storage that does not fit in it, so civetweb cannot create a thread there.
 #pragma once
 
 #include <functional>
@@ -11,7 +15,7 @@
 
 #include "common/status.h"
 
-class CivetServer;
+struct MHD_Daemon;
 
 namespace litellama::net {
 
@@ -21,12 +25,12 @@ class MetricsServer {
   using ReadyCheck = std::function<std::string()>;
 
   // `listen` is "PORT" or "HOST:PORT" (port 0 picks a free one). A port another process holds
-  // fails with kResourceExhausted and a message that says so (not civetweb's generic one).
+  // fails with kResourceExhausted and a message that says so.
   static Result<std::unique_ptr<MetricsServer>> start(
       const std::string& listen, std::shared_ptr<prometheus::Registry> registry, ReadyCheck ready);
   ~MetricsServer();
 
-  // Whether `listen` could be bound now (a socket with SO_REUSEADDR, as civetweb uses, bound and
+  // Whether `listen` could be bound now (a socket with SO_REUSEADDR bound and
   // closed again). kResourceExhausted when the port is in use, kInvalidArgument when the address
   // is malformed or not local. A launcher calls this before starting services so that a taken
   // port is reported once, up front, instead of as a service that keeps exiting.
@@ -34,12 +38,17 @@ class MetricsServer {
 
   int port() const { return port_; }
 
+  // What the HTTP thread reads; owned by the server, alive until the daemon has stopped.
+  struct Handlers {
+    std::shared_ptr<prometheus::Registry> registry;
+    ReadyCheck ready;
+  };
+
  private:
-  struct Handlers;
   MetricsServer() = default;
 
   std::unique_ptr<Handlers> handlers_;
-  std::unique_ptr<CivetServer> server_;
+  MHD_Daemon* daemon_ = nullptr;
   int port_ = 0;
 };
 
