@@ -6,21 +6,13 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "common/splitmix64.h"
+
 namespace litellama {
 
-namespace {
-
-uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
-
 double sampling_uniform(uint64_t seed, int64_t n_generated) {
-  const uint64_t r = mix64(mix64(seed) ^ mix64(static_cast<uint64_t>(n_generated) + 0x5851f42dull));
+  const uint64_t r =
+      splitmix64(splitmix64(seed) ^ splitmix64(static_cast<uint64_t>(n_generated) + 0x5851f42dull));
   return static_cast<double>(r >> 11) * (1.0 / 9007199254740992.0);  // 53 bits
 }
 

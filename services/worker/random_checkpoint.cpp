@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/splitmix64.h"
 #include "services/worker/model_config.h"
 #include "services/worker/safetensors.h"
 
@@ -14,17 +15,20 @@ using nlohmann::json;
 
 namespace {
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 uint64_t fnv1a(const std::string& s) {
   uint64_t h = 0xcbf29ce484222325ull;
   for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
   return h;
+}
+
+uint64_t tensor_key(uint64_t seed, const std::string& name) {
+  return splitmix64(seed ^ fnv1a(name));
+}
+
+// Element `index` of the tensor keyed `key`: uniform in [-1, 1), exact in float32 (24 bits).
+float unit_value(uint64_t key, uint64_t index) {
+  const uint64_t r = splitmix64(key + index * 0x9e3779b97f4a7c15ull);
+  return static_cast<float>(r >> 40) * (1.0f / 8388608.0f) - 1.0f;
 }
 
 // head_dim 0: hidden / heads. The test presets use 64 (narrow models, GPU-supported head size).
@@ -183,7 +187,7 @@ std::vector<uint8_t> generate_tensor(uint64_t seed, const std::string& name,
   for (auto d : shape) numel *= static_cast<size_t>(d);
   const TensorInit init = init_for(name, shape);
   std::vector<uint8_t> bytes(numel * dtype_size_bytes(dtype));
-  const uint64_t key = splitmix64(seed ^ fnv1a(name));
+  const uint64_t key = tensor_key(seed, name);
   constexpr size_t kChunk = 1 << 16;
   const auto n_chunks = static_cast<int64_t>((numel + kChunk - 1) / kChunk);
 #pragma omp parallel for schedule(static)
@@ -193,11 +197,8 @@ std::vector<uint8_t> generate_tensor(uint64_t seed, const std::string& name,
     const size_t end = std::min(numel, begin + kChunk);
     for (size_t i = begin; i < end; i += 512) {
       const size_t n = std::min<size_t>(512, end - i);
-      for (size_t j = 0; j < n; ++j) {
-        const uint64_t r = splitmix64(key + (i + j) * 0x9e3779b97f4a7c15ull);
-        const float unit = static_cast<float>(r >> 40) * (1.0f / 8388608.0f) - 1.0f;
-        buf[j] = init.center + init.half_width * unit;
-      }
+      for (size_t j = 0; j < n; ++j)
+        buf[j] = init.center + init.half_width * unit_value(key, i + j);
       convert_from_f32(bytes.data() + i * dtype_size_bytes(dtype), dtype, buf, n);
     }
   }
@@ -207,9 +208,7 @@ std::vector<uint8_t> generate_tensor(uint64_t seed, const std::string& name,
 }  // namespace
 
 float random_checkpoint_unit(uint64_t seed, const std::string& name, uint64_t index) {
-  const uint64_t key = splitmix64(seed ^ fnv1a(name));
-  const uint64_t r = splitmix64(key + index * 0x9e3779b97f4a7c15ull);
-  return static_cast<float>(r >> 40) * (1.0f / 8388608.0f) - 1.0f;
+  return unit_value(tensor_key(seed, name), index);
 }
 
 const std::vector<RandomCheckpointPreset>& random_checkpoint_presets() {
