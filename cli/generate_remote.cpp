@@ -24,10 +24,6 @@ int run_generate_remote(const RemoteGenerateArgs& a) {
     return fail(
         cmd, Status(StatusCode::kInvalidArgument, "give exactly one of --input-ids and --prompt"));
   }
-  if (a.top_logits > 0) {
-    return fail(cmd, Status(StatusCode::kUnsupported,
-                            "--top-logits is only available offline (without --server)"));
-  }
   proto::GenerateRequest req;
   if (!a.input_ids.empty()) {
     auto ids = parse_id_list(a.input_ids);
@@ -54,6 +50,7 @@ int run_generate_remote(const RemoteGenerateArgs& a) {
   req.sampling.seed = a.seed;
   req.stop = a.stop;
   req.ignore_eos = a.ignore_eos;
+  req.top_logits = a.top_logits;
 
   auto client = net::SchedulerClient::connect(server_endpoint(a.server));
   if (!client.is_ok()) return fail(cmd, client.status());
@@ -76,6 +73,11 @@ int run_generate_remote(const RemoteGenerateArgs& a) {
     j["output_ids"] = done->token_ids;
     j["finish_reason"] = done->finish_reason;
     j["n_prompt_tokens"] = done->n_prompt_tokens;
+    if (a.top_logits > 0) {
+      nlohmann::json top = nlohmann::json::array();
+      for (const auto& [id, value] : done->top_logits) top.push_back({id, value});
+      j["top_logits"] = top;
+    }
     j["text"] = done->text;
     j["seconds"] = done->total_seconds;
     j["time_to_first_token_seconds"] = done->first_token_seconds;

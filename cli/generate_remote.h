@@ -33,7 +33,7 @@ struct RemoteGenerateArgs {
   std::string stop_token_ids;  // comma-separated
   std::vector<std::string> stop;
   bool ignore_eos = false;
-  int32_t top_logits = 0;  // not served: refused when > 0
+  int32_t top_logits = 0;  // largest raw logits of the first generated position
   bool json = false;
   int32_t timeout_ms = 120000;  // no answer for this long: fail
 };

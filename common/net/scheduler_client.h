@@ -15,6 +15,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <zmq.hpp>
@@ -38,6 +39,8 @@ struct Completion {
   std::vector<int32_t> token_ids;
   std::string finish_reason;
   int32_t n_prompt_tokens = 0;
+  // (id, raw logit) of the first generated position, largest first; empty unless requested.
+  std::vector<std::pair<int32_t, float>> top_logits;
   double first_token_seconds = 0.0;
   double total_seconds = 0.0;
   std::vector<double> token_times_seconds;  // arrival of each chunk that carried tokens

@@ -7,9 +7,11 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/proto/codec.h"
+#include "common/proto/step_ring.h"
 
 namespace litellama::proto {
 
@@ -33,6 +35,8 @@ struct SamplingOptions {
                      presence_penalty, seed);
 };
 
+inline constexpr int32_t kMaxTopLogits = kMaxStepTopLogits;
+
 // client -> scheduler. The input is prompt_ids when non-empty, else messages (the chat template is
 // applied with a generation prompt) when non-empty, else the text prompt.
 struct GenerateRequest {
@@ -48,8 +52,11 @@ struct GenerateRequest {
   std::vector<std::string> stop;        // stop strings; the text ends before the first match
   bool ignore_eos = false;              // do not stop on the model's EOS ids
   bool skip_special_tokens = true;      // leave special tokens out of the text
+  // Return this many largest raw logits of the first generated position (0: none; at most
+  // kMaxTopLogits, larger is refused).
+  int32_t top_logits = 0;
   MSGPACK_DEFINE_MAP(request_id, prompt, messages, prompt_ids, add_special_tokens, sampling,
-                     max_tokens, stop_token_ids, stop, ignore_eos, skip_special_tokens);
+                     max_tokens, stop_token_ids, stop, ignore_eos, skip_special_tokens, top_logits);
 };
 
 // scheduler -> client: the next piece of one request's output.
@@ -62,8 +69,11 @@ struct GenerateChunk {
   std::string finish_reason;  // when finished: "stop", "length" or "abort"
   int32_t n_prompt_tokens = 0;
   int32_t n_generated_tokens = 0;  // so far
+  // Only on the chunk that carries the first generated token, when the request asked for them:
+  // (id, raw logit) of the first generated position, largest first.
+  std::vector<std::pair<int32_t, float>> top_logits;
   MSGPACK_DEFINE_MAP(request_id, text, token_ids, finished, finish_reason, n_prompt_tokens,
-                     n_generated_tokens);
+                     n_generated_tokens, top_logits);
 };
 
 // client -> scheduler: stop a request and free its KV slots now.

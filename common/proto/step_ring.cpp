@@ -27,7 +27,8 @@ size_t align_up(size_t n) {
 // Byte offsets of each array inside one buffer; the same function on both sides.
 struct BufferLayout {
   size_t header, token_ids, positions, token_start, kv_len, slot_start, slot_table, sample,
-      sampling, n_generated, history_start, history_ids, n_prompt, sampled_ids, size;
+      sampling, n_generated, history_start, history_ids, n_prompt, sampled_ids, top_ids, top_values,
+      size;
 };
 
 BufferLayout buffer_layout(const StepRingLimits& l) {
@@ -53,6 +54,8 @@ BufferLayout buffer_layout(const StepRingLimits& l) {
   b.history_ids = take(static_cast<size_t>(l.max_history) * 4);
   b.n_prompt = take(s * 4);
   b.sampled_ids = take(s * 4);
+  b.top_ids = take(s * kMaxStepTopLogits * 4);
+  b.top_values = take(s * kMaxStepTopLogits * 4);
   b.size = at;
   return b;
 }
@@ -168,6 +171,9 @@ StepView StepRing::buffer(int index) {
   v.history_ids = i32(b.history_ids, static_cast<size_t>(limits_.max_history));
   v.n_prompt = i32(b.n_prompt, s);
   v.sampled_ids = i32(b.sampled_ids, s);
+  v.top_ids = i32(b.top_ids, s * kMaxStepTopLogits);
+  v.top_values =
+      std::span<float>(reinterpret_cast<float*>(base + b.top_values), s * kMaxStepTopLogits);
   return v;
 }
 

@@ -20,8 +20,10 @@
 namespace litellama::proto {
 
 inline constexpr uint64_t kStepRingMagic = 0x4c4c4d5354455031ull;  // "LLMSTEP1"
-inline constexpr uint32_t kStepRingLayoutVersion = 1;
+inline constexpr uint32_t kStepRingLayoutVersion = 2;
 inline constexpr int kStepRingBuffers = 2;
+// Most top logits one sequence can return per step (the CUDA sampler's limit).
+inline constexpr int32_t kMaxStepTopLogits = 64;
 
 struct StepRingLimits {
   int32_t max_tokens = 0;   // tokens of one step
@@ -49,8 +51,8 @@ struct StepHeader {
   int32_t n_seqs;
   int32_t n_tokens;
   int32_t n_slots;
-  int32_t n_history;  // 0: no sequence has penalties
-  int32_t n_top_logits;
+  int32_t n_history;     // 0: no sequence has penalties
+  int32_t n_top_logits;  // 0..kMaxStepTopLogits, for every sampled sequence
   int32_t reserved;
 };
 
@@ -72,6 +74,10 @@ struct StepView {
   std::span<int32_t> history_ids;    // [max_history]
   std::span<int32_t> n_prompt;       // [max_seqs]
   std::span<int32_t> sampled_ids;    // [max_seqs] written by the worker
+  // Written by the worker when n_top_logits > 0: sequence s's largest raw logits, largest first,
+  // at [s * kMaxStepTopLogits, s * kMaxStepTopLogits + n_top_logits); id -1 pads a short list.
+  std::span<int32_t> top_ids;   // [max_seqs * kMaxStepTopLogits]
+  std::span<float> top_values;  // [max_seqs * kMaxStepTopLogits]
 };
 
 class StepRing {

@@ -121,6 +121,9 @@ bool ContinuousBatcher::add_sequence(Request* r, uint64_t step_id, proto::StepVi
   view.n_prompt[static_cast<size_t>(s)] = penalties ? r->n_prompt() : 0;
   h.n_seqs = s + 1;
 
+  if (sample && r->n_top_logits > 0 && r->n_generated() + r->n_pending == 0) {
+    h.n_top_logits = std::max(h.n_top_logits, std::min(r->n_top_logits, proto::kMaxStepTopLogits));
+  }
   r->n_fed = kv_len;
   r->last_step_id = step_id;
   if (sample) {
@@ -186,13 +189,14 @@ std::optional<PlannedStep> ContinuousBatcher::plan(uint64_t step_id, proto::Step
   if (h.n_seqs == 0) return std::nullopt;
   h.n_slots = n_slots_used_;
   h.n_history = n_history_used_;
+  step.n_top_logits = h.n_top_logits;
   last_planned_step_ = step_id;
   last_step_seq_ = std::move(seq_of);
   return step;
 }
 
 void ContinuousBatcher::complete(const PlannedStep& step, std::span<const int32_t> sampled_ids,
-                                 std::vector<Request*>* updated) {
+                                 std::vector<Request*>* updated, const StepTopLogits& top) {
   last_completed_step_ = step.step_id;
   for (size_t i = 0; i < step.request_ids.size(); ++i) {
     if (!step.sampled[i]) continue;
@@ -206,6 +210,15 @@ void ContinuousBatcher::complete(const PlannedStep& step, std::span<const int32_
       retire(r);
       updated->push_back(r);
       continue;
+    }
+    if (r->output_ids.empty() && r->n_top_logits > 0 && step.n_top_logits > 0) {
+      const size_t base = i * proto::kMaxStepTopLogits;
+      const size_t k = static_cast<size_t>(std::min(r->n_top_logits, step.n_top_logits));
+      r->top_logits.clear();
+      for (size_t j = 0; j < k && base + j < top.ids.size() && base + j < top.values.size(); ++j) {
+        if (top.ids[base + j] < 0) break;
+        r->top_logits.emplace_back(top.ids[base + j], top.values[base + j]);
+      }
     }
     r->output_ids.push_back(id);
     const auto& stops = r->stop_token_ids;

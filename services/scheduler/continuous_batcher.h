@@ -37,6 +37,13 @@ struct PlannedStep {
   std::vector<uint8_t> sampled;       // [n_seqs]
   int32_t n_tokens = 0;
   int32_t n_prefill_tokens = 0;
+  int32_t n_top_logits = 0;  // the header's: top logits the worker returns per sampled sequence
+};
+
+// The top logits a finished step returned, as the ring holds them (see StepView::top_ids).
+struct StepTopLogits {
+  std::span<const int32_t> ids;   // [n_seqs * kMaxStepTopLogits]
+  std::span<const float> values;  // [n_seqs * kMaxStepTopLogits]
 };
 
 class ContinuousBatcher {
@@ -62,9 +69,9 @@ class ContinuousBatcher {
 
   // Applies the sampled ids of a finished step (in step order). Requests that received a token
   // are appended to *updated; those that finished on a stop id or max_tokens are retired and
-  // have `finish` set.
+  // have `finish` set. A request that asked for top logits gets them with its first token.
   void complete(const PlannedStep& step, std::span<const int32_t> sampled_ids,
-                std::vector<Request*>* updated);
+                std::vector<Request*>* updated, const StepTopLogits& top = {});
 
   // Takes a request out (finished, aborted, failed): no further steps; its reservation is
   // returned now and its slots as soon as no sent step uses them. Safe for any state.

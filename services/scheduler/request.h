@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/proto/client_messages.h"
@@ -32,6 +33,7 @@ struct Request {
   int32_t max_tokens = 16;
   std::vector<int32_t> stop_token_ids;  // besides the model's EOS ids
   bool ignore_eos = false;
+  int32_t n_top_logits = 0;  // top logits wanted for the first generated position (0: none)
 
   // Generation (ContinuousBatcher).
   std::vector<int32_t> output_ids;   // sampled ids known so far
@@ -42,6 +44,8 @@ struct Request {
   uint64_t last_step_id = 0;         // last step that includes this request
   uint64_t last_sample_step_id = 0;  // last step that samples for it
   std::optional<RequestFinish> finish;
+  // (id, raw logit) of the first generated position, largest first, once it is sampled.
+  std::vector<std::pair<int32_t, float>> top_logits;
 
   // Client and streaming (SchedulerService).
   std::string client;  // ROUTER identity of the client

@@ -200,6 +200,10 @@ void SchedulerService::on_generate(const std::string& client, const proto::Gener
     if (s.empty() || s.size() > kMaxStopStringBytes) return reject("bad stop string length");
   }
   if (msg.prompt_ids.size() > kMaxPromptIds) return reject("prompt too long");
+  static_assert(proto::kMaxTopLogits == 64, "update the message below");
+  if (msg.top_logits < 0 || msg.top_logits > proto::kMaxTopLogits) {
+    return reject("top_logits must be in [0, 64]");
+  }
 
   auto owned = std::make_unique<Request>();
   Request* r = owned.get();
@@ -210,6 +214,7 @@ void SchedulerService::on_generate(const std::string& client, const proto::Gener
   r->max_tokens = msg.max_tokens;
   r->stop_token_ids = msg.stop_token_ids;
   r->ignore_eos = msg.ignore_eos;
+  r->n_top_logits = msg.top_logits;
   r->stop_strings = msg.stop;
   r->skip_special_tokens = msg.skip_special_tokens;
   r->t_arrival = monotonic_seconds();
@@ -324,6 +329,7 @@ void SchedulerService::flush(Request* r) {
       if (ids_end > r->n_ids_sent) {
         chunk.token_ids.assign(r->output_ids.begin() + static_cast<ptrdiff_t>(r->n_ids_sent),
                                r->output_ids.begin() + static_cast<ptrdiff_t>(ids_end));
+        if (r->n_ids_sent == 0) chunk.top_logits = r->top_logits;
       }
       chunk.finished = done;
       if (done) chunk.finish_reason = request_finish_name(*r->finish);
@@ -507,7 +513,13 @@ void SchedulerService::on_step_result(const proto::StepResult& result) {
   } else {
     proto::StepView view = worker_->ring->buffer(step.buffer);
     const size_t n = step.plan.request_ids.size();
-    batcher_.complete(step.plan, std::span<const int32_t>(view.sampled_ids.data(), n), &updated);
+    StepTopLogits top;
+    if (step.plan.n_top_logits > 0) {
+      top.ids = view.top_ids.first(n * proto::kMaxStepTopLogits);
+      top.values = view.top_values.first(n * proto::kMaxStepTopLogits);
+    }
+    batcher_.complete(step.plan, std::span<const int32_t>(view.sampled_ids.data(), n), &updated,
+                      top);
   }
   for (Request* r : updated) {
     if (r->finish && *r->finish == RequestFinish::kError) {

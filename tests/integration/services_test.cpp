@@ -1,12 +1,17 @@
 // The three processes over ZeroMQ: outputs equal the offline engine's, aborts free slots, peers
 // that die are survived, malformed frames are counted, metrics add up.
+#include <cmath>
 #include <csignal>
+#include <fstream>
 #include <random>
 #include <set>
+#include <sstream>
+#include <thread>
 #include <unordered_map>
 
 #include <gtest/gtest.h>
 #include <msgpack.hpp>
+#include <nlohmann/json.hpp>
 #include <zmq.hpp>
 
 #include "common/proto/client_messages.h"
@@ -30,6 +35,8 @@ struct Stream {
   bool error = false;
   bool done = false;
   size_t n_chunks = 0;
+  std::vector<std::pair<int32_t, float>> top_logits;
+  size_t n_chunks_with_top_logits = 0;
 };
 
 // Runs every outstanding request of `client` to its end.
@@ -56,6 +63,12 @@ std::unordered_map<uint64_t, Stream> collect(net::SchedulerClient& client,
     ++s.n_chunks;
     s.ids.insert(s.ids.end(), chunk.token_ids.begin(), chunk.token_ids.end());
     s.text += chunk.text;
+    if (!chunk.top_logits.empty()) {
+      EXPECT_EQ(s.ids.size(), chunk.token_ids.size())
+          << "top logits not on the first token's chunk";
+      s.top_logits = chunk.top_logits;
+      ++s.n_chunks_with_top_logits;
+    }
     if (chunk.finished) {
       s.finish_reason = chunk.finish_reason;
       s.done = true;
@@ -132,6 +145,111 @@ TEST(ServicesIntegration, ConcurrentStreamsMatchOfflineEngine) {
     EXPECT_EQ(s.finish_reason, "length") << "request " << i;
     EXPECT_EQ(s.text, tok->decode(expected[i].output_ids, true)) << "request " << i;
   }
+  EXPECT_TRUE(cluster.wait_metric("litellama_scheduler_kv_slots_used", 0));
+}
+
+void expect_top_logits_near(const std::vector<std::pair<int32_t, float>>& got,
+                            const std::vector<std::pair<int32_t, float>>& want,
+                            const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t k = 0; k < want.size(); ++k) {
+    EXPECT_EQ(got[k].first, want[k].first) << what << " rank " << k;
+    EXPECT_LE(std::abs(got[k].second - want[k].second),
+              1e-4f * std::max(1.0f, std::abs(want[k].second)))
+        << what << " rank " << k << ": " << got[k].second << " vs " << want[k].second;
+  }
+}
+
+TEST(ServicesIntegration, TopLogitsOfTheFirstTokenMatchOfflineEngine) {
+  ServiceCluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.start_all());
+
+  // Mixed prompt lengths in flight together; request 2 asks for none, request 3 for one.
+  const std::vector<int32_t> n_top = {5, 5, 0, 1};
+  std::vector<GenerationRequest> reference(n_top.size());
+  std::vector<proto::GenerateRequest> requests(n_top.size());
+  std::mt19937 rng(11);
+  for (size_t i = 0; i < n_top.size(); ++i) {
+    const int n_prompt = i == 0 ? 1 : 3 + static_cast<int>(rng() % 40);
+    for (int k = 0; k < n_prompt; ++k) {
+      reference[i].prompt_ids.push_back(static_cast<int32_t>(rng() % 120000));
+    }
+    reference[i].max_new_tokens = 3 + static_cast<int>(i);
+    reference[i].n_top_logits = n_top[i];
+    requests[i].prompt_ids = reference[i].prompt_ids;
+    requests[i].max_tokens = reference[i].max_new_tokens;
+    requests[i].ignore_eos = true;
+    requests[i].top_logits = n_top[i];
+  }
+  const auto expected = offline_reference(cluster.model_dir(), reference);
+
+  auto c = cluster.client();
+  std::vector<uint64_t> ids;
+  for (const auto& r : requests) {
+    auto id = c->submit(r);
+    ASSERT_TRUE(id.is_ok());
+    ids.push_back(*id);
+  }
+  auto got = collect(*c, ids);
+  for (size_t i = 0; i < n_top.size(); ++i) {
+    const Stream& s = got[ids[i]];
+    ASSERT_TRUE(s.done) << "request " << i << " got no answer\n" << cluster.logs();
+    ASSERT_FALSE(s.error) << "request " << i;
+    EXPECT_EQ(s.ids, expected[i].output_ids) << "request " << i;
+    EXPECT_EQ(s.n_chunks_with_top_logits, n_top[i] > 0 ? 1u : 0u) << "request " << i;
+    ASSERT_EQ(expected[i].top_logits.size(), static_cast<size_t>(n_top[i]));
+    expect_top_logits_near(s.top_logits, expected[i].top_logits, "request " + std::to_string(i));
+  }
+
+  // More than the sampler can return is refused, with a message that names the field.
+  proto::GenerateRequest too_many = requests[0];
+  too_many.top_logits = proto::kMaxTopLogits + 1;
+  auto refused = c->generate(too_many, nullptr, 30000);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.status().message(), "top_logits must be in [0, 64]");
+
+  // The CLI against the server prints what the offline CLI prints.
+  auto run_json = [&](const std::vector<std::string>& argv, const std::string& name) {
+    const auto log = cluster.dir() / (name + ".out");
+    auto child = net::ChildProcess::spawn(argv, log.string());
+    EXPECT_TRUE(child.is_ok());
+    std::optional<int> code;
+    for (int i = 0; i < 1500 && !code; ++i) {
+      code = child->poll();
+      if (!code) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (!code) child->stop(2000);
+    std::ifstream in(log);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    EXPECT_EQ(code.value_or(-1), 0) << ss.str();
+    return nlohmann::json::parse(ss.str(), nullptr, false);
+  };
+  const std::vector<std::string> common_args = {
+      "--input-ids", "9,8,7,6", "--max-new-tokens", "2", "--top-logits", "5", "--json"};
+  std::vector<std::string> remote = {cluster.bin_dir() + "/litellama", "generate", "--server",
+                                     (cluster.dir() / "run").string()};
+  std::vector<std::string> offline = {cluster.bin_dir() + "/litellama",
+                                      "generate",
+                                      "--model",
+                                      cluster.model_dir(),
+                                      "--device",
+                                      "cpu",
+                                      "--threads",
+                                      "1"};
+  remote.insert(remote.end(), common_args.begin(), common_args.end());
+  offline.insert(offline.end(), common_args.begin(), common_args.end());
+  const auto served = run_json(remote, "cli-remote");
+  const auto local = run_json(offline, "cli-offline");
+  ASSERT_TRUE(served.is_object() && local.is_object()) << served.dump() << "\n" << local.dump();
+  EXPECT_EQ(served["output_ids"], local["output_ids"]);
+  ASSERT_TRUE(served["top_logits"].is_array()) << served.dump();
+  ASSERT_EQ(served["top_logits"].size(), 5u) << served.dump();
+  std::vector<std::pair<int32_t, float>> served_top, local_top;
+  for (const auto& p : served["top_logits"]) served_top.emplace_back(p[0], p[1]);
+  for (const auto& p : local["top_logits"]) local_top.emplace_back(p[0], p[1]);
+  expect_top_logits_near(served_top, local_top, "cli");
   EXPECT_TRUE(cluster.wait_metric("litellama_scheduler_kv_slots_used", 0));
 }
 

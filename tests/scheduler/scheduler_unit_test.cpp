@@ -61,6 +61,57 @@ TEST(ProtoCodec, RoundTripAndRejections) {
 // A fake model: the next id is a function of the fed id and its position.
 int32_t fake_next(int32_t id, int32_t pos) { return (id * 31 + pos * 7 + 1) % 1000; }
 
+TEST(ContinuousBatcher, TopLogitsAreAskedOnlyForTheFirstTokenAndKeptWithIt) {
+  KvSlotAllocator allocator(100);
+  BatcherOptions options;
+  options.max_prefill_chunk = 5;  // the 7-id prompt takes two steps
+  ContinuousBatcher batcher(allocator, options);
+  batcher.set_model(1000, 0, {});
+  auto ring = proto::StepRing::create("litellama-unit-ring-top", {64, 8, 100, 0});
+  ASSERT_TRUE(ring.is_ok());
+  Request wants, plain;
+  wants.id = 1;
+  wants.prompt_ids = {1, 2, 3, 4, 5, 6, 7};
+  wants.max_tokens = 3;
+  wants.n_top_logits = 3;
+  plain.id = 2;
+  plain.prompt_ids = {9};
+  plain.max_tokens = 3;
+  batcher.enqueue(&wants);
+  batcher.enqueue(&plain);
+  std::vector<Request*> rejected, updated;
+  std::vector<int32_t> header_top;
+  for (uint64_t step_id = 1; step_id < 10 && batcher.has_work(); ++step_id) {
+    auto plan = batcher.plan(step_id, (*ring)->buffer(0), (*ring)->limits(), &rejected);
+    ASSERT_TRUE(plan.has_value());
+    proto::StepView v = (*ring)->buffer(0);
+    header_top.push_back(v.header->n_top_logits);
+    EXPECT_EQ(plan->n_top_logits, v.header->n_top_logits);
+    const size_t n = plan->request_ids.size();
+    for (size_t s = 0; s < n; ++s) {
+      v.sampled_ids[s] = plan->sampled[s] ? 100 + static_cast<int32_t>(step_id) : -1;
+      for (int k = 0; k < v.header->n_top_logits; ++k) {
+        const size_t at = s * proto::kMaxStepTopLogits + static_cast<size_t>(k);
+        v.top_ids[at] = static_cast<int32_t>(10 * plan->request_ids[s]) + k;
+        v.top_values[at] = 5.0f - static_cast<float>(k);
+      }
+    }
+    StepTopLogits top{v.top_ids.first(n * proto::kMaxStepTopLogits),
+                      v.top_values.first(n * proto::kMaxStepTopLogits)};
+    batcher.complete(*plan, v.sampled_ids.first(n), &updated, top);
+  }
+  // Step 1 samples plain's first token only; step 2 wants' first token; later steps decode.
+  ASSERT_GE(header_top.size(), 3u);
+  EXPECT_EQ(header_top[0], 0);
+  EXPECT_EQ(header_top[1], 3);
+  for (size_t i = 2; i < header_top.size(); ++i) EXPECT_EQ(header_top[i], 0) << "step " << i + 1;
+  const std::vector<std::pair<int32_t, float>> expected = {{10, 5.0f}, {11, 4.0f}, {12, 3.0f}};
+  EXPECT_EQ(wants.top_logits, expected);
+  EXPECT_TRUE(plain.top_logits.empty());
+  EXPECT_EQ(wants.output_ids.size(), 3u);
+  EXPECT_EQ(plain.output_ids.size(), 3u);
+}
+
 TEST(ContinuousBatcher, OverlappedStepsMatchSequentialGeneration) {
   KvSlotAllocator allocator(200);
   BatcherOptions options;

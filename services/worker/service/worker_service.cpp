@@ -208,12 +208,26 @@ void WorkerService::compute_main() {
   }
 }
 
+void WorkerService::write_top_logits(const StepOutput& output, int32_t n_top_logits,
+                                     const proto::StepView& view) {
+  const size_t k = static_cast<size_t>(n_top_logits);
+  for (size_t s = 0; s < output.top_logits.size(); ++s) {
+    const auto& top = output.top_logits[s];
+    const size_t base = s * proto::kMaxStepTopLogits;
+    for (size_t i = 0; i < k; ++i) {
+      view.top_ids[base + i] = i < top.size() ? top[i].first : -1;
+      view.top_values[base + i] = i < top.size() ? top[i].second : 0.0f;
+    }
+  }
+}
+
 Status WorkerService::read_step(const proto::StepView& view, const proto::StepRingLimits& limits,
                                 const std::vector<int32_t>& previous, StepBatch* batch) {
   const proto::StepHeader h = *view.header;
   if (h.n_seqs <= 0 || h.n_seqs > limits.max_seqs || h.n_tokens <= 0 ||
       h.n_tokens > limits.max_tokens || h.n_slots < 0 || h.n_slots > limits.max_slots ||
-      h.n_history < 0 || h.n_history > limits.max_history) {
+      h.n_history < 0 || h.n_history > limits.max_history || h.n_top_logits < 0 ||
+      h.n_top_logits > proto::kMaxStepTopLogits) {
     return make_error(StatusCode::kInvalidArgument, "step header out of range");
   }
   const auto n_seqs = static_cast<size_t>(h.n_seqs);
@@ -236,7 +250,7 @@ Status WorkerService::read_step(const proto::StepView& view, const proto::StepRi
     batch->n_prompt.assign(view.n_prompt.begin(), view.n_prompt.begin() + n_seqs);
     for (int32_t& id : batch->history_ids) LITELLAMA_RETURN_IF_ERROR(resolve(&id, previous));
   }
-  batch->n_top_logits = 0;
+  batch->n_top_logits = h.n_top_logits;
   for (int32_t& id : batch->token_ids) LITELLAMA_RETURN_IF_ERROR(resolve(&id, previous));
   return Status::ok();
 }
@@ -280,6 +294,7 @@ std::string WorkerService::run_step(const std::string& doorbell_bytes) {
   const size_t n = output_.sampled_ids.size();
   std::copy(output_.sampled_ids.begin(), output_.sampled_ids.end(), view.sampled_ids.begin());
   previous_sampled_.assign(output_.sampled_ids.begin(), output_.sampled_ids.begin() + n);
+  if (batch_.n_top_logits > 0) write_top_logits(output_, batch_.n_top_logits, view);
   result.ok = true;
   result.compute_seconds = monotonic_seconds() - start;
   step_duration_->Observe(result.compute_seconds);

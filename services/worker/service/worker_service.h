@@ -62,6 +62,9 @@ class WorkerService {
   void compute_main();
   Status load();
   std::string run_step(const std::string& doorbell_bytes);
+  // Copies each sampled sequence's top logits into the ring's top_ids/top_values.
+  static void write_top_logits(const StepOutput& output, int32_t n_top_logits,
+                               const proto::StepView& view);
   proto::WorkerHeartbeat heartbeat() const;
   std::string ready_reason() const;
 
