@@ -788,7 +788,15 @@ void SchedulerService::on_tick() {
     }
     for (const auto& identity : gone) tokenizer_lost(identity, "disconnected");
   }
-  if (worker_ && now - worker_->last_seen > timeout) worker_lost("no heartbeat", false);
+  if (worker_ && now - worker_->last_seen > timeout) {
+    // Heartbeats of a process that died may still sit in the socket's queue and would announce it
+    // again; when its connection is gone too, it is dead for sure and is never accepted back.
+    proto::SchedulerHeartbeat probe;
+    probe.incarnation = incarnation_;
+    const bool gone =
+        net::send_to(workers_, worker_->identity, proto::encode(probe)) == SendResult::kPeerGone;
+    worker_lost("no heartbeat", gone);
+  }
   std::vector<std::string> silent;
   for (const auto& [identity, peer] : tokenizer_peers_) {
     if (now - peer.last_seen > timeout) silent.push_back(identity);
