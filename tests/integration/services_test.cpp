@@ -468,6 +468,13 @@ TEST(ServicesIntegration, WorkerKilledMidStreamFailsRequestsAndServiceRecovers) 
     EXPECT_TRUE(got[id].error) << "request " << id;
   }
   EXPECT_LT(seconds, 3.0);
+  // Not ready without a worker (polled briefly: the requests' errors and the readiness flag are
+  // set by the same event, but the HTTP listener runs on its own thread).
+  const auto ready_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (testing::http_get(cluster.scheduler_port(), "/ready").first != 503 &&
+         std::chrono::steady_clock::now() < ready_deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   EXPECT_EQ(testing::http_get(cluster.scheduler_port(), "/ready").first, 503);
   EXPECT_EQ(testing::http_get(cluster.scheduler_port(), "/health").first, 200);
 
