@@ -186,18 +186,22 @@ int run(const Args& a) {
     for (int rep = 0; rep < 6; ++rep) {
       batch.clear();
       for (int32_t s = 0; s < n; ++s) {
-        batch.add_sequence(prompts[static_cast<size_t>(s)],
-                           std::span(slot_ids.data() + static_cast<size_t>(s) * len,
-                                     static_cast<size_t>(len)),
-                           true, SamplingParams{}, 0);
+        batch.add_sequence(
+            prompts[static_cast<size_t>(s)],
+            std::span(slot_ids.data() + static_cast<size_t>(s) * len, static_cast<size_t>(len)),
+            true, SamplingParams{}, 0);
       }
       double ms = 0;
       if (!timed_step(&ms)) return 1;
       if (rep >= 2) times.push_back(ms);
     }
     const double m = median(times);
-    nlohmann::json j{{"kind", "prefill"},  {"preset", a.preset}, {"graphs", a.graphs},
-                     {"batch", n},         {"context", len},     {"ms", m},
+    nlohmann::json j{{"kind", "prefill"},
+                     {"preset", a.preset},
+                     {"graphs", a.graphs},
+                     {"batch", n},
+                     {"context", len},
+                     {"ms", m},
                      {"tokens_per_s", n * len / (m * 1e-3)}};
     std::printf("%s\n", j.dump().c_str());
     std::fflush(stdout);
@@ -236,8 +240,8 @@ int run(const Args& a) {
       batch.clear();
       for (int32_t q = 0; q < b; ++q) {
         const auto& t = tokens[static_cast<size_t>(q)];
-        batch.add_sequence(std::span(&t.back(), 1), slots_of(q, t.size()), true,
-                           SamplingParams{}, step + 1);
+        batch.add_sequence(std::span(&t.back(), 1), slots_of(q, t.size()), true, SamplingParams{},
+                           step + 1);
       }
       double ms = 0;
       if (!timed_step(&ms)) return 1;

@@ -327,8 +327,8 @@ TEST_P(CudaModelRunnerTest, CudaGraphsMatchDirectLaunches) {
   for (int pass = 0; pass < 2; ++pass) {
     const auto requests = make_requests({3, 1, 45, 9, 17}, n_new, ckpt->config().vocab_size,
                                         (*direct)->n_kv_slots(), rng);
-    const std::vector<int32_t> starts = pass == 0 ? std::vector<int32_t>{0, 0, 2, 5, 11}
-                                                  : std::vector<int32_t>{0, 3, 0, 0, 7};
+    const std::vector<int32_t> starts =
+        pass == 0 ? std::vector<int32_t>{0, 0, 2, 5, 11} : std::vector<int32_t>{0, 3, 0, 0, 7};
     auto want = generate(**direct, requests, n_new, starts);
     LITELLAMA_ASSERT_OK(want.status());
     auto got = generate(**graphs, requests, n_new, starts);

@@ -59,7 +59,9 @@ TEST(ProtoCodec, RoundTripAndRejections) {
 }
 
 // A fake model: the next id is a function of the fed id and its position.
-int32_t fake_next(int32_t id, int32_t pos) { return (id * 31 + pos * 7 + 1) % 1000; }
+int32_t fake_next(int32_t id, int32_t pos) {
+  return (id * 31 + pos * 7 + 1) % 1000;
+}
 
 TEST(ContinuousBatcher, TopLogitsAreAskedOnlyForTheFirstTokenAndKeptWithIt) {
   KvSlotAllocator allocator(100);

@@ -89,7 +89,7 @@ class GraphExec {
 };
 
 struct DecodeGraph {
-  GraphExec exec;      // empty until the key's second step captures it
+  GraphExec exec;  // empty until the key's second step captures it
   uint64_t last_use = 0;
 };
 
@@ -396,8 +396,7 @@ Status CudaModelRunner::run_forward(const StepBatch& batch, const StepPlan& plan
 
 Status CudaModelRunner::capture_forward(const StepPlan& plan, int32_t n_top, GraphExec* exec) {
   cudaStream_t stream = ctx_.stream();
-  LITELLAMA_CUDA_RETURN_IF_ERROR(
-      cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  LITELLAMA_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   Status recorded = run_layers(plan);
   if (recorded.is_ok()) recorded = run_head(plan, n_top);
   cudaGraph_t graph = nullptr;
