@@ -2,8 +2,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/log.h"
-#include "common/net/child_process.h"
-#include "common/net/stop_signal.h"
+#include "common/net/service_main.h"
 #include "common/net/zmq_util.h"
 #include "services/scheduler/scheduler_service.h"
 
@@ -12,24 +11,12 @@ int main(int argc, char** argv) {
   std::string run_dir = "/tmp/litellama";
   litellama::SchedulerOptions options;
   std::string log_level = "info";
-  app.add_option("--run-dir", run_dir, "Directory of the default ipc:// endpoints")
-      ->capture_default_str();
   app.add_option("--client-endpoint", options.client_endpoint,
                  "Client API endpoint (default ipc://RUN_DIR/client.sock; tcp://HOST:PORT works)");
   app.add_option("--worker-endpoint", options.worker_endpoint,
                  "Worker endpoint (default ipc://RUN_DIR/worker.sock)");
   app.add_option("--tokenizer-endpoint", options.tokenizer_endpoint,
                  "Tokenizer endpoint (default ipc://RUN_DIR/tokenizer.sock)");
-  options.metrics_listen = "127.0.0.1:9400";
-  app.add_option("--metrics", options.metrics_listen,
-                 "HOST:PORT of /metrics, /health, /ready ('' disables)")
-      ->capture_default_str();
-  app.add_option("--heartbeat-ms", options.heartbeat_interval_ms, "Heartbeat interval")
-      ->capture_default_str()
-      ->check(CLI::Range(10, 60000));
-  app.add_option("--peer-timeout-ms", options.peer_timeout_ms, "A peer silent this long is down")
-      ->capture_default_str()
-      ->check(CLI::Range(50, 600000));
   app.add_option("--peer-wait-ms", options.peer_wait_ms,
                  "How long a request waits for a missing worker or tokenizer")
       ->capture_default_str()
@@ -44,8 +31,8 @@ int main(int argc, char** argv) {
                  "Prompt tokens of one request per step")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
-      ->capture_default_str();
+  litellama::net::add_common_service_flags(app, options, run_dir, log_level, "127.0.0.1:9400",
+                                           "A peer silent this long is down");
   CLI11_PARSE(app, argc, argv);
 
   litellama::init_logging("scheduler", log_level);
@@ -59,12 +46,5 @@ int main(int argc, char** argv) {
     options.tokenizer_endpoint = litellama::net::ipc_endpoint(run_dir, "tokenizer");
   }
   litellama::SchedulerService service(options);
-  litellama::net::install_stop_signal(service.stop_flag());
-  if (auto st = service.start(); !st) {
-    // Nothing here gets better by restarting (a port or endpoint taken, files missing).
-    LITELLAMA_LOG_ERROR("{}", st.to_string());
-    return litellama::net::kExitConfigError;
-  }
-  service.run();
-  return 0;
+  return litellama::net::run_service(service);
 }

@@ -2,8 +2,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/log.h"
-#include "common/net/child_process.h"
-#include "common/net/stop_signal.h"
+#include "common/net/service_main.h"
 #include "common/net/zmq_util.h"
 #include "services/worker/service/worker_service.h"
 
@@ -17,14 +16,8 @@ int main(int argc, char** argv) {
   app.add_option("--device", device, "cpu or cuda")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--run-dir", run_dir, "Directory of the default ipc:// endpoints")
-      ->capture_default_str();
   app.add_option("--scheduler", options.scheduler_endpoint,
                  "The scheduler's worker endpoint (default ipc://RUN_DIR/worker.sock)");
-  options.metrics_listen = "127.0.0.1:9401";
-  app.add_option("--metrics", options.metrics_listen,
-                 "HOST:PORT of /metrics, /health, /ready ('' disables)")
-      ->capture_default_str();
   app.add_option("--kv-slots", options.runner.n_kv_slots, "KV pool size in tokens (0: from memory)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 28));
@@ -38,14 +31,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 16));
   app.add_option("--step-ring", options.step_ring_name,
                  "Shared-memory name of the step ring (default litellama-step-PID-RANDOM)");
-  app.add_option("--heartbeat-ms", options.heartbeat_interval_ms, "Heartbeat interval")
-      ->capture_default_str()
-      ->check(CLI::Range(10, 60000));
-  app.add_option("--peer-timeout-ms", options.peer_timeout_ms,
-                 "The scheduler silent this long is down")
-      ->capture_default_str();
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
-      ->capture_default_str();
+  litellama::net::add_common_service_flags(app, options, run_dir, log_level, "127.0.0.1:9401",
+                                           "The scheduler silent this long is down");
   CLI11_PARSE(app, argc, argv);
 
   litellama::init_logging("worker", log_level);
@@ -54,15 +41,5 @@ int main(int argc, char** argv) {
     options.scheduler_endpoint = litellama::net::ipc_endpoint(run_dir, "worker");
   }
   litellama::WorkerService service(options);
-  litellama::net::install_stop_signal(service.stop_flag());
-  if (auto st = service.start(); !st) {
-    // Nothing here gets better by restarting (a port or endpoint taken, files missing).
-    LITELLAMA_LOG_ERROR("{}", st.to_string());
-    return litellama::net::kExitConfigError;
-  }
-  if (auto st = service.run(); !st) {
-    LITELLAMA_LOG_ERROR("{}", st.to_string());
-    return 1;
-  }
-  return 0;
+  return litellama::net::run_service(service);
 }
