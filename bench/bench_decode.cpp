@@ -84,6 +84,8 @@ struct Args {
   int32_t n_steps = 30;
   std::string prefills;  // "1x2048,16x512"
   bool graphs = true;
+  int32_t gemv = RunnerOptions{}.gemv_max_tokens;
+  bool pdl = true;
   bool copy_bandwidth = true;
 };
 
@@ -148,6 +150,8 @@ int run(const Args& a) {
   o.max_batch_tokens = 8192;
   o.max_batch_seqs = std::max(256, *std::max_element(batches.begin(), batches.end()));
   o.use_cuda_graphs = a.graphs;
+  o.gemv_max_tokens = a.gemv;
+  o.use_programmatic_launch = a.pdl;
   int64_t slots = 0;
   for (int32_t b : batches) {
     slots = std::max<int64_t>(slots, int64_t{b} * (a.context + a.n_warmup + a.n_steps + 2));
@@ -199,6 +203,8 @@ int run(const Args& a) {
     nlohmann::json j{{"kind", "prefill"},
                      {"preset", a.preset},
                      {"graphs", a.graphs},
+                     {"gemv", a.gemv},
+                     {"pdl", a.pdl},
                      {"batch", n},
                      {"context", len},
                      {"ms", m},
@@ -256,6 +262,8 @@ int run(const Args& a) {
     nlohmann::json j{{"kind", "decode"},
                      {"preset", a.preset},
                      {"graphs", a.graphs},
+                     {"gemv", a.gemv},
+                     {"pdl", a.pdl},
                      {"batch", b},
                      {"context", a.context},
                      {"ms", m},
@@ -285,6 +293,10 @@ int main(int argc, char** argv) {
   app.add_option("--steps", a.n_steps, "timed decode steps");
   app.add_option("--prefills", a.prefills, "prefill steps to time, e.g. 1x2048,16x512");
   app.add_option("--graphs", a.graphs, "launch decode steps as CUDA graphs (1/0)");
+  app.add_option("--gemv", a.gemv,
+                 "steps of at most this many tokens run the fused small-batch GEMV layers "
+                 "(0: cuBLAS throughout)");
+  app.add_option("--pdl", a.pdl, "programmatic dependent launch (1/0)");
   app.add_option("--copy-bandwidth", a.copy_bandwidth, "measure the device copy bandwidth (1/0)");
   CLI11_PARSE(app, argc, argv);
   return litellama::run(a);

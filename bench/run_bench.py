@@ -102,9 +102,9 @@ def table(rows):
     hf = {(r["kind"], r["preset"], r["engine"], r["batch"], r["context"]): r["ms"]
           for r in rows if r.get("engine", "").startswith("hf-")}
     out = [f"Device copy bandwidth (D2D, read + written): {bw:.0f} GB/s", "",
-           "| model | step | graphs | batch | context | ms per step | tokens/s | fraction of copy "
-           "bandwidth | target ms | x HF dynamic | x HF static | x Python LiteLLaMA |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| model | step | graphs | fused GEMV up to | pdl | batch | context | ms per step | tokens/s | fraction "
+           "of copy bandwidth | target ms | x HF dynamic | x HF static | x Python LiteLLaMA |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in ours:
         key = (r["kind"], r["preset"], r["batch"])
         target = TARGETS_MS.get(key)
@@ -120,7 +120,10 @@ def table(rows):
         py = PY_LITELLAMA_MS.get((r["preset"], r["batch"])) if r["kind"] == "decode" else None
         frac = f"{100 * r['bandwidth_fraction']:.0f}%" if r.get("bandwidth_fraction") else "—"
         tgt = "—" if target is None else (f"{target:.2f} " + ("met" if ms <= target else "MISSED"))
-        out.append(f"| {r['preset']} | {r['kind']} | {'on' if r.get('graphs') else 'off'} | "
+        def on(flag):
+            return "on" if r.get(flag, True) else "off"
+
+        out.append(f"| {r['preset']} | {r['kind']} | {on('graphs')} | {r.get('gemv', '—')} | {on('pdl')} | "
                    f"{r['batch']} | {r['context']} | {ms:.3f} | {r['tokens_per_s']:,.0f} | "
                    f"{frac} | {tgt} | {ratio(hd)} | {ratio(hs)} | {ratio(py)} |")
     out += ["", "Hugging Face transformers, same checkpoints:", "",
@@ -148,7 +151,8 @@ def main():
     rows = []
     d1 = os.path.join(a.work, "llama3.2-1b")
     run_ours(a.bin, rows, a.jsonl, ["--preset", "llama3.2-1b", "--dir", d1, "--batches",
-                                    "1,8,64,256", "--context", "512", "--steps", "20", "--prefills",
+                                    "1,2,4,8,16,32,64,128,256", "--context", "512", "--steps", "20",
+                                    "--prefills",
                                     "1x2048,16x512"])
     if not a.no_hf:
         try:
@@ -164,10 +168,12 @@ def main():
                                         os.path.join(a.work, "llama3.1-8b"), "--batches", "1",
                                         "--context", "512", "--steps", "20",
                                         "--copy-bandwidth", "0"])
-    # The same steps with every kernel launched from the host (no CUDA graphs).
-    run_ours(a.bin, rows, a.jsonl, ["--preset", "llama3.2-1b", "--dir", d1, "--batches", "1,8",
-                                    "--context", "512", "--graphs", "0", "--copy-bandwidth", "0",
-                                    "--steps", "20"])
+    # Ablations of the same steps: every kernel launched from the host (no CUDA graphs); no
+    # programmatic dependent launch; the small-batch GEMV layers (opt-in) for batch 1 and up to 8.
+    for flags in (["--graphs", "0"], ["--pdl", "0"], ["--gemv", "1"], ["--gemv", "8"]):
+        run_ours(a.bin, rows, a.jsonl, ["--preset", "llama3.2-1b", "--dir", d1, "--batches", "1,8",
+                                        "--context", "512", "--copy-bandwidth", "0",
+                                        "--steps", "20"] + flags)
     # Later runs skip the copy measurement: carry the first one's figure into their fractions.
     bw = next((r["gb_per_s"] for r in rows if r.get("kind") == "copy_bandwidth"), 0.0)
     for r in rows:

@@ -7,6 +7,7 @@
 
 #include "kernels/cuda_check.h"
 #include "kernels/kernel_common.cuh"
+#include "kernels/launch.h"
 
 namespace litellama {
 namespace {
@@ -15,6 +16,8 @@ template <typename T, int N>
 __global__ void add_rmsnorm_kernel(T* __restrict__ normed, T* __restrict__ residual,
                                    const T* __restrict__ delta, const float* __restrict__ weight,
                                    int hidden, float eps) {
+  pdl_launch_dependents();
+  pdl_wait();
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   T* res = residual + row * hidden;
@@ -56,12 +59,14 @@ Status launch_typed(void* normed, void* residual, const void* delta, const float
   auto* res = static_cast<T*>(residual);
   const auto* del = static_cast<const T*>(delta);
   if (n == 1) {
-    add_rmsnorm_kernel<T, 1><<<n_rows, threads, 0, stream>>>(out, res, del, weight, hidden, eps);
+    LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(add_rmsnorm_kernel<T, 1>, dim3(n_rows),
+                                                 dim3(threads), 0, stream, out, res, del, weight,
+                                                 hidden, eps));
   } else {
-    add_rmsnorm_kernel<T, 16 / sizeof(T)>
-        <<<n_rows, threads, 0, stream>>>(out, res, del, weight, hidden, eps);
+    LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(add_rmsnorm_kernel<T, 16 / sizeof(T)>,
+                                                 dim3(n_rows), dim3(threads), 0, stream, out, res,
+                                                 del, weight, hidden, eps));
   }
-  LITELLAMA_CUDA_CHECK_LAUNCH("add_rmsnorm_kernel");
   return Status::ok();
 }
 

@@ -25,6 +25,9 @@
 #include <type_traits>
 
 #include "kernels/cuda_check.h"
+#include "kernels/kernel_common.cuh"
+#include "kernels/launch.h"
+#include "kernels/mma_common.cuh"
 
 namespace litellama {
 namespace {
@@ -44,67 +47,6 @@ constexpr int kMinKeysPerWaveSplit = 1024;
 constexpr int kMaxWaveSplits = 4;
 constexpr int kSmemPerSmBytes = 228 * 1024;  // sm_90 (sm_80: 164 KB; only the plan is off)
 constexpr int kSmemPerCtaReservedBytes = 1024;
-
-// ---- PTX wrappers ------------------------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte global->shared copy; copies nothing and zero-fills when !valid (src is not read then).
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-
-// d += a * b, m16n8k16, fp32 accumulators.
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                          uint32_t b1) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  } else {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  }
-}
 
 template <typename T>
 __device__ __forceinline__ T from_f32(float x) {
@@ -198,6 +140,8 @@ __device__ __forceinline__ void load_kv_stage(T* s_k, T* s_v, const DecodeParams
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) attention_decode_tc_kernel(const DecodeParams<T> p) {
+  pdl_launch_dependents();  // the o projection may start loading its weights
+  pdl_wait();
   using L = TcLayout<T, D>;
   constexpr int kStride = L::kStride;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -372,6 +316,8 @@ __global__ void __launch_bounds__(kThreads) attention_decode_tc_kernel(const Dec
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     attention_decode_f32_kernel(const DecodeParams<float> p) {
+  pdl_wait();
+  pdl_launch_dependents();
   constexpr int kAcc = kHeadsPerCta * D / kThreads;  // (head, dim) outputs per thread
   __shared__ __align__(16) float s_q[kHeadsPerCta][D];
   __shared__ float s_k[kF32Keys][D + 1];  // +1: lanes read different rows of one column
@@ -492,6 +438,8 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads)
     attention_decode_merge_kernel(const DecodeParams<T> p, int n_work, int n_splits) {
+  pdl_launch_dependents();
+  pdl_wait();
   constexpr int kThreadsPerHead = D / 4;
   const int64_t gh = static_cast<int64_t>(blockIdx.x) * (kThreads / kThreadsPerHead) +
                      threadIdx.x / kThreadsPerHead;
@@ -590,8 +538,8 @@ Status launch_typed(const LaunchArgs& a) {
                           a.scale};
   const dim3 grid(a.n_splits, a.n_work, a.n_kv_heads * blocks);
   if constexpr (std::is_same_v<T, float>) {
-    attention_decode_f32_kernel<D><<<grid, kThreads, 0, a.stream>>>(p);
-    LITELLAMA_CUDA_CHECK_LAUNCH("attention_decode_f32_kernel");
+    LITELLAMA_CUDA_RETURN_IF_ERROR(
+        launch_kernel(attention_decode_f32_kernel<D>, grid, dim3(kThreads), 0, a.stream, p));
   } else {
     using L = TcLayout<T, D>;
     LITELLAMA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(attention_decode_tc_kernel<T, D>,
@@ -600,17 +548,17 @@ Status launch_typed(const LaunchArgs& a) {
     LITELLAMA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
         attention_decode_tc_kernel<T, D>, cudaFuncAttributePreferredSharedMemoryCarveout,
         static_cast<int>(cudaSharedmemCarveoutMaxShared)));
-    attention_decode_tc_kernel<T, D><<<grid, kThreads, L::kSmemBytes, a.stream>>>(p);
-    LITELLAMA_CUDA_CHECK_LAUNCH("attention_decode_tc_kernel");
+    LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(attention_decode_tc_kernel<T, D>, grid,
+                                                 dim3(kThreads), L::kSmemBytes, a.stream, p));
   }
   if (a.n_splits > 1) {
     constexpr int kHeadsPerBlock = kThreads / (D / 4);
     const int64_t n_rows = static_cast<int64_t>(a.n_work) * a.n_heads;
     const unsigned merge_blocks =
         static_cast<unsigned>((n_rows + kHeadsPerBlock - 1) / kHeadsPerBlock);
-    attention_decode_merge_kernel<T, D>
-        <<<merge_blocks, kThreads, 0, a.stream>>>(p, a.n_work, a.n_splits);
-    LITELLAMA_CUDA_CHECK_LAUNCH("attention_decode_merge_kernel");
+    LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(attention_decode_merge_kernel<T, D>,
+                                                 dim3(merge_blocks), dim3(kThreads), 0, a.stream, p,
+                                                 a.n_work, a.n_splits));
   }
   return Status::ok();
 }

@@ -5,6 +5,7 @@
 
 #include "kernels/cuda_check.h"
 #include "kernels/kernel_common.cuh"
+#include "kernels/launch.h"
 
 namespace litellama {
 namespace {
@@ -12,6 +13,8 @@ namespace {
 template <typename T, int N>
 __global__ void embedding_kernel(T* __restrict__ out, const int32_t* __restrict__ token_ids,
                                  const T* __restrict__ table, int hidden) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int t = blockIdx.x;
   const int64_t id = token_ids[t];
   const T* src = table + id * hidden;
@@ -27,13 +30,14 @@ Status launch_typed(void* out, const int32_t* token_ids, const void* table, int3
   const int n = vec_width(hidden, sizeof(T));
   const int threads = std::min(256, std::max(32, (hidden / n + 31) / 32 * 32));
   if (n == 1) {
-    embedding_kernel<T, 1><<<n_tokens, threads, 0, stream>>>(static_cast<T*>(out), token_ids,
-                                                             static_cast<const T*>(table), hidden);
+    LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(embedding_kernel<T, 1>, dim3(n_tokens),
+                                                 dim3(threads), 0, stream, static_cast<T*>(out),
+                                                 token_ids, static_cast<const T*>(table), hidden));
   } else {
-    embedding_kernel<T, 16 / sizeof(T)><<<n_tokens, threads, 0, stream>>>(
-        static_cast<T*>(out), token_ids, static_cast<const T*>(table), hidden);
+    LITELLAMA_CUDA_RETURN_IF_ERROR(
+        launch_kernel(embedding_kernel<T, 16 / sizeof(T)>, dim3(n_tokens), dim3(threads), 0, stream,
+                      static_cast<T*>(out), token_ids, static_cast<const T*>(table), hidden));
   }
-  LITELLAMA_CUDA_CHECK_LAUNCH("embedding_kernel");
   return Status::ok();
 }
 

@@ -5,6 +5,7 @@
 
 #include "kernels/cuda_check.h"
 #include "kernels/kernel_common.cuh"
+#include "kernels/launch.h"
 
 namespace litellama {
 namespace {
@@ -12,6 +13,8 @@ namespace {
 template <typename T, int N>
 __global__ void gather_rows_kernel(T* __restrict__ out, const T* __restrict__ in,
                                    const int32_t* __restrict__ rows, int cols) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t src_row = rows[blockIdx.x];
   const T* src = in + src_row * cols;
   T* dst = out + static_cast<int64_t>(blockIdx.x) * cols;
@@ -26,13 +29,14 @@ Status launch_typed(void* out, const void* in, const int32_t* rows, int32_t n_ro
   const int n = vec_width(cols, sizeof(T));
   const int threads = std::min(256, std::max(32, (cols / n + 31) / 32 * 32));
   if (n == 1) {
-    gather_rows_kernel<T, 1><<<n_rows_out, threads, 0, stream>>>(
-        static_cast<T*>(out), static_cast<const T*>(in), rows, cols);
+    LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(gather_rows_kernel<T, 1>, dim3(n_rows_out),
+                                                 dim3(threads), 0, stream, static_cast<T*>(out),
+                                                 static_cast<const T*>(in), rows, cols));
   } else {
-    gather_rows_kernel<T, 16 / sizeof(T)><<<n_rows_out, threads, 0, stream>>>(
-        static_cast<T*>(out), static_cast<const T*>(in), rows, cols);
+    LITELLAMA_CUDA_RETURN_IF_ERROR(
+        launch_kernel(gather_rows_kernel<T, 16 / sizeof(T)>, dim3(n_rows_out), dim3(threads), 0,
+                      stream, static_cast<T*>(out), static_cast<const T*>(in), rows, cols));
   }
-  LITELLAMA_CUDA_CHECK_LAUNCH("gather_rows_kernel");
   return Status::ok();
 }
 

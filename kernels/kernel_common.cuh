@@ -95,4 +95,17 @@ __device__ __forceinline__ float block_sum(float x, float* scratch) {
   return warp_sum(total);
 }
 
+// Programmatic dependent launch (kernels/launch.h states the rule). No-ops below sm_90 and for
+// kernels launched without the attribute.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 }  // namespace litellama

@@ -5,6 +5,7 @@
 
 #include "kernels/cuda_check.h"
 #include "kernels/kernel_common.cuh"
+#include "kernels/launch.h"
 
 namespace litellama {
 namespace {
@@ -19,6 +20,8 @@ __global__ void qkv_rope_kernel(
     const float* __restrict__ inv_freq, const int32_t* __restrict__ positions,
     const int32_t* __restrict__ token_slot, const int32_t* __restrict__ token_freq_row,
     int n_tokens, int n_heads, int n_kv_heads, float attention_scaling, float norm_eps) {
+  pdl_launch_dependents();
+  pdl_wait();
   constexpr int kHalf = kHeadDim / 2;
   constexpr int VH = kHeadDim / 64;
   const int n_heads_total = n_heads + 2 * n_kv_heads;
@@ -96,11 +99,11 @@ Status launch_hd(void* q_out, void* k_pool, void* v_pool, const void* qkv, const
                  float norm_eps, cudaStream_t stream) {
   const int64_t work = static_cast<int64_t>(n_tokens) * (n_heads + 2 * n_kv_heads);
   const int64_t blocks = (work + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  qkv_rope_kernel<T, kHeadDim><<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream>>>(
-      static_cast<T*>(q_out), static_cast<T*>(k_pool), static_cast<T*>(v_pool),
+  LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(
+      qkv_rope_kernel<T, kHeadDim>, dim3(static_cast<unsigned>(blocks)), dim3(kWarpsPerBlock * 32),
+      0, stream, static_cast<T*>(q_out), static_cast<T*>(k_pool), static_cast<T*>(v_pool),
       static_cast<const T*>(qkv), qkv_bias, q_norm_weight, k_norm_weight, inv_freq, positions,
-      token_slot, token_freq_row, n_tokens, n_heads, n_kv_heads, attention_scaling, norm_eps);
-  LITELLAMA_CUDA_CHECK_LAUNCH("qkv_rope_kernel");
+      token_slot, token_freq_row, n_tokens, n_heads, n_kv_heads, attention_scaling, norm_eps));
   return Status::ok();
 }
 

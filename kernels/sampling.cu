@@ -10,6 +10,8 @@
 #include <climits>
 
 #include "kernels/cuda_check.h"
+#include "kernels/kernel_common.cuh"
+#include "kernels/launch.h"
 
 namespace litellama {
 namespace {
@@ -262,6 +264,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                     float* __restrict__ top_logits, float* __restrict__ logits_all,
                     const SamplingRow* __restrict__ rows, const int32_t* __restrict__ history_ids,
                     int vocab, int n_top, int32_t* __restrict__ token_marks) {
+  pdl_launch_dependents();
+  pdl_wait();
   __shared__ Shared sh;
   const int r = blockIdx.x;
   float* logits = logits_all + static_cast<int64_t>(r) * vocab;
@@ -432,9 +436,9 @@ Status launch_sampling(int32_t* sampled_ids, int32_t* top_ids, float* top_logits
                       kSamplingMaxTopLogits, vocab_size);
   }
   if (n_rows == 0) return Status::ok();
-  sampling_kernel<<<n_rows, kThreads, 0, stream>>>(sampled_ids, top_ids, top_logits, logits, rows,
-                                                   history_ids, vocab_size, n_top, token_marks);
-  LITELLAMA_CUDA_CHECK_LAUNCH("sampling_kernel");
+  LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(sampling_kernel, dim3(n_rows), dim3(kThreads), 0,
+                                               stream, sampled_ids, top_ids, top_logits, logits,
+                                               rows, history_ids, vocab_size, n_top, token_marks));
   return Status::ok();
 }
 

@@ -5,6 +5,7 @@
 
 #include "kernels/cuda_check.h"
 #include "kernels/kernel_common.cuh"
+#include "kernels/launch.h"
 
 namespace litellama {
 namespace {
@@ -12,6 +13,8 @@ namespace {
 template <typename T, int N>
 __global__ void silu_mul_kernel(T* __restrict__ act, const T* __restrict__ gate_up, int64_t n_vecs,
                                 int inter) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int vecs_per_row = inter / N;
   for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < n_vecs;
        v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -36,9 +39,9 @@ Status launch_n(void* act, const void* gate_up, int32_t n_tokens, int32_t inter,
   const int64_t n_vecs = static_cast<int64_t>(n_tokens) * (inter / N);
   const int threads = 256;
   const int64_t blocks = std::min<int64_t>((n_vecs + threads - 1) / threads, 65536);
-  silu_mul_kernel<T, N><<<static_cast<int>(blocks), threads, 0, stream>>>(
-      static_cast<T*>(act), static_cast<const T*>(gate_up), n_vecs, inter);
-  LITELLAMA_CUDA_CHECK_LAUNCH("silu_mul_kernel");
+  LITELLAMA_CUDA_RETURN_IF_ERROR(
+      launch_kernel(silu_mul_kernel<T, N>, dim3(static_cast<unsigned>(blocks)), dim3(threads), 0,
+                    stream, static_cast<T*>(act), static_cast<const T*>(gate_up), n_vecs, inter));
   return Status::ok();
 }
 

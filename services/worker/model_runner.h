@@ -81,6 +81,15 @@ struct RunnerOptions {
   // CUDA: launch pure decode steps as captured CUDA graphs (one per batch size); false runs every
   // kernel launch from the host, the reference the graph path is tested against.
   bool use_cuda_graphs = true;
+  // CUDA, bf16/fp16: steps of at most this many tokens (at most 8) run their layers through the
+  // small-batch tensor-core GEMV variants (kernels/gemv.h), which fold the residual adds,
+  // SiLU * up and RoPE into the linear layers; other steps use cuBLAS and separate kernels. Off
+  // (0) by default: on an H200 the whole decode step measured no faster with them than with
+  // cuBLAS (bench/RESULTS.md).
+  int32_t gemv_max_tokens = 0;
+  // CUDA, compute capability 9.0+: kernels are launched with programmatic dependent launch, so
+  // each one starts (and loads its weights) while the previous one finishes.
+  bool use_programmatic_launch = true;
 };
 
 class ModelRunner {

@@ -2,15 +2,28 @@
 //
 //   stage the step's arrays in pinned memory -> one cudaMemcpyAsync to the device
 //   embedding -> residual
-//   per layer:
+//   per layer, steps of more than gemv_max_tokens tokens (cuBLAS):
 //     add_rmsnorm(residual += delta of the previous layer; normed)      (first layer: no add)
 //     linear(qkv = normed @ [Wq; Wk; Wv]^T) -> qkv_rope (bias, q/k norm, RoPE, K/V into the pool)
 //     attention_decode (sequences with one new token) + attention_prefill (the others)
 //     linear(delta = attn @ Wo^T) -> add_rmsnorm(residual += delta; normed)
 //     linear(gate_up = normed @ [Wgate; Wup]^T) -> silu_mul -> linear(delta = act @ Wdown^T)
-//   gather the sampled sequences' last rows of residual and delta -> add_rmsnorm(final norm)
+//   per layer, smaller steps (bf16/fp16, when RunnerOptions::gemv_max_tokens asks for them): the
+//   small-batch GEMV variants (kernels/gemv.h), whose epilogues do the element-wise work:
+//     add_rmsnorm(normed = RMSNorm(residual)) -> gemv_qkv_rope(bias, RoPE, Q and the pool)
+//         (q/k-norm models: gemv(qkv) -> qkv_rope)
+//     attention_decode / attention_prefill
+//     gemv_residual_add(residual += attn @ Wo^T)
+//     add_rmsnorm(normed = RMSNorm(residual)) -> gemv_silu_mul(act = SiLU(gate) * up)
+//     gemv_residual_add(residual += act @ Wdown^T)
+//   gather the sampled sequences' last rows (skipped when those are all the rows, in order: pure
+//   decode) -> add_rmsnorm(final norm; the cuBLAS path adds the last delta here)
 //   linear(float32 logits = normed @ Wlm^T) -> sampling
 //   one cudaMemcpyAsync of sampled ids (and top logits) back, then the step's only host sync.
+//
+// Every kernel but cuBLAS's and prefill attention's is launched with programmatic dependent
+// launch (kernels/launch.h): it starts while its predecessor drains, and GEMVs load their first
+// weights before waiting for their input.
 //
 // CUDA graphs: a pure decode step (every sequence brings one token and is sampled, no penalty
 // history) is launched as one graph captured per (batch size, top-logit count, attention split
@@ -41,6 +54,8 @@
 #include "kernels/cuda_check.h"
 #include "kernels/embedding.h"
 #include "kernels/gather_rows.h"
+#include "kernels/gemv.h"
+#include "kernels/launch.h"
 #include "kernels/linear.h"
 #include "kernels/qkv_rope.h"
 #include "kernels/sampling.h"
@@ -133,6 +148,16 @@ class CudaModelRunner final : public ModelRunner {
   Status allocate_kv_pool();
   Status ensure_staging(size_t bytes);
   Status run_layers(const StepPlan& plan);
+  // One layer of a step of n_tokens <= gemv_max_tokens tokens through the fused GEMV variants.
+  Status run_layer_fused(const StepPlan& plan, int32_t l);
+  Status run_attention(const StepPlan& plan, int32_t l);
+  // y = x @ w^T for the step's n_rows rows: the small-batch GEMV where it applies, else cuBLAS.
+  Status linear(void* y, const void* x, const void* w, int32_t n_rows, int32_t n, int32_t k,
+                DType out_dtype);
+  bool use_gemv(int32_t n_rows, int32_t k, DType out_dtype) const;
+  // Whether a step of n_tokens runs its layers through the fused GEMV variants.
+  bool fused_layers(int32_t n_tokens) const;
+
   Status run_head(const StepPlan& plan, int32_t n_top);
   // Runs the layers and the head, eagerly or through a captured graph.
   Status run_forward(const StepBatch& batch, const StepPlan& plan);
@@ -314,6 +339,7 @@ Status CudaModelRunner::step(const StepBatch& batch, StepOutput* out) {
                       "the CUDA backend returns at most {} top logits (asked for {})",
                       kSamplingMaxTopLogits, batch.n_top_logits);
   }
+  set_programmatic_launch_enabled(options_.use_programmatic_launch);
   const StepPlan plan = plan_step(batch, config_);
   LITELLAMA_RETURN_IF_ERROR(ensure_staging(plan.layout.total_bytes));
   fill_step(batch, config_, plan, staging_host_.data());
@@ -414,11 +440,69 @@ Status CudaModelRunner::capture_forward(const StepPlan& plan, int32_t n_top, Gra
   return Status::ok();
 }
 
+bool CudaModelRunner::use_gemv(int32_t n_rows, int32_t k, DType out_dtype) const {
+  return n_rows <= options_.gemv_max_tokens && gemv_supports(dtype_, out_dtype, n_rows, k);
+}
+
+bool CudaModelRunner::fused_layers(int32_t n_tokens) const {
+  const ModelConfig& c = config_;
+  return n_tokens <= options_.gemv_max_tokens &&
+         gemv_supports(dtype_, dtype_, n_tokens, c.hidden_size) &&
+         gemv_supports(dtype_, dtype_, n_tokens, q_dim_) &&
+         gemv_supports(dtype_, dtype_, n_tokens, c.intermediate_size);
+}
+
+Status CudaModelRunner::run_layer_fused(const StepPlan& plan, int32_t l) {
+  const ModelConfig& c = config_;
+  const StepLayout& L = plan.layout;
+  const CudaLayerWeights& W = weights_.layers[static_cast<size_t>(l)];
+  cudaStream_t stream = ctx_.stream();
+  auto i32 = [&](size_t offset) { return staging_device_.as<const int32_t>(offset); };
+  const int32_t T = plan.n_tokens;
+  const int32_t H = c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const float* inv_freq = plan.dynamic_rope ? staging_device_.as<const float>(L.freq_table)
+                                            : rope_inv_freq_.as<const float>();
+  const int32_t* token_freq_row = plan.dynamic_rope ? i32(L.token_freq_row) : nullptr;
+  LITELLAMA_RETURN_IF_ERROR(launch_add_rmsnorm(normed_.data(), residual_.data(), nullptr,
+                                               W.input_norm, T, H, eps, dtype_, stream));
+  if (W.q_norm == nullptr && W.k_norm == nullptr && gemv_rope_supports(c.head_dim)) {
+    const GemvRope rope{q_.data(), k_pool(l),        v_pool(l),         W.qkv_bias,
+                        inv_freq,  i32(L.positions), i32(L.token_slot), token_freq_row,
+                        c.n_heads, c.n_kv_heads,     c.head_dim,        rope_attention_scaling_};
+    LITELLAMA_RETURN_IF_ERROR(
+        launch_gemv_qkv_rope(rope, normed_.data(), W.qkv, T, H, dtype_, stream));
+  } else {
+    LITELLAMA_RETURN_IF_ERROR(
+        launch_gemv(wide_.data(), normed_.data(), W.qkv, T, qkv_dim_, H, dtype_, dtype_, stream));
+    LITELLAMA_RETURN_IF_ERROR(launch_qkv_rope(
+        q_.data(), k_pool(l), v_pool(l), wide_.data(), W.qkv_bias, W.q_norm, W.k_norm, inv_freq,
+        i32(L.positions), i32(L.token_slot), token_freq_row, T, c.n_heads, c.n_kv_heads, c.head_dim,
+        rope_attention_scaling_, eps, dtype_, stream));
+  }
+  LITELLAMA_RETURN_IF_ERROR(run_attention(plan, l));
+  LITELLAMA_RETURN_IF_ERROR(
+      launch_gemv_residual_add(residual_.data(), attn_.data(), W.o, T, H, q_dim_, dtype_, stream));
+  LITELLAMA_RETURN_IF_ERROR(launch_add_rmsnorm(normed_.data(), residual_.data(), nullptr,
+                                               W.post_norm, T, H, eps, dtype_, stream));
+  LITELLAMA_RETURN_IF_ERROR(launch_gemv_silu_mul(act_.data(), normed_.data(), W.gate_up, T,
+                                                 c.intermediate_size, H, dtype_, stream));
+  return launch_gemv_residual_add(residual_.data(), act_.data(), W.down, T, H, c.intermediate_size,
+                                  dtype_, stream);
+}
+
+Status CudaModelRunner::linear(void* y, const void* x, const void* w, int32_t n_rows, int32_t n,
+                               int32_t k, DType out_dtype) {
+  if (use_gemv(n_rows, k, out_dtype)) {
+    return launch_gemv(y, x, w, n_rows, n, k, dtype_, out_dtype, ctx_.stream());
+  }
+  return launch_linear(y, x, w, n_rows, n, k, dtype_, out_dtype, ctx_.cublas(), ctx_.stream());
+}
+
 Status CudaModelRunner::run_layers(const StepPlan& plan) {
   const ModelConfig& c = config_;
   const StepLayout& L = plan.layout;
   cudaStream_t stream = ctx_.stream();
-  cublasHandle_t blas = ctx_.cublas();
   auto i32 = [&](size_t offset) { return staging_device_.as<const int32_t>(offset); };
   const int32_t T = plan.n_tokens;
   const int32_t H = c.hidden_size;
@@ -427,45 +511,55 @@ Status CudaModelRunner::run_layers(const StepPlan& plan) {
   const float* inv_freq = plan.dynamic_rope ? staging_device_.as<const float>(L.freq_table)
                                             : rope_inv_freq_.as<const float>();
   const int32_t* token_freq_row = plan.dynamic_rope ? i32(L.token_freq_row) : nullptr;
-  const int32_t* decode_seqs = i32(L.work_seqs);
-  const int32_t* prefill_seqs = decode_seqs + plan.n_decode;
 
   LITELLAMA_RETURN_IF_ERROR(
       launch_embedding(residual_.data(), i32(L.token_ids), weights_.embed, T, H, dtype_, stream));
+  const bool fused = fused_layers(T);
   for (int32_t l = 0; l < c.n_layers; ++l) {
+    if (fused) {
+      LITELLAMA_RETURN_IF_ERROR(run_layer_fused(plan, l));
+      continue;
+    }
     const CudaLayerWeights& W = weights_.layers[static_cast<size_t>(l)];
     LITELLAMA_RETURN_IF_ERROR(launch_add_rmsnorm(normed_.data(), residual_.data(),
                                                  l == 0 ? nullptr : delta_.data(), W.input_norm, T,
                                                  H, eps, dtype_, stream));
-    LITELLAMA_RETURN_IF_ERROR(launch_linear(wide_.data(), normed_.data(), W.qkv, T, qkv_dim_, H,
-                                            dtype_, dtype_, blas, stream));
+    LITELLAMA_RETURN_IF_ERROR(linear(wide_.data(), normed_.data(), W.qkv, T, qkv_dim_, H, dtype_));
     LITELLAMA_RETURN_IF_ERROR(launch_qkv_rope(
         q_.data(), k_pool(l), v_pool(l), wide_.data(), W.qkv_bias, W.q_norm, W.k_norm, inv_freq,
         i32(L.positions), i32(L.token_slot), token_freq_row, T, c.n_heads, c.n_kv_heads, c.head_dim,
         rope_attention_scaling_, eps, dtype_, stream));
-    if (plan.n_decode > 0) {
-      LITELLAMA_RETURN_IF_ERROR(launch_attention_decode(
-          attn_.data(), q_.data(), k_pool(l), v_pool(l), i32(L.token_start), i32(L.kv_len),
-          i32(L.slot_start), i32(L.slot_table), decode_seqs, plan.n_decode, plan.max_decode_kv_len,
-          c.n_heads, c.n_kv_heads, c.head_dim, dtype_, attention_scale_, n_sms_,
-          attention_workspace_.data(), attention_workspace_.size_bytes(), stream));
-    }
-    if (plan.n_prefill > 0) {
-      LITELLAMA_RETURN_IF_ERROR(launch_attention_prefill(
-          attn_.data(), q_.data(), k_pool(l), v_pool(l), i32(L.token_start), i32(L.kv_len),
-          i32(L.slot_start), i32(L.slot_table), prefill_seqs, plan.n_prefill,
-          plan.max_prefill_n_new, c.n_heads, c.n_kv_heads, c.head_dim, dtype_, attention_scale_,
-          stream));
-    }
-    LITELLAMA_RETURN_IF_ERROR(launch_linear(delta_.data(), attn_.data(), W.o, T, H, q_dim_, dtype_,
-                                            dtype_, blas, stream));
+    LITELLAMA_RETURN_IF_ERROR(run_attention(plan, l));
+    LITELLAMA_RETURN_IF_ERROR(linear(delta_.data(), attn_.data(), W.o, T, H, q_dim_, dtype_));
     LITELLAMA_RETURN_IF_ERROR(launch_add_rmsnorm(normed_.data(), residual_.data(), delta_.data(),
                                                  W.post_norm, T, H, eps, dtype_, stream));
-    LITELLAMA_RETURN_IF_ERROR(launch_linear(wide_.data(), normed_.data(), W.gate_up, T, 2 * inter,
-                                            H, dtype_, dtype_, blas, stream));
+    LITELLAMA_RETURN_IF_ERROR(
+        linear(wide_.data(), normed_.data(), W.gate_up, T, 2 * inter, H, dtype_));
     LITELLAMA_RETURN_IF_ERROR(launch_silu_mul(act_.data(), wide_.data(), T, inter, dtype_, stream));
-    LITELLAMA_RETURN_IF_ERROR(launch_linear(delta_.data(), act_.data(), W.down, T, H, inter, dtype_,
-                                            dtype_, blas, stream));
+    LITELLAMA_RETURN_IF_ERROR(linear(delta_.data(), act_.data(), W.down, T, H, inter, dtype_));
+  }
+  return Status::ok();
+}
+
+Status CudaModelRunner::run_attention(const StepPlan& plan, int32_t l) {
+  const ModelConfig& c = config_;
+  const StepLayout& L = plan.layout;
+  cudaStream_t stream = ctx_.stream();
+  auto i32 = [&](size_t offset) { return staging_device_.as<const int32_t>(offset); };
+  const int32_t* decode_seqs = i32(L.work_seqs);
+  const int32_t* prefill_seqs = decode_seqs + plan.n_decode;
+  if (plan.n_decode > 0) {
+    LITELLAMA_RETURN_IF_ERROR(launch_attention_decode(
+        attn_.data(), q_.data(), k_pool(l), v_pool(l), i32(L.token_start), i32(L.kv_len),
+        i32(L.slot_start), i32(L.slot_table), decode_seqs, plan.n_decode, plan.max_decode_kv_len,
+        c.n_heads, c.n_kv_heads, c.head_dim, dtype_, attention_scale_, n_sms_,
+        attention_workspace_.data(), attention_workspace_.size_bytes(), stream));
+  }
+  if (plan.n_prefill > 0) {
+    LITELLAMA_RETURN_IF_ERROR(launch_attention_prefill(
+        attn_.data(), q_.data(), k_pool(l), v_pool(l), i32(L.token_start), i32(L.kv_len),
+        i32(L.slot_start), i32(L.slot_table), prefill_seqs, plan.n_prefill, plan.max_prefill_n_new,
+        c.n_heads, c.n_kv_heads, c.head_dim, dtype_, attention_scale_, stream));
   }
   return Status::ok();
 }
@@ -477,17 +571,29 @@ Status CudaModelRunner::run_head(const StepPlan& plan, int32_t n_top) {
   const auto R = static_cast<int32_t>(plan.sampled_seqs.size());
   const int32_t H = c.hidden_size;
   const int32_t* rows = staging_device_.as<const int32_t>(L.sample_rows);
-  // The last layer's residual add happens here, on the sampled rows only.
-  LITELLAMA_RETURN_IF_ERROR(
-      launch_gather_rows(last_residual_.data(), residual_.data(), rows, R, H, dtype_, stream));
-  LITELLAMA_RETURN_IF_ERROR(
-      launch_gather_rows(last_delta_.data(), delta_.data(), rows, R, H, dtype_, stream));
-  LITELLAMA_RETURN_IF_ERROR(launch_add_rmsnorm(last_normed_.data(), last_residual_.data(),
-                                               last_delta_.data(), weights_.final_norm, R, H,
+  // On the cuBLAS path the last layer's residual add happens here, on the sampled rows only (the
+  // fused path has added it already). When every token is one sequence's only token and all are
+  // sampled, the sampled rows are rows 0..R-1 in order and the norm works on the layer outputs in
+  // place (its residual update is the step's last use of the residual; the next step's embedding
+  // rewrites it).
+  const bool fused = fused_layers(plan.n_tokens);
+  void* residual = residual_.data();
+  void* delta = fused ? nullptr : delta_.data();
+  if (R != plan.n_tokens || plan.n_seqs != plan.n_tokens) {
+    LITELLAMA_RETURN_IF_ERROR(
+        launch_gather_rows(last_residual_.data(), residual_.data(), rows, R, H, dtype_, stream));
+    residual = last_residual_.data();
+    if (!fused) {
+      LITELLAMA_RETURN_IF_ERROR(
+          launch_gather_rows(last_delta_.data(), delta_.data(), rows, R, H, dtype_, stream));
+      delta = last_delta_.data();
+    }
+  }
+  LITELLAMA_RETURN_IF_ERROR(launch_add_rmsnorm(last_normed_.data(), residual, delta,
+                                               weights_.final_norm, R, H,
                                                static_cast<float>(c.rms_norm_eps), dtype_, stream));
-  LITELLAMA_RETURN_IF_ERROR(launch_linear(logits_.data(), last_normed_.data(), weights_.lm_head, R,
-                                          c.vocab_size, H, dtype_, DType::kF32, ctx_.cublas(),
-                                          stream));
+  LITELLAMA_RETURN_IF_ERROR(linear(logits_.data(), last_normed_.data(), weights_.lm_head, R,
+                                   c.vocab_size, H, DType::kF32));
   auto* sampled = results_.as<int32_t>();
   int32_t* top_ids = sampled + R;
   auto* top_values = reinterpret_cast<float*>(top_ids + R * n_top);

@@ -1,0 +1,237 @@
+// litellama-linear-bench: time per linear layer of decode shapes, back to back as in a decode
+// step. Each variant launches the same shape over enough distinct weight copies that nothing is
+// served from L2, captures the launches in one CUDA graph and reports the median replay time per
+// launch and the weight bytes read per second. Variants: the small-batch GEMV with and without
+// programmatic dependent launch, cuBLAS, and a plain streaming read of the same bytes (the rate a
+// kernel of that size can reach at all). With --sweep, every tile configuration of the GEMV
+// kernel (gemv_impl.cuh) is timed too, to choose gemv.cu's policy.
+//
+// Usage: litellama-linear-bench [--m 1] [--reps 20] [--sweep 1]   (one JSON object per line)
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kernels/gemv.h"
+#include "kernels/gemv_impl.cuh"
+#include "kernels/kernel_common.cuh"
+#include "kernels/launch.h"
+#include "kernels/linear.h"
+
+namespace litellama {
+namespace {
+
+#define CHECK(expr)                                                                                \
+  do {                                                                                             \
+    const cudaError_t e_ = (expr);                                                                 \
+    if (e_ != cudaSuccess) {                                                                       \
+      std::fprintf(stderr, "%s: %s (%s:%d)\n", #expr, cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(1);                                                                                \
+    }                                                                                              \
+  } while (0)
+
+#define CHECK_OK(expr)                                                 \
+  do {                                                                 \
+    const Status s_ = (expr);                                          \
+    if (!s_.is_ok()) {                                                 \
+      std::fprintf(stderr, "%s: %s\n", #expr, s_.to_string().c_str()); \
+      std::exit(1);                                                    \
+    }                                                                  \
+  } while (0)
+
+// Reads n16 16-byte words and folds them into one word that is stored only if it has an
+// impossible value, so the loads cannot be removed.
+__global__ void stream_read_kernel(const uint4* __restrict__ p, int64_t n16, uint32_t* sink) {
+  pdl_launch_dependents();
+  pdl_wait();
+  uint32_t acc = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n16;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint4 v = __ldcs(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+struct Shape {
+  const char* name;
+  int32_t n, k;
+  bool silu;  // gate/up with SiLU: n = inter, weights [2 inter, k]
+};
+
+float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median over reps of one replay of a graph of `launches` calls of body(i), per call, in us.
+float time_graph(cudaStream_t stream, int launches, int reps,
+                 const std::function<void(int)>& body) {
+  cudaGraph_t graph = nullptr;
+  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < launches; ++i) body(i);
+  CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  CHECK(cudaGraphLaunch(exec, stream));  // warm-up
+  CHECK(cudaStreamSynchronize(stream));
+  std::vector<float> times;
+  for (int r = 0; r < reps; ++r) {
+    CHECK(cudaEventRecord(start, stream));
+    CHECK(cudaGraphLaunch(exec, stream));
+    CHECK(cudaEventRecord(stop, stream));
+    CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms * 1e3f / static_cast<float>(launches));
+  }
+  CHECK(cudaEventDestroy(start));
+  CHECK(cudaEventDestroy(stop));
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(graph));
+  return median(times);
+}
+
+template <int W, int V, int P>
+struct Cfg {
+  static constexpr int kWarps = W, kVecs = V, kPipe = P;
+};
+// (warps per block, 16-byte vectors per row per lane and chunk, chunks in registers)
+using PlainConfigs =
+    std::tuple<Cfg<4, 1, 4>, Cfg<4, 1, 8>, Cfg<4, 2, 4>, Cfg<8, 1, 2>, Cfg<8, 1, 4>, Cfg<8, 1, 8>,
+               Cfg<8, 2, 2>, Cfg<8, 2, 4>, Cfg<16, 1, 2>, Cfg<16, 1, 4>, Cfg<16, 2, 2>>;
+using SiluConfigs = std::tuple<Cfg<4, 1, 4>, Cfg<8, 1, 2>, Cfg<8, 1, 4>, Cfg<8, 2, 2>,
+                               Cfg<16, 1, 2>, Cfg<16, 2, 1>>;
+
+int run(int argc, char** argv) {
+  int m = 1, reps = 20;
+  bool sweep = false;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::strcmp(argv[i], "--m") == 0) m = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--reps") == 0) reps = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--sweep") == 0) sweep = std::atoi(argv[i + 1]) != 0;
+  }
+  const Shape shapes[] = {
+      {"1b.qkv", 3072, 2048, false},         {"1b.o", 2048, 2048, false},
+      {"1b.gate_up+silu", 8192, 2048, true}, {"1b.down", 2048, 8192, false},
+      {"1b.lm_head", 128256, 2048, false},   {"8b.qkv", 6144, 4096, false},
+      {"8b.down", 4096, 14336, false},
+  };
+  cudaStream_t stream = nullptr;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cublasHandle_t blas = nullptr;
+  if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) return 1;
+  void* x = nullptr;
+  void* y = nullptr;
+  uint32_t* sink = nullptr;
+  CHECK(cudaMalloc(&x, size_t{kGemvMaxRows} * 16384 * 2));
+  CHECK(cudaMemset(x, 0, size_t{kGemvMaxRows} * 16384 * 2));
+  CHECK(cudaMalloc(&y, size_t{kGemvMaxRows} * 128256 * 4));
+  CHECK(cudaMalloc(&sink, 4));
+  constexpr size_t kPoolBytes = size_t{3} << 30;  // far past L2
+  char* pool = nullptr;
+  CHECK(cudaMalloc(&pool, kPoolBytes));
+  CHECK(cudaMemset(pool, 0, kPoolBytes));
+  for (const Shape& s : shapes) {
+    const int64_t rows = s.silu ? 2 * int64_t{s.n} : s.n;
+    const size_t bytes = static_cast<size_t>(rows) * s.k * 2;
+    const int copies = static_cast<int>(std::min<size_t>(64, kPoolBytes / bytes));
+    const int launches = std::max(copies, 8);
+    auto weights = [&](int i) { return pool + static_cast<size_t>(i % copies) * bytes; };
+    const DType out = std::strcmp(s.name, "1b.lm_head") == 0 ? DType::kF32 : DType::kBF16;
+    auto gemv = [&](int i) {
+      if (s.silu) {
+        CHECK_OK(launch_gemv_silu_mul(y, x, weights(i), m, s.n, s.k, DType::kBF16, stream));
+      } else {
+        CHECK_OK(launch_gemv(y, x, weights(i), m, s.n, s.k, DType::kBF16, out, stream));
+      }
+    };
+    auto blas_call = [&](int i) {
+      CHECK_OK(launch_linear(y, x, weights(i), m, static_cast<int32_t>(rows), s.k, DType::kBF16,
+                             out, blas, stream));
+    };
+    auto read = [&](int i) {
+      const int64_t n16 = static_cast<int64_t>(bytes / 16);
+      CHECK(launch_kernel(stream_read_kernel, dim3(132 * 8), dim3(256), 0, stream,
+                          reinterpret_cast<const uint4*>(weights(i)), n16, sink));
+    };
+    struct Variant {
+      const char* name;
+      bool pdl;
+      std::function<void(int)> body;
+    };
+    const Variant variants[] = {{"gemv+pdl", true, gemv},
+                                {"gemv", false, gemv},
+                                {"cublas", false, blas_call},
+                                {"read+pdl", true, read},
+                                {"read", false, read}};
+    auto report = [&](const std::string& name, float us) {
+      std::printf(
+          "{\"shape\": \"%s\", \"m\": %d, \"variant\": \"%s\", \"us\": %.2f, \"mb\": %.1f, "
+          "\"gb_per_s\": %.0f}\n",
+          s.name, m, name.c_str(), us, bytes / 1e6, bytes / (us * 1e-6) / 1e9);
+      std::fflush(stdout);
+    };
+    for (const Variant& v : variants) {
+      set_programmatic_launch_enabled(v.pdl);
+      report(v.name, time_graph(stream, launches, reps, v.body));
+    }
+    if (!sweep) continue;
+    set_programmatic_launch_enabled(true);
+    auto try_config = [&](auto cfg, auto silu_c) {
+      using C = decltype(cfg);
+      constexpr bool kSilu = decltype(silu_c)::value;
+      using gemv_detail::Epilogue;
+      auto body = [&](int i) {
+        gemv_detail::Params p{};
+        p.x = x;
+        p.w = weights(i);
+        p.y = y;
+        p.m = m;
+        p.n = kSilu ? 2 * s.n : s.n;
+        p.k = s.k;
+        p.ldy = s.n;
+        cudaError_t e;
+        if constexpr (kSilu) {
+          e = gemv_detail::launch<__nv_bfloat16, __nv_bfloat16, 2, Epilogue::kSiluMul, C::kWarps,
+                                  C::kVecs, C::kPipe>(p, stream);
+        } else if (out == DType::kF32) {
+          e = gemv_detail::launch<__nv_bfloat16, float, 1, Epilogue::kStore, C::kWarps, C::kVecs,
+                                  C::kPipe>(p, stream);
+        } else {
+          e = gemv_detail::launch<__nv_bfloat16, __nv_bfloat16, 1, Epilogue::kStore, C::kWarps,
+                                  C::kVecs, C::kPipe>(p, stream);
+        }
+        CHECK(e);
+      };
+      report("w" + std::to_string(C::kWarps) + ".v" + std::to_string(C::kVecs) + ".p" +
+                 std::to_string(C::kPipe),
+             time_graph(stream, launches, reps, body));
+    };
+    if (s.silu) {
+      std::apply([&](auto... c) { (try_config(c, std::true_type{}), ...); }, SiluConfigs{});
+    } else {
+      std::apply([&](auto... c) { (try_config(c, std::false_type{}), ...); }, PlainConfigs{});
+    }
+  }
+  CHECK(cudaFree(pool));
+  return 0;
+}
+
+}  // namespace
+}  // namespace litellama
+
+int main(int argc, char** argv) {
+  return litellama::run(argc, argv);
+}

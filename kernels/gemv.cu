@@ -1,0 +1,149 @@
+// Small-batch GEMV on tensor cores (see gemv.h; the kernel is in gemv_impl.cuh). This file holds
+// the launch policy: which tile configuration each shape gets.
+//
+// The policy follows bench/linear_bench.cu's sweep on an H200 (decode shapes of Llama-3.2-1B and
+// Llama-3.1-8B, 1 and 8 rows, back to back in a CUDA graph with PDL): matrices with many 16-row
+// tiles stream best with 8 warps per tile and 4 chunks in flight per warp; with few tiles (the
+// grid then does not fill the GPU twice) 16 warps per tile do, reading 32 bytes of each row per
+// lane and chunk when k is long. The paired epilogues (two tiles per block) take 8 warps.
+#include "kernels/gemv.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "kernels/cuda_check.h"
+#include "kernels/gemv_impl.cuh"
+
+namespace litellama {
+namespace {
+
+using gemv_detail::Epilogue;
+using gemv_detail::kTileRows;
+using gemv_detail::Params;
+
+constexpr int kAlignK = 64;  // the widest chunk (2 vectors of 8 elements per lane, 4 lanes)
+
+int sm_count() {
+  int device = 0, n = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 132;
+  }
+  return n;
+}
+
+Params make_params(const void* x, const void* w, void* y, int32_t m, int32_t n, int32_t k,
+                   int32_t ldy) {
+  Params p{};
+  p.x = x;
+  p.w = w;
+  p.y = y;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.ldy = ldy;
+  return p;
+}
+
+// One tile per block (kStore, kResidualAdd): the configuration by tile count and k.
+template <typename T, typename OutT, Epilogue E>
+cudaError_t launch_single(const Params& p, cudaStream_t stream) {
+  using gemv_detail::launch;
+  const int64_t tiles = (static_cast<int64_t>(p.n) + kTileRows - 1) / kTileRows;
+  const int64_t sms = sm_count();
+  if (tiles > 2 * sms) return launch<T, OutT, 1, E, 8, 1, 4>(p, stream);
+  if (tiles > sms) return launch<T, OutT, 1, E, 16, 1, 2>(p, stream);
+  if (p.k > 4096) return launch<T, OutT, 1, E, 16, 2, 2>(p, stream);
+  return launch<T, OutT, 1, E, 16, 1, 4>(p, stream);
+}
+
+template <typename T, Epilogue E>
+cudaError_t launch_paired(const Params& p, cudaStream_t stream) {
+  return gemv_detail::launch<T, T, 2, E, 8, 1, 4>(p, stream);
+}
+
+Status unsupported(const char* what, DType dtype, DType out_dtype, int32_t m, int32_t n,
+                   int32_t k) {
+  return make_error(StatusCode::kUnsupported, "{}: unsupported {} -> {} with m {} n {} k {}", what,
+                    dtype_torch_name(dtype), dtype_torch_name(out_dtype), m, n, k);
+}
+
+}  // namespace
+
+bool gemv_supports(DType dtype, DType out_dtype, int32_t m, int32_t k) {
+  const bool half = dtype == DType::kBF16 || dtype == DType::kF16;
+  return half && (out_dtype == dtype || out_dtype == DType::kF32) && m >= 1 && m <= kGemvMaxRows &&
+         k > 0 && k % kAlignK == 0;
+}
+
+bool gemv_rope_supports(int32_t head_dim) {
+  return head_dim > 0 && head_dim % (2 * kTileRows) == 0;
+}
+
+Status launch_gemv(void* y, const void* x, const void* w, int32_t m, int32_t n, int32_t k,
+                   DType dtype, DType out_dtype, cudaStream_t stream) {
+  if (!gemv_supports(dtype, out_dtype, m, k) || n <= 0) {
+    return unsupported("gemv", dtype, out_dtype, m, n, k);
+  }
+  const Params p = make_params(x, w, y, m, n, k, n);
+  const bool f32_out = out_dtype == DType::kF32;
+  cudaError_t err;
+  if (dtype == DType::kBF16) {
+    err = f32_out ? launch_single<__nv_bfloat16, float, Epilogue::kStore>(p, stream)
+                  : launch_single<__nv_bfloat16, __nv_bfloat16, Epilogue::kStore>(p, stream);
+  } else {
+    err = f32_out ? launch_single<__half, float, Epilogue::kStore>(p, stream)
+                  : launch_single<__half, __half, Epilogue::kStore>(p, stream);
+  }
+  LITELLAMA_CUDA_RETURN_IF_ERROR(err);
+  return Status::ok();
+}
+
+Status launch_gemv_residual_add(void* residual, const void* x, const void* w, int32_t m, int32_t n,
+                                int32_t k, DType dtype, cudaStream_t stream) {
+  if (!gemv_supports(dtype, dtype, m, k) || n <= 0) {
+    return unsupported("gemv_residual_add", dtype, dtype, m, n, k);
+  }
+  const Params p = make_params(x, w, residual, m, n, k, n);
+  const cudaError_t err =
+      dtype == DType::kBF16
+          ? launch_single<__nv_bfloat16, __nv_bfloat16, Epilogue::kResidualAdd>(p, stream)
+          : launch_single<__half, __half, Epilogue::kResidualAdd>(p, stream);
+  LITELLAMA_CUDA_RETURN_IF_ERROR(err);
+  return Status::ok();
+}
+
+Status launch_gemv_silu_mul(void* act, const void* x, const void* w_gate_up, int32_t m,
+                            int32_t inter, int32_t k, DType dtype, cudaStream_t stream) {
+  if (!gemv_supports(dtype, dtype, m, k) || inter <= 0) {
+    return unsupported("gemv_silu_mul", dtype, dtype, m, inter, k);
+  }
+  const Params p = make_params(x, w_gate_up, act, m, 2 * inter, k, inter);
+  const cudaError_t err = dtype == DType::kBF16
+                              ? launch_paired<__nv_bfloat16, Epilogue::kSiluMul>(p, stream)
+                              : launch_paired<__half, Epilogue::kSiluMul>(p, stream);
+  LITELLAMA_CUDA_RETURN_IF_ERROR(err);
+  return Status::ok();
+}
+
+Status launch_gemv_qkv_rope(const GemvRope& rope, const void* x, const void* w_qkv, int32_t m,
+                            int32_t k, DType dtype, cudaStream_t stream) {
+  const int32_t n = (rope.n_heads + 2 * rope.n_kv_heads) * rope.head_dim;
+  if (!gemv_supports(dtype, dtype, m, k) || !gemv_rope_supports(rope.head_dim) ||
+      rope.n_heads <= 0 || rope.n_kv_heads <= 0) {
+    return unsupported("gemv_qkv_rope", dtype, dtype, m, n, k);
+  }
+  Params p = make_params(x, w_qkv, nullptr, m, n, k, 0);
+  p.rope = gemv_detail::RopeArgs{rope.q_out,      rope.k_pool,         rope.v_pool,
+                                 rope.bias,       rope.inv_freq,       rope.positions,
+                                 rope.token_slot, rope.token_freq_row, rope.n_heads,
+                                 rope.n_kv_heads, rope.head_dim,       rope.attention_scaling};
+  const cudaError_t err = dtype == DType::kBF16
+                              ? launch_paired<__nv_bfloat16, Epilogue::kRope>(p, stream)
+                              : launch_paired<__half, Epilogue::kRope>(p, stream);
+  LITELLAMA_CUDA_RETURN_IF_ERROR(err);
+  return Status::ok();
+}
+
+}  // namespace litellama

@@ -1,0 +1,70 @@
+// Small-batch linear layers on tensor cores: y[m, n] = x[m, k] @ w[n, k]^T for m <= 8 rows of x
+// (the decode batches), bf16/fp16 weights and activations, float32 accumulation. Memory-bound by
+// design: every weight byte is read once with 16-byte loads, the first of them before the kernel
+// waits for its input (programmatic dependent launch, kernels/launch.h), so the weight stream of
+// one layer overlaps the previous kernel.
+//
+// The variants fold element-wise work after a decode layer's linear layers into them, which
+// removes kernels from the step: store (in the compute dtype or float32), add into the residual
+// stream, SiLU(gate) * up of the gate/up projection, or the QKV epilogue of qkv_rope (bias, RoPE,
+// K/V into the pool; models without q/k RMSNorm).
+//
+// Per linear layer, back to back, they beat cuBLAS on most decode shapes (bench/linear_bench.cu);
+// in the whole decode step they have not (bench/RESULTS.md), so the runner uses them only when
+// asked (RunnerOptions::gemv_max_tokens).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/dtype.h"
+#include "common/status.h"
+
+namespace litellama {
+
+inline constexpr int32_t kGemvMaxRows = 8;
+
+// True when the variants run this shape: dtype bf16 or fp16, out_dtype dtype or float32,
+// 1 <= m <= kGemvMaxRows, k a multiple of 64.
+bool gemv_supports(DType dtype, DType out_dtype, int32_t m, int32_t k);
+
+Status launch_gemv(void* y,        // [m, n] of out_dtype
+                   const void* x,  // [m, k] of dtype
+                   const void* w,  // [n, k] of dtype
+                   int32_t m, int32_t n, int32_t k, DType dtype, DType out_dtype,
+                   cudaStream_t stream);
+
+// residual[m, n] = round(residual + round(x @ w^T)): the projection and the residual add of
+// add_rmsnorm in one pass (n = hidden size).
+Status launch_gemv_residual_add(void* residual, const void* x, const void* w, int32_t m, int32_t n,
+                                int32_t k, DType dtype, cudaStream_t stream);
+
+// The gate/up projection with its activation: act[m, inter] = silu(g) * u, where g and u are the
+// rows of x @ [w_gate; w_up]^T (w_gate_up is [2 * inter, k]), each rounded to dtype first, as the
+// separate linear + silu_mul kernels compute it.
+Status launch_gemv_silu_mul(void* act, const void* x, const void* w_gate_up, int32_t m,
+                            int32_t inter, int32_t k, DType dtype, cudaStream_t stream);
+
+// The QKV projection with qkv_rope's epilogue (kernels/qkv_rope.h, without q/k RMSNorm): rows of
+// w_qkv are [n_heads + 2 n_kv_heads] heads of head_dim; q goes to q_out, k (rotated) and v to the
+// token's slot of the pools.
+struct GemvRope {
+  void* q_out;                    // [m, n_heads, head_dim]
+  void* k_pool;                   // [n_slots, n_kv_heads, head_dim]
+  void* v_pool;                   // [n_slots, n_kv_heads, head_dim]
+  const float* bias;              // [n_heads + 2 n_kv_heads, head_dim] or null
+  const float* inv_freq;          // [n_freq_rows, head_dim / 2]
+  const int32_t* positions;       // [m]
+  const int32_t* token_slot;      // [m]
+  const int32_t* token_freq_row;  // [m] or null (all row 0)
+  int32_t n_heads;
+  int32_t n_kv_heads;
+  int32_t head_dim;
+  float attention_scaling;
+};
+bool gemv_rope_supports(int32_t head_dim);
+Status launch_gemv_qkv_rope(const GemvRope& rope, const void* x, const void* w_qkv, int32_t m,
+                            int32_t k, DType dtype, cudaStream_t stream);
+
+}  // namespace litellama

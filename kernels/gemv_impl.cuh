@@ -1,0 +1,282 @@
+// The small-batch tensor-core GEMV kernel (see gemv.h and gemv.cu), templated on its tile
+// configuration so that gemv.cu picks one per shape and the linear benchmark can compare them.
+// Included by gemv.cu and bench/linear_bench.cu only.
+//
+// A block owns kTiles tiles of 16 weight rows and all of k; its kWarps warps take k in interleaved
+// chunks of 32 * kVecs (warp w: chunks w, w + kWarps, ...). A chunk is 2 * kVecs mma.m16n8k16
+// steps per tile:
+//   A (16 rows x 16 k) = weights, straight from global memory into registers: lane (g, t) loads
+//     the kVecs consecutive 16-byte vectors at k0 = chunk * 32 kVecs + 8 kVecs t of rows g and
+//     g + 8 (a 4-lane group reads 64 kVecs contiguous bytes of a row). The dot product does not
+//     care in which order k is summed, so for each vector the fragment's "logical" k columns
+//     {2t, 2t+1, 2t+8, 2t+9} are its elements {0, 1, 2, 3} (first mma) and {4, 5, 6, 7} (second);
+//   B (16 k x 8 tokens) = x, with the same mapping: lane (g, t) loads the same vectors of token g
+//     (tokens g >= m read nothing and hold zeros).
+// Before griddepcontrol.wait each warp loads its first kPipe chunks of weights (they do not depend
+// on the previous kernel); after it, the next kernel may launch, and x is read through L1 (every
+// block reads all of it). Weights bypass L1. Warps' partial sums meet in shared memory; 128
+// threads finish one (row, token) pair each and apply the epilogue:
+//   kStore        y[t, row] = sum (rounded to OutT)
+//   kResidualAdd  y[t, row] = round(y[t, row] + round(sum)): the residual stream update that
+//                 add_rmsnorm would do, element by element (each element has one owner)
+//   kSiluMul      tiles 0 / 1 = gate / up rows: act[t, row] = silu(round(g)) * round(u)
+//   kRope         tiles 0 / 1 = first / second half of one head's rows: qkv_rope's bias, rotate-
+//                 half RoPE and the Q / K-pool / V-pool stores (no q/k RMSNorm)
+// Rounding follows the unfused kernels, so outputs match them up to the order of float32 sums.
+//
+// Measured on an H200 and given up (bench/RESULTS.md has the figures): splitting k over the blocks
+// of a thread-block cluster (partial sums met in distributed shared memory) was at best 3% faster
+// on a few shapes and much slower on large ones, so every block covers all of k and more warps
+// per tile serve the matrices with few tiles; an RMSNorm prologue (every block normalizing the
+// input rows into shared memory) made the decode step slower than a separate norm kernel; letting
+// the next kernel launch before this one's wait (instead of after) made it slower too.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/kernel_common.cuh"
+#include "kernels/launch.h"
+#include "kernels/mma_common.cuh"
+
+namespace litellama::gemv_detail {
+
+constexpr int kTileRows = 16;
+
+enum class Epilogue { kStore, kResidualAdd, kSiluMul, kRope };
+
+struct RopeArgs {
+  void* q_out;                    // [m, n_heads, head_dim]
+  void* k_pool;                   // [slots, n_kv_heads, head_dim]
+  void* v_pool;                   // [slots, n_kv_heads, head_dim]
+  const float* bias;              // [n_heads + 2 n_kv_heads, head_dim] or null
+  const float* inv_freq;          // [rows, head_dim / 2]
+  const int32_t* positions;       // [m]
+  const int32_t* token_slot;      // [m]
+  const int32_t* token_freq_row;  // [m] or null
+  int32_t n_heads;
+  int32_t n_kv_heads;
+  int32_t head_dim;
+  float attention_scaling;
+};
+
+struct Params {
+  const void* x;
+  const void* w;
+  void* y;
+  int32_t m;
+  int32_t n;  // rows of w
+  int32_t k;
+  // Block b covers rows (b / blocks_per_group) * group_rows + (b % blocks_per_group) * 16 + r *
+  // tile_stride + [0, 16) for its tiles r.
+  int32_t blocks_per_group;
+  int32_t group_rows;
+  int32_t tile_stride;
+  int32_t ldy;  // elements between rows of y
+  RopeArgs rope;
+};
+
+__device__ __forceinline__ uint4 load_weights(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+template <typename T, typename OutT, int kTiles, Epilogue E, int kWarps, int kVecs, int kPipe>
+__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const Params p) {
+  constexpr int kChunk = 32 * kVecs;
+  __shared__ __align__(16) float partial[kWarps][kTiles][32][4];
+
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int n_chunks = p.k / kChunk;
+  const int64_t block_row = static_cast<int64_t>(blockIdx.x / p.blocks_per_group) * p.group_rows +
+                            static_cast<int64_t>(blockIdx.x % p.blocks_per_group) * kTileRows;
+  const auto* w = static_cast<const T*>(p.w);
+
+  // Row pointers of this lane (rows g and g + 8 of each tile); rows past n read nothing.
+  const T* rows[kTiles][2];
+  bool row_ok[kTiles][2];
+#pragma unroll
+  for (int r = 0; r < kTiles; ++r) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = block_row + static_cast<int64_t>(r) * p.tile_stride + g + 8 * h;
+      row_ok[r][h] = row < p.n;
+      rows[r][h] = w + (row_ok[r][h] ? row : 0) * p.k + 8 * kVecs * t;
+    }
+  }
+  uint4 a[kPipe][kTiles][2][kVecs];
+  auto load_chunk = [&](uint4(&dst)[kTiles][2][kVecs], int chunk) {
+#pragma unroll
+    for (int r = 0; r < kTiles; ++r) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v) {
+          dst[r][h][v] =
+              row_ok[r][h] ? load_weights(rows[r][h] + static_cast<int64_t>(chunk) * kChunk + 8 * v)
+                           : make_uint4(0, 0, 0, 0);
+        }
+      }
+    }
+  };
+#pragma unroll
+  for (int u = 0; u < kPipe; ++u) {
+    const int chunk = warp + u * kWarps;
+    if (chunk < n_chunks) load_chunk(a[u], chunk);
+  }
+  pdl_wait();
+  // The next kernel may start its own weight loads now; it still waits for this grid to finish.
+  pdl_launch_dependents();
+
+  const T* x_row = static_cast<const T*>(p.x) + static_cast<int64_t>(g) * p.k + 8 * kVecs * t;
+  const bool token_ok = g < p.m;
+  float acc[kTiles][4] = {};
+  for (int base = warp; base < n_chunks; base += kPipe * kWarps) {
+    uint4 xv[kPipe][kVecs];
+#pragma unroll
+    for (int u = 0; u < kPipe; ++u) {
+      const int chunk = base + u * kWarps;
+#pragma unroll
+      for (int v = 0; v < kVecs; ++v) {
+        const T* src = x_row + static_cast<int64_t>(chunk) * kChunk + 8 * v;
+        xv[u][v] = token_ok && chunk < n_chunks ? __ldg(reinterpret_cast<const uint4*>(src))
+                                                : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kPipe; ++u) {
+      const int chunk = base + u * kWarps;
+      if (chunk < n_chunks) {
+#pragma unroll
+        for (int r = 0; r < kTiles; ++r) {
+#pragma unroll
+          for (int v = 0; v < kVecs; ++v) {
+            const uint4& lo = a[u][r][0][v];
+            const uint4& hi = a[u][r][1][v];
+            const uint32_t first_k[4] = {lo.x, hi.x, lo.y, hi.y};
+            const uint32_t second_k[4] = {lo.z, hi.z, lo.w, hi.w};
+            mma_16816<T>(acc[r], first_k, xv[u][v].x, xv[u][v].y);
+            mma_16816<T>(acc[r], second_k, xv[u][v].z, xv[u][v].w);
+          }
+        }
+        const int next = chunk + kPipe * kWarps;
+        if (next < n_chunks) load_chunk(a[u], next);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int r = 0; r < kTiles; ++r) {
+    *reinterpret_cast<float4*>(&partial[warp][r][lane][0]) =
+        make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+  }
+  __syncthreads();
+  // Thread i < 128 finishes accumulator j = i & 3 of lane i >> 2: row g' + 8 (j >> 1) of the
+  // tile, token 2 t' + (j & 1).
+  const int i = threadIdx.x;
+  if (i >= 128) return;
+  const int row_in_tile = (i >> 4) + 8 * ((i & 3) >> 1);
+  const int token = 2 * ((i >> 2) & 3) + (i & 1);
+  if (token >= p.m) return;
+  float sum[kTiles] = {};
+#pragma unroll
+  for (int r = 0; r < kTiles; ++r) {
+#pragma unroll
+    for (int v = 0; v < kWarps; ++v) sum[r] += partial[v][r][i >> 2][i & 3];
+  }
+  auto* y = static_cast<OutT*>(p.y) + static_cast<int64_t>(token) * p.ldy;
+  if constexpr (E == Epilogue::kStore || E == Epilogue::kResidualAdd) {
+#pragma unroll
+    for (int r = 0; r < kTiles; ++r) {
+      const int64_t row = block_row + static_cast<int64_t>(r) * p.tile_stride + row_in_tile;
+      if (row >= p.n) continue;
+      if constexpr (E == Epilogue::kStore) {
+        y[row] = from_float<OutT>(sum[r]);
+      } else {
+        y[row] = from_float<OutT>(to_float(y[row]) + to_float(from_float<OutT>(sum[r])));
+      }
+    }
+  } else if constexpr (E == Epilogue::kSiluMul) {
+    const int64_t row = block_row + row_in_tile;
+    if (row < p.tile_stride) {
+      const float gate = to_float(from_float<T>(sum[0]));
+      const float up = to_float(from_float<T>(sum[1]));
+      y[row] = from_float<OutT>(gate / (1.0f + expf(-gate)) * up);
+    }
+  } else {  // kRope: as qkv_rope_kernel, element j of the first half paired with half + j
+    const RopeArgs& a_ = p.rope;
+    const int half = a_.head_dim / 2;
+    const int head = static_cast<int>(blockIdx.x / p.blocks_per_group);
+    const int j = static_cast<int>(blockIdx.x % p.blocks_per_group) * kTileRows + row_in_tile;
+    float lo = to_float(from_float<T>(sum[0]));
+    float hi = to_float(from_float<T>(sum[1]));
+    if (a_.bias != nullptr) {
+      lo += a_.bias[static_cast<int64_t>(head) * a_.head_dim + j];
+      hi += a_.bias[static_cast<int64_t>(head) * a_.head_dim + half + j];
+    }
+    const int64_t slot = a_.token_slot[token];
+    if (head >= a_.n_heads + a_.n_kv_heads) {
+      T* dst = static_cast<T*>(a_.v_pool) +
+               (slot * a_.n_kv_heads + (head - a_.n_heads - a_.n_kv_heads)) * a_.head_dim;
+      dst[j] = from_float<T>(lo);
+      dst[half + j] = from_float<T>(hi);
+      return;
+    }
+    const float pos = static_cast<float>(a_.positions[token]);
+    const int freq_row = a_.token_freq_row != nullptr ? a_.token_freq_row[token] : 0;
+    const float angle = pos * a_.inv_freq[static_cast<int64_t>(freq_row) * half + j];
+    float s, c;
+    sincosf(angle, &s, &c);
+    c *= a_.attention_scaling;
+    s *= a_.attention_scaling;
+    T* dst = head < a_.n_heads ? static_cast<T*>(a_.q_out) +
+                                     (static_cast<int64_t>(token) * a_.n_heads + head) * a_.head_dim
+                               : static_cast<T*>(a_.k_pool) +
+                                     (slot * a_.n_kv_heads + (head - a_.n_heads)) * a_.head_dim;
+    dst[j] = from_float<T>(__fsub_rn(__fmul_rn(lo, c), __fmul_rn(hi, s)));
+    dst[half + j] = from_float<T>(__fadd_rn(__fmul_rn(hi, c), __fmul_rn(lo, s)));
+  }
+}
+
+// Launches one configuration. x, w, y / ldy and the epilogue's arguments come from p; the row
+// mapping is set here: kStore / kResidualAdd: consecutive tiles over n rows;
+// kSiluMul: gate rows [0, n / 2) paired with up rows [n / 2, n); kRope: the two halves of each
+// head of rope.head_dim rows. Returns the launch's error.
+template <typename T, typename OutT, int kTiles, Epilogue E, int kWarps, int kVecs, int kPipe>
+cudaError_t launch(Params p, cudaStream_t stream) {
+  int64_t blocks = 0;
+  if constexpr (E == Epilogue::kSiluMul || E == Epilogue::kRope) {
+    static_assert(kTiles == 2, "paired epilogues take one tile of each half");
+    if constexpr (E == Epilogue::kSiluMul) {
+      p.blocks_per_group = 1;
+      p.group_rows = kTileRows;
+      p.tile_stride = p.n / 2;
+      blocks = (static_cast<int64_t>(p.n / 2) + kTileRows - 1) / kTileRows;
+    } else {
+      const int half = p.rope.head_dim / 2;  // a multiple of 16 (gemv_rope_supports)
+      p.blocks_per_group = half / kTileRows;
+      p.group_rows = p.rope.head_dim;
+      p.tile_stride = half;
+      blocks = static_cast<int64_t>(p.n / p.rope.head_dim) * p.blocks_per_group;
+    }
+  } else {
+    p.blocks_per_group = 1;
+    p.group_rows = kTileRows * kTiles;
+    p.tile_stride = kTileRows;
+    blocks = (static_cast<int64_t>(p.n) + p.group_rows - 1) / p.group_rows;
+  }
+  auto* kernel = gemv_kernel<T, OutT, kTiles, E, kWarps, kVecs, kPipe>;
+  return launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32), 0, stream,
+                       p);
+}
+
+}  // namespace litellama::gemv_detail

@@ -1,0 +1,374 @@
+// The small-batch tensor-core GEMV (kernels/gemv.h) against a double-precision reference on
+// shapes that take every configuration of its launch policy, its
+// fused SiLU * up epilogue against the unfused reference, the residual-add and QKV RoPE variants
+// against the unfused kernels they replace, and programmatic dependent launch
+// (kernels/launch.h): a chain of dependent kernels gives bit-identical results with and without
+// it, launched directly and replayed from a CUDA graph.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "kernels/add_rmsnorm.h"
+#include "kernels/gemv.h"
+#include "kernels/launch.h"
+#include "kernels/qkv_rope.h"
+#include "kernels/reference/silu_mul.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace litellama {
+namespace {
+
+using gpu_test::DevBuf;
+using gpu_test::download;
+using gpu_test::download_as_f32;
+using gpu_test::random_floats;
+using gpu_test::random_tensor;
+using gpu_test::Tensor;
+using gpu_test::upload;
+
+constexpr DType kHalfDtypes[] = {DType::kBF16, DType::kF16};
+
+struct Shape {
+  int32_t n, k;
+};
+
+// x @ w^T in double: [m, n].
+std::vector<double> reference_gemm(const Tensor& x, const Tensor& w, int32_t m, int32_t n,
+                                   int32_t k) {
+  std::vector<double> y(static_cast<size_t>(m) * n);
+  for (int32_t i = 0; i < m; ++i) {
+    for (int32_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int32_t kk = 0; kk < k; ++kk) {
+        acc += static_cast<double>(x.values[static_cast<size_t>(i) * k + kk]) *
+               w.values[static_cast<size_t>(j) * k + kk];
+      }
+      y[static_cast<size_t>(i) * n + j] = acc;
+    }
+  }
+  return y;
+}
+
+// Rounds each value to `dtype` (what the kernel stores).
+std::vector<float> round_to(const std::vector<double>& v, DType dtype) {
+  std::vector<float> f(v.begin(), v.end());
+  std::vector<uint8_t> bytes(f.size() * dtype_size_bytes(dtype));
+  convert_from_f32(bytes.data(), dtype, f.data(), f.size());
+  convert_to_f32(f.data(), bytes.data(), dtype, f.size());
+  return f;
+}
+
+TEST(CudaGemv, MatchesDoubleReference) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  std::mt19937 rng(31);
+  // Tile-aligned and ragged row counts (n % 16 != 0), one and many k chunks per warp, and every
+  // configuration of the launch policy: many tiles (4500 rows), between one and two per
+  // multiprocessor (3072), few tiles with short (2048) and long (8960) k.
+  const Shape shapes[] = {{16, 64},    {200, 192},  {37, 2112}, {2048, 2048},
+                          {130, 8960}, {3072, 512}, {4500, 320}};
+  for (DType dtype : kHalfDtypes) {
+    for (DType out_dtype : {dtype, DType::kF32}) {
+      for (Shape s : shapes) {
+        for (int32_t m = 1; m <= kGemvMaxRows; ++m) {
+          SCOPED_TRACE(testing::Message()
+                       << gpu_test::dtype_label(dtype) << " -> " << gpu_test::dtype_label(out_dtype)
+                       << " m " << m << " n " << s.n << " k " << s.k);
+          ASSERT_TRUE(gemv_supports(dtype, out_dtype, m, s.k));
+          const float amp = 1.0f / std::sqrt(static_cast<float>(s.k));
+          const Tensor x = random_tensor(static_cast<size_t>(m) * s.k, dtype, -1, 1, rng);
+          const Tensor w = random_tensor(static_cast<size_t>(s.n) * s.k, dtype, -amp, amp, rng);
+          DevBuf d_x = upload(x.bytes), d_w = upload(w.bytes);
+          // One row more than m, poisoned: the kernel must not write past row m - 1.
+          const size_t numel = static_cast<size_t>(m) * s.n;
+          DevBuf d_y((numel + s.n) * dtype_size_bytes(out_dtype));
+          LITELLAMA_ASSERT_OK(
+              launch_gemv(d_y.get(), d_x.get(), d_w.get(), m, s.n, s.k, dtype, out_dtype, nullptr));
+          LITELLAMA_ASSERT_CUDA(cudaDeviceSynchronize());
+          const auto y = download_as_f32(d_y, numel + s.n, out_dtype);
+          const auto ref = reference_gemm(x, w, m, s.n, s.k);
+          // float32 accumulation of O(1) terms: 1e-5 absolute; a 16-bit output adds its rounding.
+          const double tol = out_dtype == DType::kF32 ? 1e-5 : gpu_test::tolerance(out_dtype) / 2;
+          size_t bad = 0;
+          double worst = 0;
+          for (size_t i = 0; i < numel; ++i) {
+            const double err = std::fabs(y[i] - ref[i]) / std::max(1.0, std::fabs(ref[i]));
+            worst = std::max(worst, std::isfinite(y[i]) ? err : INFINITY);
+            bad += std::isfinite(y[i]) && err <= tol ? 0 : 1;
+          }
+          EXPECT_EQ(bad, 0u) << "worst relative error " << worst << " (tol " << tol << ")";
+          size_t written_past = 0;
+          for (size_t i = numel; i < numel + s.n; ++i) written_past += std::isnan(y[i]) ? 0 : 1;
+          EXPECT_EQ(written_past, 0u);
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaGemv, SiluMulMatchesGateUpThenSiluMul) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  std::mt19937 rng(32);
+  for (DType dtype : kHalfDtypes) {
+    for (Shape s : {Shape{64, 64}, Shape{200, 256}, Shape{8192, 2048}, Shape{90, 1536}}) {
+      const int32_t inter = s.n;
+      for (int32_t m : {1, 3, 8}) {
+        SCOPED_TRACE(testing::Message() << gpu_test::dtype_label(dtype) << " m " << m << " inter "
+                                        << inter << " k " << s.k);
+        // Gate/up values of a few units, where SiLU is far from linear.
+        const float amp = 4.0f / std::sqrt(static_cast<float>(s.k));
+        const Tensor x = random_tensor(static_cast<size_t>(m) * s.k, dtype, -1, 1, rng);
+        const Tensor w = random_tensor(static_cast<size_t>(2 * inter) * s.k, dtype, -amp, amp, rng);
+        DevBuf d_x = upload(x.bytes), d_w = upload(w.bytes);
+        const size_t numel = static_cast<size_t>(m) * inter;
+        DevBuf d_act(numel * dtype_size_bytes(dtype));
+        LITELLAMA_ASSERT_OK(
+            launch_gemv_silu_mul(d_act.get(), d_x.get(), d_w.get(), m, inter, s.k, dtype, nullptr));
+        LITELLAMA_ASSERT_CUDA(cudaDeviceSynchronize());
+        const auto act = download_as_f32(d_act, numel, dtype);
+        // The unfused path: gate_up stored in dtype, then SiLU(gate) * up.
+        const std::vector<float> gate_up = round_to(reference_gemm(x, w, m, 2 * inter, s.k), dtype);
+        std::vector<float> ref(numel);
+        reference::silu_mul(ref.data(), gate_up.data(), m, inter);
+        // One unit of the stored gate/up may round the other way (float32 vs double sums).
+        EXPECT_TRUE(gpu_test::all_close(act, ref, dtype, 2.0));
+      }
+    }
+  }
+}
+
+// residual += round(x @ w^T): bit-identical to the plain GEMV (same shape, same sums) followed
+// by add_rmsnorm's residual update.
+TEST(CudaGemv, ResidualAddMatchesGemvThenAdd) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  std::mt19937 rng(35);
+  for (DType dtype : kHalfDtypes) {
+    for (Shape s : {Shape{2048, 2048}, Shape{2048, 8192}, Shape{4500, 320}, Shape{96, 1536}}) {
+      for (int32_t m : {1, 4, 8}) {
+        SCOPED_TRACE(testing::Message()
+                     << gpu_test::dtype_label(dtype) << " m " << m << " n " << s.n << " k " << s.k);
+        const float amp = 1.0f / std::sqrt(static_cast<float>(s.k));
+        const Tensor x = random_tensor(static_cast<size_t>(m) * s.k, dtype, -1, 1, rng);
+        const Tensor w = random_tensor(static_cast<size_t>(s.n) * s.k, dtype, -amp, amp, rng);
+        const Tensor residual = random_tensor(static_cast<size_t>(m) * s.n, dtype, -4, 4, rng);
+        const std::vector<float> ones(static_cast<size_t>(s.n), 1.0f);
+        DevBuf d_x = upload(x.bytes), d_w = upload(w.bytes), d_ones = upload(ones);
+        DevBuf d_want = upload(residual.bytes), d_got = upload(residual.bytes);
+        DevBuf d_delta(residual.bytes.size()), d_normed(residual.bytes.size());
+        LITELLAMA_ASSERT_OK(
+            launch_gemv(d_delta.get(), d_x.get(), d_w.get(), m, s.n, s.k, dtype, dtype, nullptr));
+        LITELLAMA_ASSERT_OK(launch_add_rmsnorm(d_normed.get(), d_want.get(), d_delta.get(),
+                                               d_ones.as<float>(), m, s.n, 1e-5f, dtype, nullptr));
+        LITELLAMA_ASSERT_OK(launch_gemv_residual_add(d_got.get(), d_x.get(), d_w.get(), m, s.n, s.k,
+                                                     dtype, nullptr));
+        LITELLAMA_ASSERT_CUDA(cudaDeviceSynchronize());
+        EXPECT_EQ(download<uint16_t>(d_got, residual.bytes.size() / 2),
+                  download<uint16_t>(d_want, residual.bytes.size() / 2));
+      }
+    }
+  }
+}
+
+// The QKV projection with the RoPE epilogue against the plain GEMV then qkv_rope: Q and the
+// written K/V slots agree within the dtype's tolerance (the two GEMVs tile differently), and no
+// other slot is written.
+TEST(CudaGemv, QkvRopeMatchesGemvThenQkvRope) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  std::mt19937 rng(36);
+  struct Case {
+    int32_t n_heads, n_kv_heads, head_dim, k;
+    bool bias, freq_rows;
+  };
+  const Case cases[] = {{32, 8, 64, 2048, false, false},
+                        {12, 2, 128, 1536, true, false},
+                        {4, 4, 64, 256, true, true}};
+  constexpr int32_t kSlots = 64;
+  for (DType dtype : kHalfDtypes) {
+    for (const Case& c : cases) {
+      for (int32_t m : {1, 3, 8}) {
+        SCOPED_TRACE(testing::Message()
+                     << gpu_test::dtype_label(dtype) << " m " << m << " heads " << c.n_heads << "/"
+                     << c.n_kv_heads << " head_dim " << c.head_dim);
+        ASSERT_TRUE(gemv_rope_supports(c.head_dim));
+        const int32_t n_total = c.n_heads + 2 * c.n_kv_heads;
+        const int32_t n = n_total * c.head_dim;
+        const int32_t half = c.head_dim / 2;
+        const float amp = 1.0f / std::sqrt(static_cast<float>(c.k));
+        const Tensor x = random_tensor(static_cast<size_t>(m) * c.k, dtype, -1, 1, rng);
+        const Tensor w = random_tensor(static_cast<size_t>(n) * c.k, dtype, -amp, amp, rng);
+        const std::vector<float> bias = random_floats(static_cast<size_t>(n), -0.5f, 0.5f, rng);
+        const int32_t n_freq_rows = c.freq_rows ? 2 : 1;
+        std::vector<float> inv_freq(static_cast<size_t>(n_freq_rows * half));
+        for (size_t i = 0; i < inv_freq.size(); ++i) {
+          inv_freq[i] = std::pow(10000.0f, -static_cast<float>(i % half) / half) *
+                        (i >= static_cast<size_t>(half) ? 0.25f : 1.0f);
+        }
+        std::vector<int32_t> positions, slots, freq_row;
+        for (int32_t t = 0; t < m; ++t) {
+          positions.push_back(17 * t + 3);
+          slots.push_back((t * 37 + 5) % kSlots);
+          freq_row.push_back(t % n_freq_rows);
+        }
+        DevBuf d_x = upload(x.bytes), d_w = upload(w.bytes), d_bias = upload(bias);
+        DevBuf d_freq = upload(inv_freq), d_pos = upload(positions), d_slots = upload(slots);
+        DevBuf d_freq_row = upload(freq_row);
+        const size_t e = dtype_size_bytes(dtype);
+        const size_t q_numel = static_cast<size_t>(m) * c.n_heads * c.head_dim;
+        const size_t pool_numel = static_cast<size_t>(kSlots) * c.n_kv_heads * c.head_dim;
+        DevBuf d_qkv(static_cast<size_t>(m) * n * e);
+        DevBuf want_q(q_numel * e), want_k(pool_numel * e), want_v(pool_numel * e);
+        DevBuf got_q(q_numel * e), got_k(pool_numel * e), got_v(pool_numel * e);
+        const float* bias_ptr = c.bias ? d_bias.as<float>() : nullptr;
+        const int32_t* freq_row_ptr = c.freq_rows ? d_freq_row.as<int32_t>() : nullptr;
+        LITELLAMA_ASSERT_OK(
+            launch_gemv(d_qkv.get(), d_x.get(), d_w.get(), m, n, c.k, dtype, dtype, nullptr));
+        LITELLAMA_ASSERT_OK(launch_qkv_rope(
+            want_q.get(), want_k.get(), want_v.get(), d_qkv.get(), bias_ptr, nullptr, nullptr,
+            d_freq.as<float>(), d_pos.as<int32_t>(), d_slots.as<int32_t>(), freq_row_ptr, m,
+            c.n_heads, c.n_kv_heads, c.head_dim, 0.9f, 1e-6f, dtype, nullptr));
+        const GemvRope rope{got_q.get(),
+                            got_k.get(),
+                            got_v.get(),
+                            bias_ptr,
+                            d_freq.as<float>(),
+                            d_pos.as<int32_t>(),
+                            d_slots.as<int32_t>(),
+                            freq_row_ptr,
+                            c.n_heads,
+                            c.n_kv_heads,
+                            c.head_dim,
+                            0.9f};
+        LITELLAMA_ASSERT_OK(
+            launch_gemv_qkv_rope(rope, d_x.get(), d_w.get(), m, c.k, dtype, nullptr));
+        LITELLAMA_ASSERT_CUDA(cudaDeviceSynchronize());
+        EXPECT_TRUE(gpu_test::all_close(download_as_f32(got_q, q_numel, dtype),
+                                        download_as_f32(want_q, q_numel, dtype), dtype));
+        const auto gk = download_as_f32(got_k, pool_numel, dtype);
+        const auto wk = download_as_f32(want_k, pool_numel, dtype);
+        const auto gv = download_as_f32(got_v, pool_numel, dtype);
+        const auto wv = download_as_f32(want_v, pool_numel, dtype);
+        // Unwritten slots stay NaN in both; written ones agree.
+        size_t mismatched_nan = 0;
+        std::vector<float> gk_w, wk_w, gv_w, wv_w;
+        for (size_t i = 0; i < pool_numel; ++i) {
+          mismatched_nan += std::isnan(gk[i]) != std::isnan(wk[i]);
+          mismatched_nan += std::isnan(gv[i]) != std::isnan(wv[i]);
+          if (!std::isnan(wk[i])) {
+            gk_w.push_back(gk[i]);
+            wk_w.push_back(wk[i]);
+          }
+          if (!std::isnan(wv[i])) {
+            gv_w.push_back(gv[i]);
+            wv_w.push_back(wv[i]);
+          }
+        }
+        EXPECT_EQ(mismatched_nan, 0u);
+        EXPECT_FALSE(wk_w.empty());
+        EXPECT_TRUE(gpu_test::all_close(gk_w, wk_w, dtype));
+        EXPECT_TRUE(gpu_test::all_close(gv_w, wv_w, dtype));
+      }
+    }
+  }
+}
+
+TEST(CudaGemv, RefusesWhatItDoesNotRun) {
+  EXPECT_FALSE(gemv_supports(DType::kF32, DType::kF32, 1, 64));
+  EXPECT_FALSE(gemv_supports(DType::kBF16, DType::kF16, 1, 64));
+  EXPECT_FALSE(gemv_supports(DType::kBF16, DType::kBF16, 0, 64));
+  EXPECT_FALSE(gemv_supports(DType::kBF16, DType::kBF16, kGemvMaxRows + 1, 64));
+  EXPECT_FALSE(gemv_supports(DType::kF16, DType::kF16, 1, 96));
+  EXPECT_TRUE(gemv_supports(DType::kF16, DType::kF32, kGemvMaxRows, 128));
+  const Status st =
+      launch_gemv(nullptr, nullptr, nullptr, 1, 16, 48, DType::kBF16, DType::kBF16, nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kUnsupported);
+}
+
+// A layer-like chain (GEMV -> residual add + RMSNorm -> GEMV -> ...), each kernel reading what
+// the previous one wrote. Bit-identical with and without PDL, direct and from a graph.
+class PdlChain {
+ public:
+  static constexpr int32_t kM = 4, kH = 1024, kLayers = 24;
+  static constexpr size_t kBytes = size_t{kM} * kH * 2;
+  explicit PdlChain(std::mt19937& rng)
+      : norm_(upload(random_floats(kH, 0.5f, 1.5f, rng))),
+        residual_(kBytes),
+        normed_(kBytes),
+        delta_(kBytes),
+        x0_(random_tensor(static_cast<size_t>(kM) * kH, DType::kBF16, -1, 1, rng).bytes) {
+    const float amp = 1.0f / std::sqrt(static_cast<float>(kH));
+    for (int32_t l = 0; l < kLayers; ++l) {
+      w_.push_back(
+          upload(random_tensor(static_cast<size_t>(kH) * kH, DType::kBF16, -amp, amp, rng).bytes));
+    }
+  }
+  Status run(cudaStream_t stream) {
+    LITELLAMA_RETURN_IF_ERROR(cuda_ok(
+        cudaMemcpyAsync(residual_.get(), x0_.data(), x0_.size(), cudaMemcpyHostToDevice, stream)));
+    for (int32_t l = 0; l < kLayers; ++l) {
+      LITELLAMA_RETURN_IF_ERROR(
+          launch_add_rmsnorm(normed_.get(), residual_.get(), l == 0 ? nullptr : delta_.get(),
+                             norm_.as<float>(), kM, kH, 1e-5f, DType::kBF16, stream));
+      LITELLAMA_RETURN_IF_ERROR(launch_gemv(delta_.get(), normed_.get(), w_[l].get(), kM, kH, kH,
+                                            DType::kBF16, DType::kBF16, stream));
+    }
+    return Status::ok();
+  }
+  std::vector<uint16_t> result() const {
+    return download<uint16_t>(delta_, static_cast<size_t>(kM) * kH);
+  }
+
+ private:
+  static Status cuda_ok(cudaError_t e) {
+    return e == cudaSuccess ? Status::ok() : Status(StatusCode::kInternal, cudaGetErrorString(e));
+  }
+  DevBuf norm_, residual_, normed_, delta_;
+  std::vector<uint8_t> x0_;
+  std::vector<DevBuf> w_;
+};
+
+TEST(CudaGemv, ProgrammaticLaunchChainIsExactDirectAndInGraphs) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  int major = 0;
+  LITELLAMA_ASSERT_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  std::mt19937 rng(33);
+  PdlChain chain(rng);
+  cudaStream_t stream = nullptr;
+  LITELLAMA_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  set_programmatic_launch_enabled(false);
+  EXPECT_FALSE(programmatic_launch_enabled());
+  LITELLAMA_ASSERT_OK(chain.run(stream));
+  LITELLAMA_ASSERT_CUDA(cudaStreamSynchronize(stream));
+  const auto want = chain.result();
+
+  set_programmatic_launch_enabled(true);
+  // PDL is what this test is about: it must be on where the device has it.
+  EXPECT_EQ(programmatic_launch_enabled(), major >= 9);
+  for (int rep = 0; rep < 20; ++rep) {
+    LITELLAMA_ASSERT_OK(chain.run(stream));
+    LITELLAMA_ASSERT_CUDA(cudaStreamSynchronize(stream));
+    ASSERT_EQ(chain.result(), want) << "direct launch, repetition " << rep;
+  }
+  cudaGraph_t graph = nullptr;
+  LITELLAMA_ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const Status recorded = chain.run(stream);
+  LITELLAMA_ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
+  LITELLAMA_ASSERT_OK(recorded);
+  cudaGraphExec_t exec = nullptr;
+  LITELLAMA_ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int rep = 0; rep < 20; ++rep) {
+    LITELLAMA_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+    LITELLAMA_ASSERT_CUDA(cudaStreamSynchronize(stream));
+    ASSERT_EQ(chain.result(), want) << "graph replay " << rep;
+  }
+  (void)cudaGraphExecDestroy(exec);
+  (void)cudaGraphDestroy(graph);
+  (void)cudaStreamDestroy(stream);
+}
+
+}  // namespace
+}  // namespace litellama
