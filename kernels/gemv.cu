@@ -135,10 +135,7 @@ Status launch_gemv_qkv_rope(const GemvRope& rope, const void* x, const void* w_q
     return unsupported("gemv_qkv_rope", dtype, dtype, m, n, k);
   }
   Params p = make_params(x, w_qkv, nullptr, m, n, k, 0);
-  p.rope = gemv_detail::RopeArgs{rope.q_out,      rope.k_pool,         rope.v_pool,
-                                 rope.bias,       rope.inv_freq,       rope.positions,
-                                 rope.token_slot, rope.token_freq_row, rope.n_heads,
-                                 rope.n_kv_heads, rope.head_dim,       rope.attention_scaling};
+  p.rope = rope;
   const cudaError_t err = dtype == DType::kBF16
                               ? launch_paired<__nv_bfloat16, Epilogue::kRope>(p, stream)
                               : launch_paired<__half, Epilogue::kRope>(p, stream);

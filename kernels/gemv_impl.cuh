@@ -38,6 +38,7 @@
 
 #include <cstdint>
 
+#include "kernels/gemv.h"
 #include "kernels/kernel_common.cuh"
 #include "kernels/launch.h"
 #include "kernels/mma_common.cuh"
@@ -47,21 +48,6 @@ namespace litellama::gemv_detail {
 constexpr int kTileRows = 16;
 
 enum class Epilogue { kStore, kResidualAdd, kSiluMul, kRope };
-
-struct RopeArgs {
-  void* q_out;                    // [m, n_heads, head_dim]
-  void* k_pool;                   // [slots, n_kv_heads, head_dim]
-  void* v_pool;                   // [slots, n_kv_heads, head_dim]
-  const float* bias;              // [n_heads + 2 n_kv_heads, head_dim] or null
-  const float* inv_freq;          // [rows, head_dim / 2]
-  const int32_t* positions;       // [m]
-  const int32_t* token_slot;      // [m]
-  const int32_t* token_freq_row;  // [m] or null
-  int32_t n_heads;
-  int32_t n_kv_heads;
-  int32_t head_dim;
-  float attention_scaling;
-};
 
 struct Params {
   const void* x;
@@ -75,8 +61,8 @@ struct Params {
   int32_t blocks_per_group;
   int32_t group_rows;
   int32_t tile_stride;
-  int32_t ldy;  // elements between rows of y
-  RopeArgs rope;
+  int32_t ldy;    // elements between rows of y
+  GemvRope rope;  // kRope
 };
 
 __device__ __forceinline__ uint4 load_weights(const void* p) {
@@ -213,35 +199,36 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const Params p) {
       y[row] = from_float<OutT>(gate / (1.0f + expf(-gate)) * up);
     }
   } else {  // kRope: as qkv_rope_kernel, element j of the first half paired with half + j
-    const RopeArgs& a_ = p.rope;
-    const int half = a_.head_dim / 2;
+    const GemvRope& rope = p.rope;
+    const int half = rope.head_dim / 2;
     const int head = static_cast<int>(blockIdx.x / p.blocks_per_group);
     const int j = static_cast<int>(blockIdx.x % p.blocks_per_group) * kTileRows + row_in_tile;
     float lo = to_float(from_float<T>(sum[0]));
     float hi = to_float(from_float<T>(sum[1]));
-    if (a_.bias != nullptr) {
-      lo += a_.bias[static_cast<int64_t>(head) * a_.head_dim + j];
-      hi += a_.bias[static_cast<int64_t>(head) * a_.head_dim + half + j];
+    if (rope.bias != nullptr) {
+      lo += rope.bias[static_cast<int64_t>(head) * rope.head_dim + j];
+      hi += rope.bias[static_cast<int64_t>(head) * rope.head_dim + half + j];
     }
-    const int64_t slot = a_.token_slot[token];
-    if (head >= a_.n_heads + a_.n_kv_heads) {
-      T* dst = static_cast<T*>(a_.v_pool) +
-               (slot * a_.n_kv_heads + (head - a_.n_heads - a_.n_kv_heads)) * a_.head_dim;
+    const int64_t slot = rope.token_slot[token];
+    if (head >= rope.n_heads + rope.n_kv_heads) {
+      T* dst = static_cast<T*>(rope.v_pool) +
+               (slot * rope.n_kv_heads + (head - rope.n_heads - rope.n_kv_heads)) * rope.head_dim;
       dst[j] = from_float<T>(lo);
       dst[half + j] = from_float<T>(hi);
       return;
     }
-    const float pos = static_cast<float>(a_.positions[token]);
-    const int freq_row = a_.token_freq_row != nullptr ? a_.token_freq_row[token] : 0;
-    const float angle = pos * a_.inv_freq[static_cast<int64_t>(freq_row) * half + j];
+    const float pos = static_cast<float>(rope.positions[token]);
+    const int freq_row = rope.token_freq_row != nullptr ? rope.token_freq_row[token] : 0;
+    const float angle = pos * rope.inv_freq[static_cast<int64_t>(freq_row) * half + j];
     float s, c;
     sincosf(angle, &s, &c);
-    c *= a_.attention_scaling;
-    s *= a_.attention_scaling;
-    T* dst = head < a_.n_heads ? static_cast<T*>(a_.q_out) +
-                                     (static_cast<int64_t>(token) * a_.n_heads + head) * a_.head_dim
-                               : static_cast<T*>(a_.k_pool) +
-                                     (slot * a_.n_kv_heads + (head - a_.n_heads)) * a_.head_dim;
+    c *= rope.attention_scaling;
+    s *= rope.attention_scaling;
+    T* dst = head < rope.n_heads
+                 ? static_cast<T*>(rope.q_out) +
+                       (static_cast<int64_t>(token) * rope.n_heads + head) * rope.head_dim
+                 : static_cast<T*>(rope.k_pool) +
+                       (slot * rope.n_kv_heads + (head - rope.n_heads)) * rope.head_dim;
     dst[j] = from_float<T>(__fsub_rn(__fmul_rn(lo, c), __fmul_rn(hi, s)));
     dst[half + j] = from_float<T>(__fadd_rn(__fmul_rn(hi, c), __fmul_rn(lo, s)));
   }

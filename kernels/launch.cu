@@ -1,4 +1,7 @@
+// Per-thread switch and per-device capability check of programmatic dependent launch.
 #include "kernels/launch.h"
+
+#include <atomic>
 
 namespace litellama {
 namespace {
@@ -13,15 +16,16 @@ bool device_supports_programmatic_launch() {
   }
   // Cached per device ordinal (this process uses few devices; 64 covers any host).
   constexpr int kMaxDevices = 64;
-  static int cached[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
+  static std::atomic<int> cached[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
   if (device < 0 || device >= kMaxDevices) return false;
-  int& state = cached[device];
+  int state = cached[device].load(std::memory_order_relaxed);
   if (state == 0) {
     int major = 0;
     const bool ok =
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess;
     if (!ok) (void)cudaGetLastError();
     state = ok && major >= 9 ? 1 : 2;
+    cached[device].store(state, std::memory_order_relaxed);
   }
   return state == 1;
 }

@@ -151,6 +151,12 @@ class CudaModelRunner final : public ModelRunner {
   // One layer of a step of n_tokens <= gemv_max_tokens tokens through the fused GEMV variants.
   Status run_layer_fused(const StepPlan& plan, int32_t l);
   Status run_attention(const StepPlan& plan, int32_t l);
+  // qkv_rope for layer l over wide_ (the QKV projection's output).
+  Status run_qkv_rope(const StepPlan& plan, int32_t l);
+  // The step's RoPE frequency table and per-token table rows (null: row 0 for all; dynamic RoPE
+  // gives sequences past the original context rows of their own).
+  const float* rope_table(const StepPlan& plan) const;
+  const int32_t* rope_table_rows(const StepPlan& plan) const;
   // y = x @ w^T for the step's n_rows rows: the small-batch GEMV where it applies, else cuBLAS.
   Status linear(void* y, const void* x, const void* w, int32_t n_rows, int32_t n, int32_t k,
                 DType out_dtype);
@@ -461,24 +467,19 @@ Status CudaModelRunner::run_layer_fused(const StepPlan& plan, int32_t l) {
   const int32_t T = plan.n_tokens;
   const int32_t H = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const float* inv_freq = plan.dynamic_rope ? staging_device_.as<const float>(L.freq_table)
-                                            : rope_inv_freq_.as<const float>();
-  const int32_t* token_freq_row = plan.dynamic_rope ? i32(L.token_freq_row) : nullptr;
   LITELLAMA_RETURN_IF_ERROR(launch_add_rmsnorm(normed_.data(), residual_.data(), nullptr,
                                                W.input_norm, T, H, eps, dtype_, stream));
   if (W.q_norm == nullptr && W.k_norm == nullptr && gemv_rope_supports(c.head_dim)) {
-    const GemvRope rope{q_.data(), k_pool(l),        v_pool(l),         W.qkv_bias,
-                        inv_freq,  i32(L.positions), i32(L.token_slot), token_freq_row,
-                        c.n_heads, c.n_kv_heads,     c.head_dim,        rope_attention_scaling_};
+    const GemvRope rope{
+        q_.data(),        k_pool(l),        v_pool(l),         W.qkv_bias,
+        rope_table(plan), i32(L.positions), i32(L.token_slot), rope_table_rows(plan),
+        c.n_heads,        c.n_kv_heads,     c.head_dim,        rope_attention_scaling_};
     LITELLAMA_RETURN_IF_ERROR(
         launch_gemv_qkv_rope(rope, normed_.data(), W.qkv, T, H, dtype_, stream));
   } else {
     LITELLAMA_RETURN_IF_ERROR(
         launch_gemv(wide_.data(), normed_.data(), W.qkv, T, qkv_dim_, H, dtype_, dtype_, stream));
-    LITELLAMA_RETURN_IF_ERROR(launch_qkv_rope(
-        q_.data(), k_pool(l), v_pool(l), wide_.data(), W.qkv_bias, W.q_norm, W.k_norm, inv_freq,
-        i32(L.positions), i32(L.token_slot), token_freq_row, T, c.n_heads, c.n_kv_heads, c.head_dim,
-        rope_attention_scaling_, eps, dtype_, stream));
+    LITELLAMA_RETURN_IF_ERROR(run_qkv_rope(plan, l));
   }
   LITELLAMA_RETURN_IF_ERROR(run_attention(plan, l));
   LITELLAMA_RETURN_IF_ERROR(
@@ -508,9 +509,6 @@ Status CudaModelRunner::run_layers(const StepPlan& plan) {
   const int32_t H = c.hidden_size;
   const int32_t inter = c.intermediate_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const float* inv_freq = plan.dynamic_rope ? staging_device_.as<const float>(L.freq_table)
-                                            : rope_inv_freq_.as<const float>();
-  const int32_t* token_freq_row = plan.dynamic_rope ? i32(L.token_freq_row) : nullptr;
 
   LITELLAMA_RETURN_IF_ERROR(
       launch_embedding(residual_.data(), i32(L.token_ids), weights_.embed, T, H, dtype_, stream));
@@ -525,10 +523,7 @@ Status CudaModelRunner::run_layers(const StepPlan& plan) {
                                                  l == 0 ? nullptr : delta_.data(), W.input_norm, T,
                                                  H, eps, dtype_, stream));
     LITELLAMA_RETURN_IF_ERROR(linear(wide_.data(), normed_.data(), W.qkv, T, qkv_dim_, H, dtype_));
-    LITELLAMA_RETURN_IF_ERROR(launch_qkv_rope(
-        q_.data(), k_pool(l), v_pool(l), wide_.data(), W.qkv_bias, W.q_norm, W.k_norm, inv_freq,
-        i32(L.positions), i32(L.token_slot), token_freq_row, T, c.n_heads, c.n_kv_heads, c.head_dim,
-        rope_attention_scaling_, eps, dtype_, stream));
+    LITELLAMA_RETURN_IF_ERROR(run_qkv_rope(plan, l));
     LITELLAMA_RETURN_IF_ERROR(run_attention(plan, l));
     LITELLAMA_RETURN_IF_ERROR(linear(delta_.data(), attn_.data(), W.o, T, H, q_dim_, dtype_));
     LITELLAMA_RETURN_IF_ERROR(launch_add_rmsnorm(normed_.data(), residual_.data(), delta_.data(),
@@ -539,6 +534,27 @@ Status CudaModelRunner::run_layers(const StepPlan& plan) {
     LITELLAMA_RETURN_IF_ERROR(linear(delta_.data(), act_.data(), W.down, T, H, inter, dtype_));
   }
   return Status::ok();
+}
+
+const float* CudaModelRunner::rope_table(const StepPlan& plan) const {
+  return plan.dynamic_rope ? staging_device_.as<const float>(plan.layout.freq_table)
+                           : rope_inv_freq_.as<const float>();
+}
+
+const int32_t* CudaModelRunner::rope_table_rows(const StepPlan& plan) const {
+  return plan.dynamic_rope ? staging_device_.as<const int32_t>(plan.layout.token_freq_row)
+                           : nullptr;
+}
+
+Status CudaModelRunner::run_qkv_rope(const StepPlan& plan, int32_t l) {
+  const ModelConfig& c = config_;
+  const CudaLayerWeights& W = weights_.layers[static_cast<size_t>(l)];
+  return launch_qkv_rope(
+      q_.data(), k_pool(l), v_pool(l), wide_.data(), W.qkv_bias, W.q_norm, W.k_norm,
+      rope_table(plan), staging_device_.as<const int32_t>(plan.layout.positions),
+      staging_device_.as<const int32_t>(plan.layout.token_slot), rope_table_rows(plan),
+      plan.n_tokens, c.n_heads, c.n_kv_heads, c.head_dim, rope_attention_scaling_,
+      static_cast<float>(c.rms_norm_eps), dtype_, ctx_.stream());
 }
 
 Status CudaModelRunner::run_attention(const StepPlan& plan, int32_t l) {
