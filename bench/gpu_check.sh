@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# One pass on a GPU machine: build, the GPU test suite, memcheck on the GPU golden test, the
-# batch-1 decode step time of a Llama-3.2-1B-shaped model, and time per output token in-process
-# versus through the three services. Results go to $OUT (or ./gpu-check-out).
+# One pass on a GPU machine: build, the GPU test suite, memcheck on the GPU golden test and the
+# GEMV kernels, the batch-1 decode step time of a Llama-3.2-1B-shaped model, time per output
+# token in-process versus through the three services, and per-kernel Nsight Compute breakdowns
+# of one decode step for the shapes issue 6 names. Results go to $OUT (or ./gpu-check-out).
 # Usage: bench/gpu_check.sh   (from the repository root, after the build dependencies are there)
 set -uo pipefail
 out="${OUT:-gpu-check-out}"
 mkdir -p "$out"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLITELLAMA_CUDA_ARCHITECTURES=90 \
-  -DLITELLAMA_BENCH=OFF > "$out/cmake.log" 2>&1 || { tail -n 30 "$out/cmake.log"; exit 1; }
+  -DLITELLAMA_BENCH=ON > "$out/cmake.log" 2>&1 || { tail -n 30 "$out/cmake.log"; exit 1; }
 cmake --build build -j"$(nproc)" > "$out/build.log" 2>&1 || { grep -A5 error "$out/build.log" | head -40; exit 1; }
 nvidia-smi -L
 ctest --test-dir build -L gpu -j1 --output-on-failure > "$out/gpu_tests.log" 2>&1
@@ -16,6 +17,9 @@ compute-sanitizer --tool memcheck build/tests/golden_gpu_test \
   --gtest_filter='*Float32*llama3_tiny*:*Float32*qwen2_tiny*:*HalfPrecision*qwen3_tiny*' \
   > "$out/sanitizer.log" 2>&1
 grep -E "ERROR SUMMARY|PASSED|FAILED" "$out/sanitizer.log" | head -5
+compute-sanitizer --tool memcheck build/tests/cuda_gemv_test \
+  --gtest_filter='*ResidualAdd*:*QkvRope*:*Chain*' > "$out/sanitizer_gemv.log" 2>&1
+grep -E "ERROR SUMMARY|PASSED|FAILED" "$out/sanitizer_gemv.log" | head -3
 build/tests/cuda_model_runner_test --gtest_also_run_disabled_tests \
   --gtest_filter='*DISABLED_DecodeStep*' > "$out/decode_timing.log" 2>&1
 grep -iE "ms|FAILED" "$out/decode_timing.log" | head -10
@@ -44,3 +48,11 @@ build/bin/litellama bench --server ipc:///tmp/litellama-gpu/client.sock -n 8 -c 
   --input-len 128 --output-len 256 > "$out/served_bench.txt" 2>&1
 tail -n 25 "$out/served_bench.txt"
 kill -TERM "$serve_pid"; wait "$serve_pid"
+
+# Where a decode step's time goes, kernel by kernel (each replayed alone, cold L2).
+for spec in "llama3.2-1b 1" "llama3.2-1b 8" "qwen2.5-1.5b 1" "llama3.1-8b 1"; do
+  set -- $spec
+  python3 bench/kernel_breakdown.py --preset "$1" --batch "$2" --dir "/dev/shm/litellama-$1" \
+    > "$out/breakdown_$1_b$2.txt" 2>&1
+  head -n 3 "$out/breakdown_$1_b$2.txt"
+done
