@@ -23,16 +23,6 @@ using gemv_detail::Params;
 
 constexpr int kAlignK = 64;  // the widest chunk (2 vectors of 8 elements per lane, 4 lanes)
 
-int sm_count() {
-  int device = 0, n = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 132;
-  }
-  return n;
-}
-
 Params make_params(const void* x, const void* w, void* y, int32_t m, int32_t n, int32_t k,
                    int32_t ldy) {
   Params p{};
@@ -51,7 +41,8 @@ template <typename T, typename OutT, Epilogue E>
 cudaError_t launch_single(const Params& p, cudaStream_t stream) {
   using gemv_detail::launch;
   const int64_t tiles = (static_cast<int64_t>(p.n) + kTileRows - 1) / kTileRows;
-  const int64_t sms = sm_count();
+  const int64_t device_sms = current_device_sm_count();
+  const int64_t sms = device_sms > 0 ? device_sms : 132;  // unreadable: an H100/H200's count
   if (tiles > 2 * sms) return launch<T, OutT, 1, E, 8, 1, 4>(p, stream);
   if (tiles > sms) return launch<T, OutT, 1, E, 16, 1, 2>(p, stream);
   if (p.k > 4096) return launch<T, OutT, 1, E, 16, 2, 2>(p, stream);

@@ -1,4 +1,5 @@
-// Per-thread switch and per-device capability check of programmatic dependent launch.
+// Per-thread switch of programmatic dependent launch, and the current device's launch facts
+// (compute capability, multiprocessor count), read once per device.
 #include "kernels/launch.h"
 
 #include <atomic>
@@ -8,36 +9,49 @@ namespace {
 
 thread_local bool g_programmatic_launch = true;
 
-bool device_supports_programmatic_launch() {
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  // Cached per device ordinal (this process uses few devices; 64 covers any host).
+struct DeviceFacts {
+  bool programmatic_launch = false;  // compute capability 9.0+
+  int sm_count = 0;
+};
+
+// Cached per device ordinal (this process uses few devices; 64 covers any host). A fact is
+// packed into one atomic word: 0 unknown, else sm_count << 1 | supports-PDL.
+DeviceFacts current_device_facts() {
   constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
-  if (device < 0 || device >= kMaxDevices) return false;
-  int state = cached[device].load(std::memory_order_relaxed);
-  if (state == 0) {
-    int major = 0;
-    const bool ok =
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess;
-    if (!ok) (void)cudaGetLastError();
-    state = ok && major >= 9 ? 1 : 2;
-    cached[device].store(state, std::memory_order_relaxed);
+  static std::atomic<int> cached[kMaxDevices] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) {
+    (void)cudaGetLastError();
+    return {};
   }
-  return state == 1;
+  int packed = cached[device].load(std::memory_order_relaxed);
+  if (packed == 0) {
+    int major = 0, sms = 0;
+    const bool ok =
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess;
+    if (!ok) {
+      (void)cudaGetLastError();
+      return {};
+    }
+    packed = (sms << 1) | (major >= 9 ? 1 : 0);
+    cached[device].store(packed, std::memory_order_relaxed);
+  }
+  return DeviceFacts{(packed & 1) != 0, packed >> 1};
 }
 
 }  // namespace
 
 bool programmatic_launch_enabled() {
-  return g_programmatic_launch && device_supports_programmatic_launch();
+  return g_programmatic_launch && current_device_facts().programmatic_launch;
 }
 
 void set_programmatic_launch_enabled(bool on) {
   g_programmatic_launch = on;
+}
+
+int current_device_sm_count() {
+  return current_device_facts().sm_count;
 }
 
 }  // namespace litellama

@@ -25,6 +25,9 @@ namespace litellama {
 bool programmatic_launch_enabled();
 void set_programmatic_launch_enabled(bool on);
 
+// Multiprocessors of the current device (0 when it cannot be read), read once per device.
+int current_device_sm_count();
+
 // Launches `kernel` on `stream`, with the PDL attribute where enabled.
 template <typename... Params, typename... Args>
 cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
