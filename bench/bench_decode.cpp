@@ -86,6 +86,7 @@ struct Args {
   bool graphs = true;
   int32_t gemv = RunnerOptions{}.gemv_max_tokens;
   bool pdl = true;
+  int32_t persistent = RunnerOptions{}.persistent_decode_max_tokens;
   bool copy_bandwidth = true;
 };
 
@@ -152,6 +153,7 @@ int run(const Args& a) {
   o.use_cuda_graphs = a.graphs;
   o.gemv_max_tokens = a.gemv;
   o.use_programmatic_launch = a.pdl;
+  o.persistent_decode_max_tokens = a.persistent;
   int64_t slots = 0;
   for (int32_t b : batches) {
     slots = std::max<int64_t>(slots, int64_t{b} * (a.context + a.n_warmup + a.n_steps + 2));
@@ -205,6 +207,7 @@ int run(const Args& a) {
                      {"graphs", a.graphs},
                      {"gemv", a.gemv},
                      {"pdl", a.pdl},
+                     {"persistent", a.persistent},
                      {"batch", n},
                      {"context", len},
                      {"ms", m},
@@ -264,6 +267,7 @@ int run(const Args& a) {
                      {"graphs", a.graphs},
                      {"gemv", a.gemv},
                      {"pdl", a.pdl},
+                     {"persistent", a.persistent},
                      {"batch", b},
                      {"context", a.context},
                      {"ms", m},
@@ -297,6 +301,8 @@ int main(int argc, char** argv) {
                  "steps of at most this many tokens run the fused small-batch GEMV layers "
                  "(0: cuBLAS throughout)");
   app.add_option("--pdl", a.pdl, "programmatic dependent launch (1/0)");
+  app.add_option("--persistent", a.persistent,
+                 "decode steps of up to this many sequences as one persistent kernel (0: off)");
   app.add_option("--copy-bandwidth", a.copy_bandwidth, "measure the device copy bandwidth (1/0)");
   CLI11_PARSE(app, argc, argv);
   return litellama::run(a);

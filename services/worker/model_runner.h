@@ -90,6 +90,11 @@ struct RunnerOptions {
   // CUDA, compute capability 9.0+: kernels are launched with programmatic dependent launch, so
   // each one starts (and loads its weights) while the previous one finishes.
   bool use_programmatic_launch = true;
+  // CUDA, bf16/fp16: pure decode steps of at most this many sequences (at most 8) run embedding,
+  // layers and LM head as one persistent kernel (kernels/decode_step.h) instead of about 11
+  // kernels per layer. Models it does not support (q/k RMSNorm, other head sizes) and other steps
+  // use the per-operation kernels. 0 turns it off.
+  int32_t persistent_decode_max_tokens = 0;
 };
 
 class ModelRunner {
@@ -99,6 +104,9 @@ class ModelRunner {
   virtual int32_t n_kv_slots() const = 0;
   // Runs one forward step and samples. Validates the batch first; on error nothing was written.
   virtual Status step(const StepBatch& batch, StepOutput* out) = 0;
+  // Steps run so far as the persistent decode kernel (RunnerOptions::persistent_decode_max_tokens;
+  // always 0 where there is none).
+  virtual int64_t persistent_decode_steps() const { return 0; }
 };
 
 // Builds the runner for options.device from a loaded checkpoint. Unsupported devices, dtypes or

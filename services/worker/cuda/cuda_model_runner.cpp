@@ -44,14 +44,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <unordered_map>
 #include <utility>
 
+#include "common/log.h"
 #include "kernels/add_rmsnorm.h"
 #include "kernels/attention_decode.h"
 #include "kernels/attention_prefill.h"
 #include "kernels/cuda_check.h"
+#include "kernels/decode_step.h"
 #include "kernels/embedding.h"
 #include "kernels/gather_rows.h"
 #include "kernels/gemv.h"
@@ -142,6 +145,7 @@ class CudaModelRunner final : public ModelRunner {
   const ModelConfig& config() const override { return config_; }
   int32_t n_kv_slots() const override { return n_slots_; }
   Status step(const StepBatch& batch, StepOutput* out) override;
+  int64_t persistent_decode_steps() const override { return persistent_steps_; }
 
  private:
   Status allocate_workspaces();
@@ -165,6 +169,15 @@ class CudaModelRunner final : public ModelRunner {
   bool fused_layers(int32_t n_tokens) const;
 
   Status run_head(const StepPlan& plan, int32_t n_top);
+  Status run_sampling(const StepPlan& plan, int32_t n_top);
+  // Sets up the persistent decode kernel when asked for and the model is supported.
+  Status init_persistent_decode();
+  // Whether this step runs as the persistent decode kernel, and that run (through sampling).
+  bool persistent_step(const StepPlan& plan) const;
+  DecodeStepPlan persistent_plan(const StepPlan& plan) const;
+  Status run_persistent(const StepPlan& plan, int32_t n_top);
+  // The step's kernels after the staging copy: persistent, or layers then head.
+  Status run_kernels(const StepPlan& plan, int32_t n_top);
   // Runs the layers and the head, eagerly or through a captured graph.
   Status run_forward(const StepBatch& batch, const StepPlan& plan);
   Status capture_forward(const StepPlan& plan, int32_t n_top, GraphExec* exec);
@@ -213,7 +226,35 @@ class CudaModelRunner final : public ModelRunner {
   std::unordered_map<uint64_t, DecodeGraph> decode_graphs_;
   uint64_t graph_clock_ = 0;
   bool graphs_failed_ = false;
+  // Persistent decode kernel (RunnerOptions::persistent_decode_max_tokens).
+  DecodeStepModel decode_step_model_;
+  DeviceBuffer decode_step_layers_;     // DecodeStepLayer [n_layers]
+  DeviceBuffer decode_step_workspace_;  // zero-filled at creation
+  bool decode_step_ready_ = false;
+  int64_t persistent_steps_ = 0;
+  // Profiling of the persistent kernel's phases (LITELLAMA_DECODE_STEP_CLOCK=1): device clock
+  // readings of the last step, and per-phase sums over the steps so far (logged at destruction).
+  DeviceBuffer decode_step_clock_;
+  std::vector<uint64_t> clock_host_;
+  std::vector<double> phase_ns_;  // [5 phases + head]
+  int64_t clocked_steps_ = 0;
+  bool clock_pending_ = false;
+
+ public:
+  ~CudaModelRunner() override;
 };
+
+CudaModelRunner::~CudaModelRunner() {
+  if (clocked_steps_ == 0) return;
+  const double n = static_cast<double>(clocked_steps_);
+  const double layers = static_cast<double>(config_.n_layers);
+  LITELLAMA_LOG_INFO(
+      "persistent decode step, mean over {} steps (us): per layer QKV {:.2f}, attention {:.2f}, "
+      "o {:.2f}, gate/up {:.2f}, down {:.2f}; final norm + LM head {:.2f}; whole kernel {:.2f}",
+      clocked_steps_, phase_ns_[0] / n / layers / 1e3, phase_ns_[1] / n / layers / 1e3,
+      phase_ns_[2] / n / layers / 1e3, phase_ns_[3] / n / layers / 1e3,
+      phase_ns_[4] / n / layers / 1e3, phase_ns_[5] / n / 1e3, phase_ns_[6] / n / 1e3);
+}
 
 void* CudaModelRunner::k_pool(int32_t layer) const {
   return kv_.as<char>(static_cast<size_t>(2 * layer) * kv_pool_bytes_);
@@ -237,6 +278,7 @@ Status CudaModelRunner::init(const Checkpoint& checkpoint) {
   LITELLAMA_ASSIGN_OR_RETURN(weights_, CudaWeights::upload(checkpoint, dtype_));
   LITELLAMA_RETURN_IF_ERROR(allocate_workspaces());
   LITELLAMA_RETURN_IF_ERROR(allocate_kv_pool());
+  LITELLAMA_RETURN_IF_ERROR(init_persistent_decode());
   // Uploads and memsets ran on the legacy stream, which the non-blocking step stream does not
   // wait for.
   LITELLAMA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
@@ -318,6 +360,91 @@ Status CudaModelRunner::allocate_kv_pool() {
   return Status::ok();
 }
 
+Status CudaModelRunner::init_persistent_decode() {
+  const ModelConfig& c = config_;
+  if (options_.persistent_decode_max_tokens <= 0) return Status::ok();
+  DecodeStepModel& m = decode_step_model_;
+  m.dtype = dtype_;
+  m.n_layers = c.n_layers;
+  m.hidden = c.hidden_size;
+  m.n_heads = c.n_heads;
+  m.n_kv_heads = c.n_kv_heads;
+  m.head_dim = c.head_dim;
+  m.intermediate = c.intermediate_size;
+  m.vocab = c.vocab_size;
+  m.rms_eps = static_cast<float>(c.rms_norm_eps);
+  m.attention_scale = attention_scale_;
+  m.rope_attention_scaling = rope_attention_scaling_;
+  m.embed = weights_.embed;
+  m.lm_head = weights_.lm_head;
+  m.final_norm = weights_.final_norm;
+  std::vector<DecodeStepLayer> layers;
+  for (int32_t l = 0; l < c.n_layers; ++l) {
+    const CudaLayerWeights& W = weights_.layers[static_cast<size_t>(l)];
+    m.has_qk_norm = m.has_qk_norm || W.q_norm != nullptr || W.k_norm != nullptr;
+    layers.push_back(DecodeStepLayer{W.input_norm, W.qkv, W.qkv_bias, W.o, W.post_norm,
+                                     W.gate_up, W.down, k_pool(l), v_pool(l)});
+  }
+  if (!decode_step_supports(m)) return Status::ok();  // the per-operation kernels serve
+  const char* clock = std::getenv("LITELLAMA_DECODE_STEP_CLOCK");
+  if (clock != nullptr && std::strcmp(clock, "1") == 0) {
+    const auto entries = static_cast<size_t>(decode_step_clock_entries(c.n_layers));
+    LITELLAMA_ASSIGN_OR_RETURN(decode_step_clock_,
+                               DeviceBuffer::allocate(entries * sizeof(uint64_t)));
+    clock_host_.assign(entries, 0);
+    phase_ns_.assign(7, 0.0);
+  }
+  const size_t layer_bytes = layers.size() * sizeof(DecodeStepLayer);
+  LITELLAMA_ASSIGN_OR_RETURN(decode_step_layers_, DeviceBuffer::allocate(layer_bytes));
+  LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemcpy(decode_step_layers_.data(), layers.data(), layer_bytes,
+                                            cudaMemcpyHostToDevice));
+  m.layers = decode_step_layers_.as<const DecodeStepLayer>();
+  const size_t ws_bytes = decode_step_workspace_size_bytes(m);
+  LITELLAMA_ASSIGN_OR_RETURN(decode_step_workspace_, DeviceBuffer::allocate(ws_bytes));
+  LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemset(decode_step_workspace_.data(), 0, ws_bytes));
+  decode_step_ready_ = true;
+  return Status::ok();
+}
+
+bool CudaModelRunner::persistent_step(const StepPlan& plan) const {
+  return decode_step_ready_ && plan.n_prefill == 0 && plan.n_tokens == plan.n_seqs &&
+         static_cast<int32_t>(plan.sampled_seqs.size()) == plan.n_seqs &&
+         plan.n_tokens <= std::min(options_.persistent_decode_max_tokens, kDecodeStepMaxTokens);
+}
+
+DecodeStepPlan CudaModelRunner::persistent_plan(const StepPlan& plan) const {
+  return plan_decode_step(decode_step_model_, plan.n_tokens, plan.max_decode_kv_len, n_sms_);
+}
+
+Status CudaModelRunner::run_persistent(const StepPlan& plan, int32_t n_top) {
+  const StepLayout& L = plan.layout;
+  auto i32 = [&](size_t offset) { return staging_device_.as<const int32_t>(offset); };
+  DecodeStepInputs in;
+  in.n_tokens = plan.n_tokens;
+  in.token_ids = i32(L.token_ids);
+  in.positions = i32(L.positions);
+  in.token_slot = i32(L.token_slot);
+  in.kv_len = i32(L.kv_len);
+  in.slot_start = i32(L.slot_start);
+  in.slot_table = i32(L.slot_table);
+  in.inv_freq = rope_table(plan);
+  in.token_freq_row = rope_table_rows(plan);
+  if (decode_step_clock_.size_bytes() > 0) {
+    in.phase_clock = decode_step_clock_.as<uint64_t>();
+    clock_pending_ = true;
+  }
+  LITELLAMA_RETURN_IF_ERROR(launch_decode_step(
+      decode_step_model_, in, persistent_plan(plan), logits_.as<float>(),
+      decode_step_workspace_.data(), decode_step_workspace_.size_bytes(), ctx_.stream()));
+  return run_sampling(plan, n_top);
+}
+
+Status CudaModelRunner::run_kernels(const StepPlan& plan, int32_t n_top) {
+  if (persistent_step(plan)) return run_persistent(plan, n_top);
+  LITELLAMA_RETURN_IF_ERROR(run_layers(plan));
+  return plan.sampled_seqs.empty() ? Status::ok() : run_head(plan, n_top);
+}
+
 Status CudaModelRunner::ensure_staging(size_t bytes) {
   if (staging_host_.size_bytes() >= bytes) return Status::ok();
   // Rare (a longer slot table or history than ever before): wait until no copy uses them.
@@ -369,6 +496,22 @@ Status CudaModelRunner::step(const StepBatch& batch, StepOutput* out) {
   LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(results_host_.data(), results_.data(),
                                                  results_bytes, cudaMemcpyDeviceToHost, stream));
   LITELLAMA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  if (clock_pending_) {  // profiling only: one more copy after the step
+    clock_pending_ = false;
+    LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemcpy(clock_host_.data(), decode_step_clock_.data(),
+                                              decode_step_clock_.size_bytes(),
+                                              cudaMemcpyDeviceToHost));
+    const std::vector<uint64_t>& t = clock_host_;
+    for (int32_t l = 0; l < config_.n_layers; ++l) {
+      for (int32_t ph = 0; ph < 5; ++ph) {
+        const size_t at = static_cast<size_t>(5 * l + ph);
+        phase_ns_[static_cast<size_t>(ph)] += static_cast<double>(t[at + 1] - t[at]);
+      }
+    }
+    phase_ns_[5] += static_cast<double>(t.back() - t[t.size() - 2]);
+    phase_ns_[6] += static_cast<double>(t.back() - t.front());
+    ++clocked_steps_;
+  }
   const auto* sampled = results_host_.as<const int32_t>();
   const int32_t* top_ids = sampled + n_sampled;
   const auto* top_values = reinterpret_cast<const float*>(top_ids + n_sampled * n_top);
@@ -390,13 +533,18 @@ Status CudaModelRunner::run_forward(const StepBatch& batch, const StepPlan& plan
   const bool graphable = options_.use_cuda_graphs && !graphs_failed_ && plan.n_prefill == 0 &&
                          n_sampled == plan.n_seqs && batch.history_ids.empty();
   if (!graphable) {
-    LITELLAMA_RETURN_IF_ERROR(run_layers(plan));
-    return n_sampled > 0 ? run_head(plan, n_top) : Status::ok();
+    persistent_steps_ += persistent_step(plan) ? 1 : 0;
+    return run_kernels(plan, n_top);
   }
   const ModelConfig& c = config_;
-  const int32_t n_splits = attention_decode_n_splits(plan.n_decode, c.n_heads, c.n_kv_heads,
-                                                     c.head_dim, plan.max_decode_kv_len, n_sms_);
-  const uint64_t key = (static_cast<uint64_t>(plan.n_seqs) << 40) |
+  const bool persistent = persistent_step(plan);
+  persistent_steps_ += persistent ? 1 : 0;
+  const int32_t n_splits =
+      persistent ? persistent_plan(plan).attn_splits
+                 : attention_decode_n_splits(plan.n_decode, c.n_heads, c.n_kv_heads, c.head_dim,
+                                             plan.max_decode_kv_len, n_sms_);
+  const uint64_t key = (static_cast<uint64_t>(persistent) << 62) |
+                       (static_cast<uint64_t>(plan.n_seqs) << 40) |
                        (static_cast<uint64_t>(n_top) << 20) | static_cast<uint64_t>(n_splits);
   auto it = decode_graphs_.find(key);
   if (it == decode_graphs_.end()) {
@@ -408,8 +556,7 @@ Status CudaModelRunner::run_forward(const StepBatch& batch, const StepPlan& plan
       decode_graphs_.erase(oldest);
     }
     decode_graphs_[key].last_use = ++graph_clock_;
-    LITELLAMA_RETURN_IF_ERROR(run_layers(plan));  // first sight: eager, outside any capture
-    return run_head(plan, n_top);
+    return run_kernels(plan, n_top);  // first sight: eager, outside any capture
   }
   DecodeGraph& graph = it->second;
   graph.last_use = ++graph_clock_;
@@ -419,18 +566,17 @@ Status CudaModelRunner::run_forward(const StepBatch& batch, const StepPlan& plan
     (void)cudaGetLastError();
     graphs_failed_ = true;
     decode_graphs_.clear();
-    LITELLAMA_RETURN_IF_ERROR(run_layers(plan));
-    return run_head(plan, n_top);
+    return run_kernels(plan, n_top);
   }
   LITELLAMA_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(graph.exec.get(), ctx_.stream()));
+  clock_pending_ = persistent && decode_step_clock_.size_bytes() > 0;
   return Status::ok();
 }
 
 Status CudaModelRunner::capture_forward(const StepPlan& plan, int32_t n_top, GraphExec* exec) {
   cudaStream_t stream = ctx_.stream();
   LITELLAMA_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  Status recorded = run_layers(plan);
-  if (recorded.is_ok()) recorded = run_head(plan, n_top);
+  const Status recorded = run_kernels(plan, n_top);
   cudaGraph_t graph = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
   if (!recorded.is_ok()) {
@@ -610,13 +756,20 @@ Status CudaModelRunner::run_head(const StepPlan& plan, int32_t n_top) {
                                                static_cast<float>(c.rms_norm_eps), dtype_, stream));
   LITELLAMA_RETURN_IF_ERROR(linear(logits_.data(), last_normed_.data(), weights_.lm_head, R,
                                    c.vocab_size, H, DType::kF32));
+  return run_sampling(plan, n_top);
+}
+
+Status CudaModelRunner::run_sampling(const StepPlan& plan, int32_t n_top) {
+  const ModelConfig& c = config_;
+  const StepLayout& L = plan.layout;
+  const auto R = static_cast<int32_t>(plan.sampled_seqs.size());
   auto* sampled = results_.as<int32_t>();
   int32_t* top_ids = sampled + R;
   auto* top_values = reinterpret_cast<float*>(top_ids + R * n_top);
   return launch_sampling(sampled, top_ids, top_values, logits_.as<float>(),
                          staging_device_.as<const SamplingRow>(L.sampling_rows),
                          staging_device_.as<const int32_t>(L.history_ids), R, c.vocab_size, n_top,
-                         token_marks_.as<int32_t>(), stream);
+                         token_marks_.as<int32_t>(), ctx_.stream());
 }
 
 Status check_supported(const ModelConfig& c, const RunnerOptions& options) {

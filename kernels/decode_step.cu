@@ -1,0 +1,893 @@
+// The persistent decode-step kernel (see decode_step.h for the phases and why).
+//
+// Linear layers: a unit of work is one 16-row tile of the weight matrix (two for gate/up, whose
+// gate and up tiles pair up for the SiLU) over one k segment. Units go round-robin to the blocks;
+// inside a block the 16 warps take the unit's 64-element chunks in turn (warp w: chunks w,
+// w + 16, ...), so a warp's chunk sequence runs through all its units and its loads are issued
+// two chunks ahead across unit boundaries. The arithmetic is kernels/gemv_impl.cuh's: weights as
+// the A operand of mma.m16n8k16 straight from global memory (16-byte loads, bypassing L1), the
+// up to 8 token rows as B, lane (g, t) holding 16 consecutive k of rows g and g + 8. When a unit
+// ends, the warps' accumulators meet in shared memory (double-buffered, one named barrier per
+// unit) and 128 threads finish its 16 rows x 8 tokens. The k segment count of each projection is
+// chosen so that units fill the grid evenly (plan_decode_step); segments leave float32 partial
+// sums that the consumer adds in a fixed order.
+//
+// Inputs written inside the kernel by other blocks (partial sums, the residual stream, attention
+// output, activations) are read with ld.global.cg: L1 is not coherent across multiprocessors and
+// may still hold a previous layer's lines at the same addresses. K/V rows are read with plain
+// loads: the only K/V row written in this launch is the new token's, written and read by the same
+// block.
+//
+// Grid barrier: a counter that only grows during the launch (arrive with a release, spin with an
+// acquire load until it reaches barrier-number x grid); the last block to exit resets it, so the
+// next launch, ordered after this one on the stream, starts from zero.
+#include "kernels/decode_step.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "kernels/cuda_check.h"
+#include "kernels/kernel_common.cuh"
+#include "kernels/mma_common.cuh"
+
+namespace litellama {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kVecs = 2;     // 16-byte vectors per lane, row and chunk
+constexpr int kChunk = 64;   // k elements per chunk: 4 lanes x kVecs x 8
+constexpr int kRingBytes = 12 * 1024;  // cp.async ring per warp
+constexpr int kTile = 16;    // weight rows per mma tile
+constexpr int kMaxSeg = 8;   // k segments of a projection
+constexpr int kXPad = 32;    // elements of padding per row of the shared input (bank spread)
+constexpr int kMaxRep = 8;   // query heads per KV head (one warp each)
+constexpr int kMinSplitLen = 16;
+constexpr int kRedFloats = kWarps * kDecodeStepMaxTokens + kDecodeStepMaxTokens;
+constexpr int kSlotUnits = 8;  // unit accumulators held for grouped reductions (2 groups)
+constexpr int kSlotFloats = kSlotUnits * kWarps * 32 * 4;
+
+__host__ __device__ constexpr size_t round_up(size_t n, size_t alignment) {
+  return (n + alignment - 1) / alignment * alignment;
+}
+
+struct Params {
+  DecodeStepModel model;
+  DecodeStepInputs in;
+  int32_t seg_qkv;
+  int32_t seg_o;
+  int32_t seg_down;
+  int32_t n_splits;
+  float* logits;
+  unsigned* barrier;
+  unsigned* exit_count;
+  unsigned* attn_count;  // [kDecodeStepMaxTokens, n_kv_heads]
+  void* resid[2];        // [m, hidden] each
+  float* qkv_part;       // [seg_qkv, m, qkv_dim]
+  float* o_part;         // [seg_o, m, hidden]
+  float* down_part;      // [seg_down, m, hidden]
+  float* attn_po;        // [m, n_kv_heads, n_splits, rep, head_dim]
+  float* attn_ml;        // [m, n_kv_heads, n_splits, rep, 2]
+  void* attn_out;        // [m, n_heads * head_dim]
+  void* act;             // [m, intermediate]
+};
+
+// Workspace layout, shared by the size query and the launch.
+struct Workspace {
+  size_t counters = 0, resid = 0, qkv_part = 0, o_part = 0, down_part = 0, attn_po = 0,
+         attn_ml = 0, attn_out = 0, act = 0, total = 0;
+};
+
+Workspace workspace_layout(const DecodeStepModel& m) {
+  const size_t e = dtype_size_bytes(m.dtype);
+  const size_t T = kDecodeStepMaxTokens;
+  const size_t q_dim = static_cast<size_t>(m.n_heads) * m.head_dim;
+  const size_t qkv_dim = q_dim + 2 * static_cast<size_t>(m.n_kv_heads) * m.head_dim;
+  const size_t H = m.hidden;
+  Workspace w;
+  size_t at = 0;
+  auto take = [&](size_t bytes) {
+    const size_t here = at;
+    at = round_up(at + bytes, 256);
+    return here;
+  };
+  w.counters = take((2 + T * static_cast<size_t>(m.n_kv_heads)) * sizeof(unsigned));
+  w.resid = take(2 * T * H * e);
+  w.qkv_part = take(kMaxSeg * T * qkv_dim * sizeof(float));
+  w.o_part = take(kMaxSeg * T * H * sizeof(float));
+  w.down_part = take(kMaxSeg * T * H * sizeof(float));
+  w.attn_po = take(T * kDecodeStepMaxSplits * q_dim * sizeof(float));
+  w.attn_ml = take(T * kDecodeStepMaxSplits * static_cast<size_t>(m.n_heads) * 2 * sizeof(float));
+  w.attn_out = take(T * q_dim * e);
+  w.act = take(T * static_cast<size_t>(m.intermediate) * e);
+  w.total = at;
+  return w;
+}
+
+__device__ __forceinline__ uint4 load_l2(const void* p) {
+  return __ldcg(reinterpret_cast<const uint4*>(p));
+}
+
+// All threads of the block; a barrier of its own (id 1) so that warps may reach it from
+// different points of their loops.
+__device__ __forceinline__ void block_barrier() {
+  asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");
+}
+
+__device__ __forceinline__ uint64_t global_clock() {
+  uint64_t ns;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(ns));
+  return ns;
+}
+
+// Profiling: block 0 records the device clock at entry `index` (DecodeStepInputs::phase_clock).
+__device__ __forceinline__ void record_clock(uint64_t* clock, int index) {
+  if (clock != nullptr && blockIdx.x == 0 && threadIdx.x == 0) clock[index] = global_clock();
+}
+
+// Returns the number of barriers passed so far in this launch.
+__device__ __forceinline__ int grid_barrier(unsigned* counter, unsigned& target,
+                                            uint64_t* clock) {
+  __syncthreads();
+  target += gridDim.x;
+  if (threadIdx.x == 0) {
+    __threadfence();
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+    unsigned seen = 0;
+    // Poll gently: one L2 slice serves every block's polls.
+    while (true) {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+      if (seen >= target) break;
+      __nanosleep(64);
+    }
+  }
+  __syncthreads();
+  const int passed = static_cast<int>(target / gridDim.x);
+  record_clock(clock, passed);
+  return passed;
+}
+
+// Residual update and RMSNorm of all m rows, computed by every block into xs ([m, hidden +
+// kXPad]): r = r_prev (or the token's embedding row when r_prev is null) + round(sum of the
+// n_seg partial sums), rounded as add_rmsnorm stores it; block b stores its share of r into
+// r_next (when not null) for the next consumer; xs = round(r * inv_rms * weight).
+template <typename T>
+__device__ __noinline__ void residual_norm(const Params& p, int m, const T* r_prev, const float* part,
+                              int n_seg, T* r_next, const float* norm_w, T* xs, float* red) {
+  const int H = p.model.hidden;
+  const int xs_stride = H + kXPad;
+  const int row_vecs = H / 8;
+  const int total = m * row_vecs;
+  const auto* embed = static_cast<const T*>(p.model.embed);
+  float ss[kDecodeStepMaxTokens] = {};
+  for (int v = threadIdx.x; v < total; v += kThreads) {
+    const int t = v / row_vecs;
+    const int i = (v - t * row_vecs) * 8;
+    uint4 raw = r_prev == nullptr
+                    ? __ldg(reinterpret_cast<const uint4*>(
+                          embed + static_cast<int64_t>(p.in.token_ids[t]) * H + i))
+                    : load_l2(r_prev + static_cast<int64_t>(t) * H + i);
+    T* vals = reinterpret_cast<T*>(&raw);
+    if (part != nullptr) {
+      float s[8] = {};
+      for (int seg = 0; seg < n_seg; ++seg) {
+        const float* src = part + (static_cast<int64_t>(seg) * m + t) * H + i;
+        const float4 a = __ldcg(reinterpret_cast<const float4*>(src));
+        const float4 b = __ldcg(reinterpret_cast<const float4*>(src + 4));
+        s[0] += a.x, s[1] += a.y, s[2] += a.z, s[3] += a.w;
+        s[4] += b.x, s[5] += b.y, s[6] += b.z, s[7] += b.w;
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        vals[j] = from_float<T>(to_float(vals[j]) + to_float(from_float<T>(s[j])));
+      }
+    }
+    float q = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float f = to_float(vals[j]);
+      q += f * f;
+    }
+#pragma unroll
+    for (int tt = 0; tt < kDecodeStepMaxTokens; ++tt) {
+      if (tt == t) ss[tt] += q;
+    }
+    *reinterpret_cast<uint4*>(xs + t * xs_stride + i) = raw;
+    if (r_next != nullptr && v % static_cast<int>(gridDim.x) == static_cast<int>(blockIdx.x)) {
+      *reinterpret_cast<uint4*>(r_next + static_cast<int64_t>(t) * H + i) = raw;
+    }
+  }
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int tt = 0; tt < kDecodeStepMaxTokens; ++tt) {
+    const float s = warp_sum(ss[tt]);
+    if (lane == 0) red[warp * kDecodeStepMaxTokens + tt] = s;
+  }
+  __syncthreads();
+  float* inv = red + kWarps * kDecodeStepMaxTokens;
+  if (threadIdx.x < m) {
+    float sum = 0.0f;
+    for (int w = 0; w < kWarps; ++w) sum += red[w * kDecodeStepMaxTokens + threadIdx.x];
+    inv[threadIdx.x] = __frcp_rn(__fsqrt_rn(sum / static_cast<float>(H) + p.model.rms_eps));
+  }
+  __syncthreads();
+  for (int v = threadIdx.x; v < total; v += kThreads) {
+    const int t = v / row_vecs;
+    const int i = (v - t * row_vecs) * 8;
+    uint4 raw = *reinterpret_cast<const uint4*>(xs + t * xs_stride + i);
+    T* vals = reinterpret_cast<T*>(&raw);
+    const float4 w0 = __ldg(reinterpret_cast<const float4*>(norm_w + i));
+    const float4 w1 = __ldg(reinterpret_cast<const float4*>(norm_w + i + 4));
+    const float w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) vals[j] = from_float<T>(to_float(vals[j]) * inv[t] * w[j]);
+    *reinterpret_cast<uint4*>(xs + t * xs_stride + i) = raw;
+  }
+  __syncthreads();
+}
+
+// One projection y = x @ w^T over n_units = tiles x n_seg units (see the top of this file).
+// row_of(tile, r): first weight row of the unit's r-th 16-row tile. epi(tile, seg, row_in_tile,
+// token, sums[kTiles]) runs once per (row, token < m) of each unit. x: shared (kSharedX, stride
+// ldx) or global memory written earlier in this launch.
+//
+// Each warp streams its chunks through a ring of shared memory with cp.async (kRingBytes per
+// warp, kStages chunks ahead), so the bytes in flight do not cost registers. A lane copies and
+// later reads back only its own 16-byte pieces (the fragment layout), so no warp sync is needed.
+template <typename T, int kTiles, bool kSharedX, typename RowOf, typename Epi>
+__device__ __noinline__ void gemv_phase(const T* __restrict__ w, int k, int n_units, int n_seg,
+                                        int seg_len, const T* x, int ldx, int m, int n_rows,
+                                        RowOf row_of, Epi epi, float* slots, uint4* ring) {
+  constexpr int kStageVecs = (kTiles * 2 * kVecs + (kSharedX ? 0 : kVecs)) * 32;
+  constexpr int kStages = kRingBytes / (kStageVecs * 16);
+  static_assert(kStages >= 2, "ring too small");
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int grid = static_cast<int>(gridDim.x);
+  const int block = static_cast<int>(blockIdx.x);
+  const int n_ub = block < n_units ? (n_units - 1 - block) / grid + 1 : 0;
+  const int nc = seg_len / kChunk;
+  const int n_w = warp < nc ? (nc - 1 - warp) / kWarps + 1 : 0;
+  const int total = n_ub * n_w;
+  const bool token_ok = g < m;
+  uint4* my_ring = ring + warp * (kRingBytes / 16) + lane;
+
+  // Lane (g, t) holds k = 8 t + 32 v + [0, 8) of each 64-element chunk (v < kVecs): one
+  // instruction of the warp then covers 64 contiguous bytes of each row. The mma does not care in
+  // which order k is summed as long as the weights and x use the same mapping.
+  // Loader state: this lane's row pointers (rows g and g + 8 of each tile, at its first k of the
+  // unit) for the unit being loaded, and its position.
+  const T* ld_rows[kTiles][2];
+  const T* ld_x = x;
+  int ld_i = 0, ld_j = 0, ld_stage = 0;
+  auto unit_k = [&](int i, int* tile) {
+    const int u = block + i * grid;
+    *tile = u / n_seg;
+    return (u - *tile * n_seg) * seg_len + warp * kChunk + 8 * t;
+  };
+  auto load_unit = [&](int i) {
+    int tile = 0;
+    const int k0 = unit_k(i, &tile);
+#pragma unroll
+    for (int r = 0; r < kTiles; ++r) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = min(row_of(tile, r) + g + 8 * h, n_rows - 1);
+        ld_rows[r][h] = w + static_cast<int64_t>(row) * k + k0;
+      }
+    }
+    ld_x = x + static_cast<int64_t>(token_ok ? g : 0) * ldx + k0;
+  };
+  if (total > 0) load_unit(0);
+  auto issue = [&]() {
+    const int off = ld_j * (kWarps * kChunk);
+    uint4* dst = my_ring + ld_stage * kStageVecs;
+#pragma unroll
+    for (int r = 0; r < kTiles; ++r) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v) {
+          cp_async_16(dst + ((r * 2 + h) * kVecs + v) * 32, ld_rows[r][h] + off + 32 * v, true);
+        }
+      }
+    }
+    if constexpr (!kSharedX) {
+#pragma unroll
+      for (int v = 0; v < kVecs; ++v) {
+        cp_async_16(dst + (kTiles * 2 * kVecs + v) * 32, ld_x + off + 32 * v, token_ok);
+      }
+    }
+    if (++ld_j == n_w) {
+      ld_j = 0;
+      if (++ld_i < n_ub) load_unit(ld_i);
+    }
+    ld_stage = ld_stage + 1 == kStages ? 0 : ld_stage + 1;
+  };
+
+  float acc[kTiles][4] = {};
+  // Unit i's accumulators go to slot i % (2 kGroup); every kGroup units (and after the last) the
+  // block meets once and reduces the whole group, so the barrier and the reduction are paid once
+  // per group rather than per unit. Two groups alternate: group g's slots are rewritten only after
+  // the barrier of group g + 1, which its reducers reach after finishing group g.
+  constexpr int kGroup = kSlotUnits / (2 * kTiles);
+  constexpr int kUnitFloats = kTiles * kWarps * 32 * 4;
+  auto finish = [&](int i) {
+    float* slot = slots + (i % (2 * kGroup)) * kUnitFloats;
+#pragma unroll
+    for (int r = 0; r < kTiles; ++r) {
+      *reinterpret_cast<float4*>(&slot[((r * kWarps + warp) * 32 + lane) * 4]) =
+          make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+      acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.0f;
+    }
+    if (i % kGroup != kGroup - 1 && i != n_ub - 1) return;
+    block_barrier();
+    const int first = i - i % kGroup;
+    // Output o of the group: unit first + o / 128; accumulator j = o & 3 of lane li = (o >> 2) &
+    // 31: weight row g' + 8 (j >> 1) of the tile, token 2 t' + (j & 1).
+    for (int o = threadIdx.x; o < (i - first + 1) * 128; o += kThreads) {
+      const int unit = first + (o >> 7);
+      const int li = (o >> 2) & 31;
+      const int j = o & 3;
+      const int token = 2 * (li & 3) + (j & 1);
+      if (token >= m) continue;
+      const float* us = slots + (unit % (2 * kGroup)) * kUnitFloats;
+      float sum[kTiles];
+#pragma unroll
+      for (int r = 0; r < kTiles; ++r) {
+        sum[r] = 0.0f;
+#pragma unroll
+        for (int v = 0; v < kWarps; ++v) sum[r] += us[((r * kWarps + v) * 32 + li) * 4 + j];
+      }
+      const int u = block + unit * grid;
+      const int tile = u / n_seg;
+      epi(tile, u - tile * n_seg, (li >> 2) + 8 * (j >> 1), token, sum);
+    }
+  };
+
+  // One commit group per chunk (empty ones past the end keep the count uniform).
+#pragma unroll
+  for (int s = 0; s + 1 < kStages; ++s) {
+    if (s < total) issue();
+    cp_async_commit();
+  }
+  int cu_i = 0, cu_j = 0, cu_stage = 0;
+  const T* cu_x = x;  // shared x: this lane's first k of the unit being computed
+  if (kSharedX && total > 0) {
+    int tile = 0;
+    cu_x = x + g * ldx + unit_k(0, &tile);
+  }
+  for (int q = 0; q < total; ++q) {
+    if (q + kStages - 1 < total) issue();
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();
+    const uint4* src = my_ring + cu_stage * kStageVecs;
+    uint4 xv[kVecs];
+    if constexpr (kSharedX) {
+      const T* xp = cu_x + cu_j * (kWarps * kChunk);
+#pragma unroll
+      for (int v = 0; v < kVecs; ++v) {
+        xv[v] = token_ok ? *reinterpret_cast<const uint4*>(xp + 32 * v) : make_uint4(0, 0, 0, 0);
+      }
+    } else {
+#pragma unroll
+      for (int v = 0; v < kVecs; ++v) xv[v] = src[(kTiles * 2 * kVecs + v) * 32];
+    }
+#pragma unroll
+    for (int r = 0; r < kTiles; ++r) {
+#pragma unroll
+      for (int v = 0; v < kVecs; ++v) {
+        const uint4 lo = src[((r * 2 + 0) * kVecs + v) * 32];
+        const uint4 hi = src[((r * 2 + 1) * kVecs + v) * 32];
+        const uint32_t first_k[4] = {lo.x, hi.x, lo.y, hi.y};
+        const uint32_t second_k[4] = {lo.z, hi.z, lo.w, hi.w};
+        mma_16816<T>(acc[r], first_k, xv[v].x, xv[v].y);
+        mma_16816<T>(acc[r], second_k, xv[v].z, xv[v].w);
+      }
+    }
+    cu_stage = cu_stage + 1 == kStages ? 0 : cu_stage + 1;
+    if (++cu_j == n_w) {
+      cu_j = 0;
+      finish(cu_i);
+      ++cu_i;
+      if (kSharedX && cu_i < n_ub) {
+        int tile = 0;
+        cu_x = x + g * ldx + unit_k(cu_i, &tile);
+      }
+    }
+  }
+  cp_async_wait<0>();  // nothing of this phase may land in the ring after it
+  if (n_w == 0) {  // more warps than chunks per unit: meet the others at every unit
+    for (int i = 0; i < n_ub; ++i) finish(i);
+  }
+}
+
+__device__ __forceinline__ float exp_or_zero(float a, float max) {
+  return a == -INFINITY ? 0.0f : __expf(a - max);
+}
+
+// Attention of one layer: (token, KV head, split) items, see decode_step.h.
+template <typename T, int D>
+__device__ __noinline__ void attention_phase(const Params& p, const DecodeStepLayer& L, int m, float* sm_q,
+                                float* sm_w, int* sm_flag) {
+  constexpr int kHalf = D / 2;
+  constexpr int kGl = D / 8;    // lanes per key (8 elements each)
+  constexpr int kP = 32 / kGl;  // keys per warp and iteration
+  const DecodeStepModel& M = p.model;
+  const int n_kv = M.n_kv_heads;
+  const int n_rep = M.n_heads / n_kv;
+  const int S = p.n_splits;
+  const int qkv_dim = (M.n_heads + 2 * n_kv) * D;
+  const int groups = kWarps / n_rep;
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int items = m * n_kv * S;
+  auto* k_pool = static_cast<T*>(L.k_pool);
+  auto* v_pool = static_cast<T*>(L.v_pool);
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    const int t = item / (n_kv * S);
+    const int kvh = (item / S) % n_kv;
+    const int split = item % S;
+    const int kv_len = p.in.kv_len[t];
+    const int split_len = (kv_len + S - 1) / S;
+    const int s0 = split * split_len;
+    const int s1 = min(kv_len, s0 + split_len);
+    const bool has_new = s0 <= kv_len - 1 && kv_len - 1 < s1;
+    const int64_t slot_new = p.in.token_slot[t];
+
+    // This warp's first slot numbers are loaded before the query is ready (they do not depend on
+    // it). A lane takes keys wb + u * stride + sub (u < kU) per iteration; the slot numbers of the
+    // next iteration are loaded one iteration ahead, so only the K/V loads wait.
+    constexpr int kU = 4;
+    const int hr = warp % n_rep;
+    const int grp = warp / n_rep;
+    const int sub = lane / kGl;
+    const int dl = lane % kGl;
+    const int stride = groups * kP;
+    const int32_t* slots = p.in.slot_table + p.in.slot_start[t];
+    auto slot_of = [&](int pos) { return pos < s1 ? slots[pos] : -1; };
+    int cur[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) cur[u] = grp < groups ? slot_of(s0 + grp * kP + u * stride + sub) : -1;
+
+    // The group's query heads (and the new K/V): partial sums -> bias -> RoPE, as qkv_rope.
+    const float pos = static_cast<float>(p.in.positions[t]);
+    const int freq_row = p.in.token_freq_row != nullptr ? p.in.token_freq_row[t] : 0;
+    const float* freq = p.in.inv_freq + static_cast<int64_t>(freq_row) * kHalf;
+    const int n_pairs = (n_rep + (has_new ? 2 : 0)) * kHalf;
+    for (int i = threadIdx.x; i < n_pairs; i += kThreads) {
+      const int hh = i / kHalf;
+      const int j = i - hh * kHalf;
+      const int head = hh < n_rep ? kvh * n_rep + hh
+                                  : (hh == n_rep ? M.n_heads + kvh : M.n_heads + n_kv + kvh);
+      float lo = 0.0f, hi = 0.0f;
+      for (int seg = 0; seg < p.seg_qkv; ++seg) {
+        const float* src = p.qkv_part + (static_cast<int64_t>(seg) * m + t) * qkv_dim + head * D;
+        lo += __ldcg(src + j);
+        hi += __ldcg(src + kHalf + j);
+      }
+      lo = to_float(from_float<T>(lo));
+      hi = to_float(from_float<T>(hi));
+      if (L.qkv_bias != nullptr) {
+        lo += L.qkv_bias[head * D + j];
+        hi += L.qkv_bias[head * D + kHalf + j];
+      }
+      if (hh == n_rep + 1) {  // v
+        T* dst = v_pool + (slot_new * n_kv + kvh) * D;
+        dst[j] = from_float<T>(lo);
+        dst[kHalf + j] = from_float<T>(hi);
+        continue;
+      }
+      float s, c;
+      sincosf(pos * freq[j], &s, &c);
+      c *= M.rope_attention_scaling;
+      s *= M.rope_attention_scaling;
+      const T a = from_float<T>(__fsub_rn(__fmul_rn(lo, c), __fmul_rn(hi, s)));
+      const T b = from_float<T>(__fadd_rn(__fmul_rn(hi, c), __fmul_rn(lo, s)));
+      if (hh < n_rep) {
+        sm_q[hh * D + j] = to_float(a);
+        sm_q[hh * D + kHalf + j] = to_float(b);
+      } else {
+        T* dst = k_pool + (slot_new * n_kv + kvh) * D;
+        dst[j] = a;
+        dst[kHalf + j] = b;
+      }
+    }
+    __syncthreads();
+
+    // FlashDecoding over [s0, s1): warp = (group, query head); kGl lanes per key.
+    if (grp < groups) {
+      float qf[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) qf[e] = sm_q[hr * D + dl * 8 + e];
+      const T* kp = k_pool + kvh * D + dl * 8;
+      const T* vp = v_pool + kvh * D + dl * 8;
+      const int64_t row_stride = static_cast<int64_t>(n_kv) * D;
+      float m_i = -INFINITY, l_i = 0.0f, o[8] = {};
+      for (int wb = s0 + grp * kP; wb < s1; wb += kU * stride) {
+        int next[kU];
+#pragma unroll
+        for (int u = 0; u < kU; ++u) next[u] = slot_of(wb + (kU + u) * stride + sub);
+        uint4 kv[kU], vv[kU];
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const int64_t slot = cur[u] < 0 ? 0 : cur[u];
+          kv[u] = cur[u] >= 0 ? *reinterpret_cast<const uint4*>(kp + slot * row_stride)
+                              : make_uint4(0, 0, 0, 0);
+          vv[u] = cur[u] >= 0 ? *reinterpret_cast<const uint4*>(vp + slot * row_stride)
+                              : make_uint4(0, 0, 0, 0);
+        }
+        float score[kU];
+        float m_new = m_i;
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const T* kt = reinterpret_cast<const T*>(&kv[u]);
+          float d = 0.0f;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) d += qf[e] * to_float(kt[e]);
+#pragma unroll
+          for (int off = 1; off < kGl; off <<= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
+          score[u] = cur[u] >= 0 ? d * M.attention_scale : -INFINITY;
+          m_new = fmaxf(m_new, score[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < kU; ++u) cur[u] = next[u];
+        if (m_new == -INFINITY) continue;
+        const float corr = __expf(m_i - m_new);
+        l_i *= corr;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[e] *= corr;
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const float pu = __expf(score[u] - m_new);
+          l_i += pu;
+          const T* vt = reinterpret_cast<const T*>(&vv[u]);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) o[e] += pu * to_float(vt[e]);
+        }
+        m_i = m_new;
+      }
+      // Merge the kP keys-per-iteration lanes groups of the warp.
+#pragma unroll
+      for (int off = kGl; off < 32; off <<= 1) {
+        const float m_o = __shfl_xor_sync(0xffffffffu, m_i, off);
+        const float l_o = __shfl_xor_sync(0xffffffffu, l_i, off);
+        const float m_new = fmaxf(m_i, m_o);
+        const float c_self = exp_or_zero(m_i, m_new);
+        const float c_o = exp_or_zero(m_o, m_new);
+        l_i = l_i * c_self + l_o * c_o;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          o[e] = o[e] * c_self + __shfl_xor_sync(0xffffffffu, o[e], off) * c_o;
+        }
+        m_i = m_new;
+      }
+      if (sub == 0) {
+        float* wp = sm_w + warp * (D + 2);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) wp[dl * 8 + e] = o[e];
+        if (dl == 0) {
+          wp[D] = m_i;
+          wp[D + 1] = l_i;
+        }
+      }
+    }
+    __syncthreads();
+
+    // The split's partial result per query head: warps of the same head merged.
+    for (int i = threadIdx.x; i < n_rep * D; i += kThreads) {
+      const int h = i / D;
+      const int d = i - h * D;
+      float mx = -INFINITY;
+      for (int g2 = 0; g2 < groups; ++g2) mx = fmaxf(mx, sm_w[(g2 * n_rep + h) * (D + 2) + D]);
+      float l = 0.0f, acc = 0.0f;
+      for (int g2 = 0; g2 < groups; ++g2) {
+        const float* wp = sm_w + (g2 * n_rep + h) * (D + 2);
+        const float c = exp_or_zero(wp[D], mx);
+        l += wp[D + 1] * c;
+        acc += wp[d] * c;
+      }
+      p.attn_po[(static_cast<int64_t>(item) * n_rep + h) * D + d] = acc;
+      if (d == 0) {
+        p.attn_ml[(static_cast<int64_t>(item) * n_rep + h) * 2] = mx;
+        p.attn_ml[(static_cast<int64_t>(item) * n_rep + h) * 2 + 1] = l;
+      }
+    }
+    // The last split of (t, kvh) to arrive merges all of them.
+    __threadfence();
+    __syncthreads();
+    unsigned* count = p.attn_count + t * n_kv + kvh;
+    if (threadIdx.x == 0) *sm_flag = atomicAdd(count, 1u) == static_cast<unsigned>(S - 1);
+    __syncthreads();
+    if (*sm_flag) {
+      __threadfence();
+      const int64_t first = static_cast<int64_t>(t * n_kv + kvh) * S;
+      auto* out = static_cast<T*>(p.attn_out) + static_cast<int64_t>(t) * M.n_heads * D;
+      for (int i = threadIdx.x; i < n_rep * D; i += kThreads) {
+        const int h = i / D;
+        const int d = i - h * D;
+        float mx = -INFINITY;
+        for (int s = 0; s < S; ++s) mx = fmaxf(mx, __ldcg(p.attn_ml + ((first + s) * n_rep + h) * 2));
+        float l = 0.0f, acc = 0.0f;
+        for (int s = 0; s < S; ++s) {
+          const int64_t at = (first + s) * n_rep + h;
+          const float c = exp_or_zero(__ldcg(p.attn_ml + at * 2), mx);
+          l += __ldcg(p.attn_ml + at * 2 + 1) * c;
+          acc += __ldcg(p.attn_po + at * D + d) * c;
+        }
+        out[(kvh * n_rep + h) * D + d] = from_float<T>(acc / l);
+      }
+      if (threadIdx.x == 0) *count = 0;
+    }
+    __syncthreads();
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const Params p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const DecodeStepModel& M = p.model;
+  const int m = p.in.n_tokens;
+  const int H = M.hidden;
+  const int q_dim = M.n_heads * D;
+  const int qkv_dim = q_dim + 2 * M.n_kv_heads * D;
+  const int inter = M.intermediate;
+  const int ldxs = H + kXPad;
+  const size_t xs_bytes = round_up(static_cast<size_t>(m) * ldxs * sizeof(T), 16);
+  T* xs = reinterpret_cast<T*>(smem);
+  auto* ring = reinterpret_cast<uint4*>(smem + xs_bytes);
+  float* slots = reinterpret_cast<float*>(smem + xs_bytes + kWarps * kRingBytes);
+  float* red = slots + kSlotFloats;
+  float* sm_q = red + kRedFloats;
+  float* sm_w = sm_q + kMaxRep * D;
+  int* sm_flag = reinterpret_cast<int*>(sm_w + kWarps * (D + 2));
+
+  T* resid[2] = {static_cast<T*>(p.resid[0]), static_cast<T*>(p.resid[1])};
+  const T* attn_out = static_cast<const T*>(p.attn_out);
+  T* act = static_cast<T*>(p.act);
+  auto plain_rows = [](int tile, int) { return tile * kTile; };
+  auto pair_rows = [inter](int tile, int r) { return r * inter + tile * kTile; };
+  auto partial_to = [m](float* out, int n) {
+    return [out, n, m](int tile, int seg, int row_in_tile, int token, const float* sum) {
+      const int row = tile * kTile + row_in_tile;
+      if (row < n) out[(static_cast<int64_t>(seg) * m + token) * n + row] = sum[0];
+    };
+  };
+  auto silu_mul = [act, inter](int tile, int, int row_in_tile, int token, const float* sum) {
+    const float gate = to_float(from_float<T>(sum[0]));
+    const float up = to_float(from_float<T>(sum[1]));
+    act[static_cast<int64_t>(token) * inter + tile * kTile + row_in_tile] =
+        from_float<T>(gate / (1.0f + expf(-gate)) * up);
+  };
+
+  unsigned target = 0;
+  int cur = 0;
+  record_clock(p.in.phase_clock, 0);
+  for (int l = 0; l < M.n_layers; ++l) {
+    const DecodeStepLayer L = M.layers[l];
+    if (l == 0) {
+      residual_norm<T>(p, m, nullptr, nullptr, 0, resid[0], L.input_norm, xs, red);
+    } else {
+      residual_norm<T>(p, m, resid[cur], p.down_part, p.seg_down, resid[cur ^ 1], L.input_norm,
+                       xs, red);
+      cur ^= 1;
+    }
+    gemv_phase<T, 1, true>(static_cast<const T*>(L.qkv), H, (qkv_dim / kTile) * p.seg_qkv,
+                           p.seg_qkv, H / p.seg_qkv, xs, ldxs, m, qkv_dim, plain_rows,
+                           partial_to(p.qkv_part, qkv_dim), slots, ring);
+    grid_barrier(p.barrier, target, p.in.phase_clock);
+    attention_phase<T, D>(p, L, m, sm_q, sm_w, sm_flag);
+    grid_barrier(p.barrier, target, p.in.phase_clock);
+    gemv_phase<T, 1, false>(static_cast<const T*>(L.o), q_dim, (H / kTile) * p.seg_o, p.seg_o,
+                            q_dim / p.seg_o, attn_out, q_dim, m, H, plain_rows,
+                            partial_to(p.o_part, H), slots, ring);
+    grid_barrier(p.barrier, target, p.in.phase_clock);
+    residual_norm<T>(p, m, resid[cur], p.o_part, p.seg_o, resid[cur ^ 1], L.post_norm, xs, red);
+    cur ^= 1;
+    gemv_phase<T, 2, true>(static_cast<const T*>(L.gate_up), H, inter / kTile, 1, H, xs, ldxs, m,
+                           2 * inter, pair_rows, silu_mul, slots, ring);
+    grid_barrier(p.barrier, target, p.in.phase_clock);
+    gemv_phase<T, 1, false>(static_cast<const T*>(L.down), inter, (H / kTile) * p.seg_down,
+                            p.seg_down, inter / p.seg_down, act, inter, m, H, plain_rows,
+                            partial_to(p.down_part, H), slots, ring);
+    grid_barrier(p.barrier, target, p.in.phase_clock);
+  }
+  residual_norm<T>(p, m, resid[cur], p.down_part, p.seg_down, nullptr, M.final_norm, xs, red);
+  gemv_phase<T, 1, true>(static_cast<const T*>(M.lm_head), H, (M.vocab + kTile - 1) / kTile, 1,
+                         H, xs, ldxs, m, M.vocab, plain_rows, partial_to(p.logits, M.vocab),
+                         slots, ring);
+
+  // The last block out resets the barrier for the next launch.
+  __syncthreads();
+  record_clock(p.in.phase_clock, decode_step_clock_entries(M.n_layers) - 1);
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(p.exit_count, 1u) == gridDim.x - 1) {
+      *p.barrier = 0;
+      *p.exit_count = 0;
+      __threadfence();
+    }
+  }
+}
+
+template <typename T, int D>
+auto kernel_for() {
+  return decode_step_kernel<T, D>;
+}
+
+using KernelFn = void (*)(Params);
+
+KernelFn pick_kernel(DType dtype, int32_t head_dim) {
+  if (dtype == DType::kBF16) {
+    return head_dim == 64 ? kernel_for<__nv_bfloat16, 64>() : kernel_for<__nv_bfloat16, 128>();
+  }
+  return head_dim == 64 ? kernel_for<__half, 64>() : kernel_for<__half, 128>();
+}
+
+size_t smem_bytes_for(const DecodeStepModel& m, int32_t n_tokens) {
+  const size_t xs = round_up(static_cast<size_t>(n_tokens) * (m.hidden + kXPad) *
+                                 dtype_size_bytes(m.dtype),
+                             16);
+  return xs + kWarps * kRingBytes + (kSlotFloats + kRedFloats + kMaxRep * m.head_dim + kWarps * (m.head_dim + 2)) *
+                  sizeof(float) +
+         16;
+}
+
+// k segments for a projection of `tiles` units of k: the fewest that keep the busiest block's
+// share (plus a per-unit overhead of 128 elements) smallest.
+int32_t choose_segments(int64_t tiles, int32_t k, int32_t grid) {
+  int32_t best = 1;
+  int64_t best_cost = INT64_MAX;
+  for (int32_t n = 1; n <= kMaxSeg; ++n) {
+    if (k % (kChunk * n) != 0) continue;
+    const int64_t rounds = (tiles * n + grid - 1) / grid;
+    const int64_t cost = rounds * (k / n + 128);
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = n;
+    }
+  }
+  return best;
+}
+
+// Raises the kernel's shared-memory limit to what the plan needs and checks that its grid can be
+// co-resident. Done once per kernel, device and size (the host calls stay out of graph captures
+// after a step's first, eager launch).
+Status prepare(KernelFn kernel, const DecodeStepPlan& plan) {
+  struct Prepared {
+    KernelFn kernel;
+    int device;
+    size_t smem_bytes;
+    int grid;
+  };
+  static std::mutex mu;
+  static std::vector<Prepared> done;
+  int device = 0;
+  LITELLAMA_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  for (const Prepared& d : done) {
+    if (d.kernel == kernel && d.device == device && d.smem_bytes >= plan.smem_bytes &&
+        d.grid >= plan.grid) {
+      return Status::ok();
+    }
+  }
+  LITELLAMA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(plan.smem_bytes)));
+  int per_sm = 0, sms = 0;
+  LITELLAMA_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &per_sm, kernel, kThreads, plan.smem_bytes));
+  LITELLAMA_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  if (static_cast<int64_t>(per_sm) * sms < plan.grid) {
+    return make_error(StatusCode::kUnsupported,
+                      "the persistent decode kernel's {} blocks cannot be co-resident ({} per "
+                      "multiprocessor, {} multiprocessors)",
+                      plan.grid, per_sm, sms);
+  }
+  done.push_back(Prepared{kernel, device, plan.smem_bytes, plan.grid});
+  return Status::ok();
+}
+
+}  // namespace
+
+bool decode_step_supports(const DecodeStepModel& m) {
+  if (m.dtype != DType::kBF16 && m.dtype != DType::kF16) return false;
+  if (m.head_dim != 64 && m.head_dim != 128) return false;
+  if (m.n_kv_heads <= 0 || m.n_heads % m.n_kv_heads != 0) return false;
+  if (m.n_heads / m.n_kv_heads > kMaxRep) return false;
+  if (m.has_qk_norm) return false;
+  const int64_t q_dim = static_cast<int64_t>(m.n_heads) * m.head_dim;
+  return m.n_layers > 0 && m.vocab > 0 && m.hidden > 0 && m.hidden % kChunk == 0 &&
+         q_dim % kChunk == 0 && m.intermediate > 0 && m.intermediate % kChunk == 0;
+}
+
+DecodeStepPlan plan_decode_step(const DecodeStepModel& m, int32_t n_tokens, int32_t max_kv_len,
+                                int32_t n_sms) {
+  DecodeStepPlan plan;
+  plan.grid = std::max(1, n_sms);
+  const int32_t q_dim = m.n_heads * m.head_dim;
+  const int32_t qkv_dim = q_dim + 2 * m.n_kv_heads * m.head_dim;
+  plan.seg_qkv = choose_segments(qkv_dim / kTile, m.hidden, plan.grid);
+  plan.seg_o = choose_segments(m.hidden / kTile, q_dim, plan.grid);
+  plan.seg_down = choose_segments(m.hidden / kTile, m.intermediate, plan.grid);
+  const int32_t groups = std::max(1, n_tokens * m.n_kv_heads);
+  const int32_t by_grid = std::max(1, plan.grid / groups);
+  const int32_t by_len = std::max(1, (std::max(1, max_kv_len) + kMinSplitLen - 1) / kMinSplitLen);
+  plan.attn_splits = std::min({by_grid, by_len, kDecodeStepMaxSplits});
+  plan.smem_bytes = smem_bytes_for(m, n_tokens);
+  return plan;
+}
+
+size_t decode_step_workspace_size_bytes(const DecodeStepModel& model) {
+  return workspace_layout(model).total;
+}
+
+Status launch_decode_step(const DecodeStepModel& model, const DecodeStepInputs& inputs,
+                          const DecodeStepPlan& plan, float* logits, void* workspace,
+                          size_t workspace_bytes, cudaStream_t stream) {
+  if (!decode_step_supports(model)) {
+    return make_error(StatusCode::kUnsupported, "the persistent decode kernel does not run this model");
+  }
+  if (inputs.n_tokens < 1 || inputs.n_tokens > kDecodeStepMaxTokens || plan.grid < 1 ||
+      plan.attn_splits < 1 || plan.attn_splits > kDecodeStepMaxSplits) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "persistent decode step of {} tokens with {} splits", inputs.n_tokens,
+                      plan.attn_splits);
+  }
+  const Workspace ws = workspace_layout(model);
+  if (workspace == nullptr || workspace_bytes < ws.total) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "persistent decode step needs {} workspace bytes (got {})", ws.total,
+                      workspace_bytes);
+  }
+  const KernelFn kernel = pick_kernel(model.dtype, model.head_dim);
+  LITELLAMA_RETURN_IF_ERROR(prepare(kernel, plan));
+  auto* base = static_cast<char*>(workspace);
+  Params p{};
+  p.model = model;
+  p.in = inputs;
+  p.seg_qkv = plan.seg_qkv;
+  p.seg_o = plan.seg_o;
+  p.seg_down = plan.seg_down;
+  p.n_splits = plan.attn_splits;
+  p.logits = logits;
+  auto* counters = reinterpret_cast<unsigned*>(base + ws.counters);
+  p.barrier = counters;
+  p.exit_count = counters + 1;
+  p.attn_count = counters + 2;
+  const size_t resid_bytes =
+      static_cast<size_t>(kDecodeStepMaxTokens) * model.hidden * dtype_size_bytes(model.dtype);
+  p.resid[0] = base + ws.resid;
+  p.resid[1] = base + ws.resid + resid_bytes;
+  p.qkv_part = reinterpret_cast<float*>(base + ws.qkv_part);
+  p.o_part = reinterpret_cast<float*>(base + ws.o_part);
+  p.down_part = reinterpret_cast<float*>(base + ws.down_part);
+  p.attn_po = reinterpret_cast<float*>(base + ws.attn_po);
+  p.attn_ml = reinterpret_cast<float*>(base + ws.attn_ml);
+  p.attn_out = base + ws.attn_out;
+  p.act = base + ws.act;
+
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(plan.grid));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = plan.smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeCooperative;
+  attribute.val.cooperative = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  LITELLAMA_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, p));
+  return Status::ok();
+}
+
+}  // namespace litellama
