@@ -102,9 +102,9 @@ def table(rows):
     hf = {(r["kind"], r["preset"], r["engine"], r["batch"], r["context"]): r["ms"]
           for r in rows if r.get("engine", "").startswith("hf-")}
     out = [f"Device copy bandwidth (D2D, read + written): {bw:.0f} GB/s", "",
-           "| model | step | graphs | fused GEMV up to | pdl | batch | context | ms per step | tokens/s | fraction "
-           "of copy bandwidth | target ms | x HF dynamic | x HF static | x Python LiteLLaMA |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| model | step | graphs | fused GEMV up to | pdl | persistent up to | batch | context | ms per step | "
+           "tokens/s | fraction of copy bandwidth | target ms | x HF dynamic | x HF static | x Python LiteLLaMA |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in ours:
         key = (r["kind"], r["preset"], r["batch"])
         target = TARGETS_MS.get(key)
@@ -124,6 +124,7 @@ def table(rows):
             return "on" if r.get(flag, True) else "off"
 
         out.append(f"| {r['preset']} | {r['kind']} | {on('graphs')} | {r.get('gemv', '—')} | {on('pdl')} | "
+                   f"{r.get('persistent', '—')} | "
                    f"{r['batch']} | {r['context']} | {ms:.3f} | {r['tokens_per_s']:,.0f} | "
                    f"{frac} | {tgt} | {ratio(hd)} | {ratio(hs)} | {ratio(py)} |")
     out += ["", "Hugging Face transformers, same checkpoints:", "",
@@ -169,8 +170,10 @@ def main():
                                         "--context", "512", "--steps", "20",
                                         "--copy-bandwidth", "0"])
     # Ablations of the same steps: every kernel launched from the host (no CUDA graphs); no
-    # programmatic dependent launch; the small-batch GEMV layers (opt-in) for batch 1 and up to 8.
-    for flags in (["--graphs", "0"], ["--pdl", "0"], ["--gemv", "1"], ["--gemv", "8"]):
+    # programmatic dependent launch; the small-batch GEMV layers (opt-in) for batch 1 and up to 8;
+    # the persistent decode-step kernel (opt-in) for up to 8 sequences.
+    for flags in (["--graphs", "0"], ["--pdl", "0"], ["--gemv", "1"], ["--gemv", "8"],
+                  ["--persistent", "8"]):
         run_ours(a.bin, rows, a.jsonl, ["--preset", "llama3.2-1b", "--dir", d1, "--batches", "1,8",
                                         "--context", "512", "--copy-bandwidth", "0",
                                         "--steps", "20"] + flags)

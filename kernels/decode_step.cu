@@ -1,24 +1,36 @@
-// The persistent decode-step kernel (see decode_step.h for the phases and why).
+// The persistent decode-step kernel (see decode_step.h for the phases and why). One block of 8
+// warps per multiprocessor (up to 255 registers per thread).
 //
 // Linear layers: a unit of work is one 16-row tile of the weight matrix (two for gate/up, whose
 // gate and up tiles pair up for the SiLU) over one k segment. Units go round-robin to the blocks;
-// inside a block the 16 warps take the unit's 64-element chunks in turn (warp w: chunks w,
-// w + 16, ...), so a warp's chunk sequence runs through all its units and its loads are issued
-// two chunks ahead across unit boundaries. The arithmetic is kernels/gemv_impl.cuh's: weights as
-// the A operand of mma.m16n8k16 straight from global memory (16-byte loads, bypassing L1), the
-// up to 8 token rows as B, lane (g, t) holding 16 consecutive k of rows g and g + 8. When a unit
-// ends, the warps' accumulators meet in shared memory (double-buffered, one named barrier per
-// unit) and 128 threads finish its 16 rows x 8 tokens. The k segment count of each projection is
+// inside a block the warps take the unit's 64-element chunks in turn (warp w: chunks w, w + 8,
+// ...). Each warp streams its chunks through its own ring of shared memory with cp.async, several
+// chunks ahead and across unit boundaries, so the bytes in flight cost no registers. The
+// arithmetic is kernels/gemv_impl.cuh's: weights as the A operand of mma.m16n8k16, the up to 8
+// token rows as B. The warps' accumulators meet in shared memory, and the block reduces them once
+// per group of units rather than once per unit. The k segment count of each projection is
 // chosen so that units fill the grid evenly (plan_decode_step); segments leave float32 partial
 // sums that the consumer adds in a fixed order.
 //
-// Inputs written inside the kernel by other blocks (partial sums, the residual stream, attention
-// output, activations) are read with ld.global.cg: L1 is not coherent across multiprocessors and
-// may still hold a previous layer's lines at the same addresses. K/V rows are read with plain
-// loads: the only K/V row written in this launch is the new token's, written and read by the same
-// block.
+// Measured on an H200 while building it (bench/RESULTS.md has the figures):
+//   - warps holding their loads in registers spilled them (a register written by a load that is
+//     still in flight cannot be moved or stored without waiting for it), which serialized the
+//     stream: 1.87 ms per Llama-3.2-1B step; the cp.async ring took it to 1.13 ms;
+//   - the per-chunk address arithmetic was the bottleneck with 2 warps per scheduler (an
+//     instruction issued every 17 cycles, DRAM 30% busy): row pointers are now computed once
+//     per unit, and lane t holds k = 8 t + 32 v so that one instruction covers 64 contiguous
+//     bytes of a row;
+//   - prefetching the next phase's first weights into L2 before a grid barrier, and merging
+//     attention splits through weights staged in shared memory, both measured slower and were
+//     taken out.
 //
-// Grid barrier: a counter that only grows during the launch (arrive with a release, spin with an
+// Inputs written inside the kernel by other blocks (partial sums, the residual stream, attention
+// output, activations) are read through L2 only (ld.global.cg, cp.async.cg): L1 is not coherent
+// across multiprocessors and may still hold a previous layer's lines at the same addresses. K/V
+// rows are read with plain loads: the only K/V row written in this launch is the new token's,
+// written and read by the same block.
+//
+// Grid barrier: a counter that only grows during the launch (arrive with a release, poll with an
 // acquire load until it reaches barrier-number x grid); the last block to exit resets it, so the
 // next launch, ordered after this one on the stream, starts from zero.
 #include "kernels/decode_step.h"
@@ -780,6 +792,15 @@ Status prepare(KernelFn kernel, const DecodeStepPlan& plan) {
       return Status::ok();
     }
   }
+  int smem_optin = 0;
+  LITELLAMA_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (plan.smem_bytes > static_cast<size_t>(smem_optin)) {
+    return make_error(StatusCode::kUnsupported,
+                      "the persistent decode kernel needs {} bytes of shared memory per block "
+                      "(the device allows {})",
+                      plan.smem_bytes, smem_optin);
+  }
   LITELLAMA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(plan.smem_bytes)));
   int per_sm = 0, sms = 0;
@@ -825,6 +846,14 @@ DecodeStepPlan plan_decode_step(const DecodeStepModel& m, int32_t n_tokens, int3
   plan.attn_splits = std::min({by_grid, by_len, kDecodeStepMaxSplits});
   plan.smem_bytes = smem_bytes_for(m, n_tokens);
   return plan;
+}
+
+Status decode_step_prepare(const DecodeStepModel& model, const DecodeStepPlan& plan) {
+  if (!decode_step_supports(model)) {
+    return make_error(StatusCode::kUnsupported,
+                      "the persistent decode kernel does not run this model");
+  }
+  return prepare(pick_kernel(model.dtype, model.head_dim), plan);
 }
 
 size_t decode_step_workspace_size_bytes(const DecodeStepModel& model) {

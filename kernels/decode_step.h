@@ -20,13 +20,17 @@
 //   5. the down projection -> partial sums (added to the residual by the next layer's step 1).
 // Then the final norm and the LM head write float32 logits. Sampling stays a separate kernel.
 //
+// Status: correct (tests/gpu) but not yet faster than the per-operation kernels on an H200
+// (Llama-3.2-1B batch 1: 1.146 against 1.097 ms; bench/RESULTS.md has the phase breakdown), so
+// the runner takes it only when asked (RunnerOptions::persistent_decode_max_tokens).
+//
 // Numerics follow the per-operation kernels (kernels/add_rmsnorm.h, qkv_rope.h, gemv.h): values
 // are rounded to the compute dtype where those kernels store them; sums run in float32 in a
 // different but fixed order, so results are reproducible run to run and match the other path to
 // float32 summation order.
 //
 // Requirements (decode_step_supports): bf16/fp16; head_dim 64 or 128; n_heads a multiple of
-// n_kv_heads with at most 16 query heads per KV head; hidden, n_heads * head_dim and intermediate
+// n_kv_heads with at most 8 query heads per KV head; hidden, n_heads * head_dim and intermediate
 // size multiples of 64; no q/k RMSNorm (Qwen3 runs the per-operation path); the grid (one block
 // per multiprocessor) must be co-resident, which launch_decode_step checks.
 #pragma once
@@ -118,6 +122,11 @@ DecodeStepPlan plan_decode_step(const DecodeStepModel& model, int32_t n_tokens,
 // Workspace for every plan of this model with n_tokens <= kDecodeStepMaxTokens. It must be
 // zero-filled once before its first use; every launch leaves its counters at zero again.
 size_t decode_step_workspace_size_bytes(const DecodeStepModel& model);
+
+// Readies the kernel for plans up to `plan` on the current device (its shared-memory limit) and
+// checks that the grid can be co-resident; kUnsupported when not (a plan for the largest token
+// count covers the smaller ones). launch_decode_step does it too, once per size.
+Status decode_step_prepare(const DecodeStepModel& model, const DecodeStepPlan& plan);
 
 // logits: [n_tokens, vocab] float32. Returns kUnsupported when the model is not supported or
 // the grid cannot be co-resident on this device.

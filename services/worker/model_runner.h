@@ -93,7 +93,8 @@ struct RunnerOptions {
   // CUDA, bf16/fp16: pure decode steps of at most this many sequences (at most 8) run embedding,
   // layers and LM head as one persistent kernel (kernels/decode_step.h) instead of about 11
   // kernels per layer. Models it does not support (q/k RMSNorm, other head sizes) and other steps
-  // use the per-operation kernels. 0 turns it off.
+  // use the per-operation kernels. Off (0) by default: on an H200 it is not yet faster
+  // (bench/RESULTS.md).
   int32_t persistent_decode_max_tokens = 0;
 };
 

@@ -510,6 +510,73 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaModelRunnerTest, ::testing::ValuesIn(kModel
                            return name;
                          });
 
+// The persistent kernel's work split (host-side, no device needed): supported shapes, k segments
+// that divide k into whole 64-element chunks and spread the units over the grid with at least 90%
+// of the blocks busy in the last round, and key splits that fill the grid without going under 16
+// keys per split.
+TEST(DecodeStepPlan, SplitsWorkEvenly) {
+  struct Shape {
+    const char* name;
+    int32_t hidden, n_heads, n_kv_heads, head_dim, inter;
+  };
+  const Shape shapes[] = {{"llama3.2-1b", 2048, 32, 8, 64, 8192},
+                          {"llama3.1-8b", 4096, 32, 8, 128, 14336},
+                          {"qwen2.5-1.5b", 1536, 12, 2, 128, 8960}};
+  for (const Shape& sh : shapes) {
+    SCOPED_TRACE(sh.name);
+    DecodeStepModel m;
+    m.dtype = DType::kBF16;
+    m.n_layers = 2;
+    m.hidden = sh.hidden;
+    m.n_heads = sh.n_heads;
+    m.n_kv_heads = sh.n_kv_heads;
+    m.head_dim = sh.head_dim;
+    m.intermediate = sh.inter;
+    m.vocab = 128256;
+    ASSERT_TRUE(decode_step_supports(m));
+    const int32_t q_dim = sh.n_heads * sh.head_dim;
+    const int32_t qkv_dim = q_dim + 2 * sh.n_kv_heads * sh.head_dim;
+    for (int32_t n_tokens : {1, 8}) {
+      const DecodeStepPlan plan = plan_decode_step(m, n_tokens, 512, 132);
+      EXPECT_EQ(plan.grid, 132);
+      auto check = [&](const char* what, int32_t tiles, int32_t k, int32_t seg) {
+        SCOPED_TRACE(what);
+        EXPECT_EQ(k % (64 * seg), 0);
+        const int32_t units = tiles * seg;
+        const int32_t rounds = (units + plan.grid - 1) / plan.grid;
+        EXPECT_GE(static_cast<double>(units) / (rounds * plan.grid), 0.9);
+      };
+      check("qkv", qkv_dim / 16, sh.hidden, plan.seg_qkv);
+      check("o", sh.hidden / 16, q_dim, plan.seg_o);
+      check("down", sh.hidden / 16, sh.inter, plan.seg_down);
+      const int32_t items = n_tokens * sh.n_kv_heads * plan.attn_splits;
+      EXPECT_LE(items, plan.grid);
+      EXPECT_LE(plan.attn_splits, 512 / 16);
+      EXPECT_GE(items * 2, std::min(plan.grid, n_tokens * sh.n_kv_heads * 32));
+      EXPECT_GT(plan.smem_bytes, 0u);
+    }
+  }
+  DecodeStepModel qk_norm;
+  qk_norm.n_layers = 1;
+  qk_norm.hidden = 1024;
+  qk_norm.n_heads = 16;
+  qk_norm.n_kv_heads = 8;
+  qk_norm.head_dim = 128;
+  qk_norm.intermediate = 3072;
+  qk_norm.vocab = 151936;
+  EXPECT_TRUE(decode_step_supports(qk_norm));
+  qk_norm.has_qk_norm = true;
+  EXPECT_FALSE(decode_step_supports(qk_norm));
+  DecodeStepModel wide_groups = qk_norm;
+  wide_groups.has_qk_norm = false;
+  wide_groups.n_kv_heads = 1;  // 16 query heads per KV head: more than one warp each
+  EXPECT_FALSE(decode_step_supports(wide_groups));
+  DecodeStepModel fp32 = qk_norm;
+  fp32.has_qk_norm = false;
+  fp32.dtype = DType::kF32;
+  EXPECT_FALSE(decode_step_supports(fp32));
+}
+
 TEST(CudaModelRunner, RefusesUnsupportedHeadDim) {
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   TempDir dir("qwen3_hd32");

@@ -21,6 +21,11 @@
 //   linear(float32 logits = normed @ Wlm^T) -> sampling
 //   one cudaMemcpyAsync of sampled ids (and top logits) back, then the step's only host sync.
 //
+// Pure decode steps of at most RunnerOptions::persistent_decode_max_tokens sequences (opt-in)
+// instead run embedding, layers, final norm and LM head as one persistent kernel
+// (kernels/decode_step.h), then sampling; LITELLAMA_DECODE_STEP_CLOCK=1 makes that kernel record
+// when each of its phases ends, and the runner logs the per-phase means when destroyed.
+//
 // Every kernel but cuBLAS's and prefill attention's is launched with programmatic dependent
 // launch (kernels/launch.h): it starts while its predecessor drains, and GEMVs load their first
 // weights before waiting for their input.
@@ -386,6 +391,14 @@ Status CudaModelRunner::init_persistent_decode() {
                                      W.gate_up, W.down, k_pool(l), v_pool(l)});
   }
   if (!decode_step_supports(m)) return Status::ok();  // the per-operation kernels serve
+  const int32_t max_tokens = std::min(options_.persistent_decode_max_tokens, kDecodeStepMaxTokens);
+  const Status prepared =
+      decode_step_prepare(m, plan_decode_step(m, max_tokens, kMaxKvLenHint, n_sms_));
+  if (!prepared.is_ok()) {
+    (void)cudaGetLastError();
+    LITELLAMA_LOG_INFO("persistent decode kernel off: {}", prepared.message());
+    return Status::ok();
+  }
   const char* clock = std::getenv("LITELLAMA_DECODE_STEP_CLOCK");
   if (clock != nullptr && std::strcmp(clock, "1") == 0) {
     const auto entries = static_cast<size_t>(decode_step_clock_entries(c.n_layers));
