@@ -144,6 +144,7 @@ class CudaModelRunner final : public ModelRunner {
  public:
   CudaModelRunner(ModelConfig config, RunnerOptions options)
       : config_(std::move(config)), options_(options), dtype_(options.compute_dtype) {}
+  ~CudaModelRunner() override;  // logs the phase clock's means when it ran
 
   Status init(const Checkpoint& checkpoint);
 
@@ -244,9 +245,6 @@ class CudaModelRunner final : public ModelRunner {
   std::vector<double> phase_ns_;  // [5 phases + head]
   int64_t clocked_steps_ = 0;
   bool clock_pending_ = false;
-
- public:
-  ~CudaModelRunner() override;
 };
 
 CudaModelRunner::~CudaModelRunner() {
