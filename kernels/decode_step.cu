@@ -560,11 +560,14 @@ __device__ __noinline__ void attention_phase(const Params& p, const DecodeStepLa
         for (int e = 0; e < 8; ++e) o[e] *= corr;
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
+          // As attention_decode: the sum takes p in float32, the product with V p rounded to T
+          // (its tensor-core operand).
           const float pu = __expf(score[u] - m_new);
           l_i += pu;
+          const float pv = to_float(from_float<T>(pu));
           const T* vt = reinterpret_cast<const T*>(&vv[u]);
 #pragma unroll
-          for (int e = 0; e < 8; ++e) o[e] += pu * to_float(vt[e]);
+          for (int e = 0; e < 8; ++e) o[e] += pv * to_float(vt[e]);
         }
         m_i = m_new;
       }
@@ -718,12 +721,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const Params p
                          H, xs, ldxs, m, M.vocab, plain_rows, partial_to(p.logits, M.vocab),
                          slots, ring);
 
-  // The last block out resets the barrier for the next launch.
+  // The last block out resets the barrier for the next launch (and reads the end clock).
   __syncthreads();
-  record_clock(p.in.phase_clock, decode_step_clock_entries(M.n_layers) - 1);
   if (threadIdx.x == 0) {
     __threadfence();
     if (atomicAdd(p.exit_count, 1u) == gridDim.x - 1) {
+      if (p.in.phase_clock != nullptr) {
+        p.in.phase_clock[decode_step_clock_entries(M.n_layers) - 1] = global_clock();
+      }
       *p.barrier = 0;
       *p.exit_count = 0;
       __threadfence();
@@ -871,6 +876,18 @@ Status launch_decode_step(const DecodeStepModel& model, const DecodeStepInputs& 
     return make_error(StatusCode::kInvalidArgument,
                       "persistent decode step of {} tokens with {} splits", inputs.n_tokens,
                       plan.attn_splits);
+  }
+  const int32_t q_dim = model.n_heads * model.head_dim;
+  auto whole_chunks = [](int32_t k, int32_t seg) {
+    return seg >= 1 && seg <= kMaxSeg && k % (kChunk * seg) == 0;
+  };
+  if (plan.smem_bytes < smem_bytes_for(model, inputs.n_tokens) ||
+      !whole_chunks(model.hidden, plan.seg_qkv) || !whole_chunks(q_dim, plan.seg_o) ||
+      !whole_chunks(model.intermediate, plan.seg_down)) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "persistent decode plan (segments {}/{}/{}, {} shared bytes) does not fit "
+                      "this model and {} tokens",
+                      plan.seg_qkv, plan.seg_o, plan.seg_down, plan.smem_bytes, inputs.n_tokens);
   }
   const Workspace ws = workspace_layout(model);
   if (workspace == nullptr || workspace_bytes < ws.total) {

@@ -206,6 +206,36 @@ std::vector<Request> make_requests(const std::vector<int32_t>& prompt_lens, int3
   return ::testing::AssertionSuccess();
 }
 
+// A fast path (graphs and direct launches) against the reference path: graphs and direct
+// launches agree exactly; top logits are within tol of the reference until the first step where
+// the greedy ids differ, which must be a near tie of the reference's top two (the contexts differ
+// from there on). Returns the number of steps compared with the reference.
+int32_t expect_fast_path_matches(const Trace& got, const Trace& got_direct, const Trace& want,
+                                 double tol) {
+  int32_t compared = 0;
+  for (size_t i = 0; i < want.ids.size(); ++i) {
+    EXPECT_EQ(got.ids[i], got_direct.ids[i]) << "request " << i;
+    for (size_t s = 0; s < got.tops[i].size(); ++s) {
+      EXPECT_TRUE(tops_close(got.tops[i][s], got_direct.tops[i][s], 1e-6))
+          << "graphs vs direct, request " << i << " step " << s;
+    }
+    for (size_t s = 0; s < want.tops[i].size(); ++s) {
+      EXPECT_TRUE(tops_close(got.tops[i][s], want.tops[i][s], tol))
+          << "request " << i << " step " << s;
+      ++compared;
+      if (got.ids[i][s] != want.ids[i][s]) {
+        const TopLogits& w = want.tops[i][s];
+        double scale = 0;
+        for (const auto& [id, v] : w) scale = std::max(scale, std::fabs(static_cast<double>(v)));
+        EXPECT_LE(w[0].second - w[1].second, 2 * tol * scale)
+            << "request " << i << " step " << s << ": greedy ids differ without a near tie";
+        break;
+      }
+    }
+  }
+  return compared;
+}
+
 double max_rel_diff(const Trace& a, const Trace& b) {
   double worst = 0;
   for (size_t i = 0; i < a.tops.size(); ++i) {
@@ -389,27 +419,7 @@ TEST_P(CudaModelRunnerTest, HalfPrecisionDecodeKernelsMatchReferencePath) {
     auto got_direct = generate(**direct, requests, n_new, starts);
     LITELLAMA_ASSERT_OK(got_direct.status());
     const double tol = dtype == DType::kBF16 ? 4e-2 : 8e-3;
-    int32_t compared = 0;
-    for (size_t i = 0; i < requests.size(); ++i) {
-      EXPECT_EQ(got->ids[i], got_direct->ids[i]) << "request " << i;
-      for (size_t s = 0; s < got->tops[i].size(); ++s) {
-        EXPECT_TRUE(tops_close(got->tops[i][s], got_direct->tops[i][s], 1e-6))
-            << "graphs vs direct, request " << i << " step " << s;
-      }
-      for (size_t s = 0; s < want->tops[i].size(); ++s) {
-        EXPECT_TRUE(tops_close(got->tops[i][s], want->tops[i][s], tol))
-            << "request " << i << " step " << s;
-        ++compared;
-        if (got->ids[i][s] != want->ids[i][s]) {
-          const TopLogits& w = want->tops[i][s];
-          double scale = 0;
-          for (const auto& [id, v] : w) scale = std::max(scale, std::fabs(static_cast<double>(v)));
-          EXPECT_LE(w[0].second - w[1].second, 2 * tol * scale)
-              << "request " << i << " step " << s << ": greedy ids differ without a near tie";
-          break;  // the contexts differ from here on
-        }
-      }
-    }
+    const int32_t compared = expect_fast_path_matches(*got, *got_direct, *want, tol);
     EXPECT_GE(compared, 5 * 2);
     std::printf(
         "[ %s ] %s decode kernels vs reference path: max top-logit relative difference "
@@ -472,27 +482,7 @@ TEST_P(CudaModelRunnerTest, PersistentDecodeMatchesReferencePath) {
       }
       EXPECT_EQ((*reference)->persistent_decode_steps(), 0);
       const double tol = dtype == DType::kBF16 ? 4e-2 : 8e-3;
-      int32_t compared = 0;
-      for (size_t i = 0; i < requests.size(); ++i) {
-        EXPECT_EQ(got->ids[i], got_direct->ids[i]) << "request " << i;
-        for (size_t s = 0; s < got->tops[i].size(); ++s) {
-          EXPECT_TRUE(tops_close(got->tops[i][s], got_direct->tops[i][s], 1e-6))
-              << "graphs vs direct, request " << i << " step " << s;
-        }
-        for (size_t s = 0; s < want->tops[i].size(); ++s) {
-          EXPECT_TRUE(tops_close(got->tops[i][s], want->tops[i][s], tol))
-              << "request " << i << " step " << s;
-          ++compared;
-          if (got->ids[i][s] != want->ids[i][s]) {
-            const TopLogits& w = want->tops[i][s];
-            double scale = 0;
-            for (const auto& [id, v] : w) scale = std::max(scale, std::fabs(static_cast<double>(v)));
-            EXPECT_LE(w[0].second - w[1].second, 2 * tol * scale)
-                << "request " << i << " step " << s << ": greedy ids differ without a near tie";
-            break;
-          }
-        }
-      }
+      const int32_t compared = expect_fast_path_matches(*got, *got_direct, *want, tol);
       EXPECT_GE(compared, 9 * 2);
       std::printf(
           "[ %s ] head_dim %d %s persistent decode vs reference path: max top-logit relative "

@@ -237,6 +237,7 @@ class CudaModelRunner final : public ModelRunner {
   DeviceBuffer decode_step_layers_;     // DecodeStepLayer [n_layers]
   DeviceBuffer decode_step_workspace_;  // zero-filled at creation
   bool decode_step_ready_ = false;
+  int32_t decode_step_max_tokens_ = 0;  // the largest batch it runs (its plan fits the device)
   int64_t persistent_steps_ = 0;
   // Profiling of the persistent kernel's phases (LITELLAMA_DECODE_STEP_CLOCK=1): device clock
   // readings of the last step, and per-phase sums over the steps so far (logged at destruction).
@@ -389,14 +390,20 @@ Status CudaModelRunner::init_persistent_decode() {
                                      W.gate_up, W.down, k_pool(l), v_pool(l)});
   }
   if (!decode_step_supports(m)) return Status::ok();  // the per-operation kernels serve
-  const int32_t max_tokens = std::min(options_.persistent_decode_max_tokens, kDecodeStepMaxTokens);
-  const Status prepared =
-      decode_step_prepare(m, plan_decode_step(m, max_tokens, kMaxKvLenHint, n_sms_));
-  if (!prepared.is_ok()) {
+  // The largest batch whose plan fits (shared memory grows with the batch); none: off.
+  int32_t max_tokens = std::min({options_.persistent_decode_max_tokens, kDecodeStepMaxTokens,
+                                 options_.max_batch_seqs});
+  Status prepared = Status::ok();
+  for (; max_tokens > 0; --max_tokens) {
+    prepared = decode_step_prepare(m, plan_decode_step(m, max_tokens, kMaxKvLenHint, n_sms_));
     (void)cudaGetLastError();
+    if (prepared.is_ok()) break;
+  }
+  if (max_tokens == 0) {
     LITELLAMA_LOG_INFO("persistent decode kernel off: {}", prepared.message());
     return Status::ok();
   }
+  decode_step_max_tokens_ = max_tokens;
   const char* clock = std::getenv("LITELLAMA_DECODE_STEP_CLOCK");
   if (clock != nullptr && std::strcmp(clock, "1") == 0) {
     const auto entries = static_cast<size_t>(decode_step_clock_entries(c.n_layers));
@@ -420,7 +427,7 @@ Status CudaModelRunner::init_persistent_decode() {
 bool CudaModelRunner::persistent_step(const StepPlan& plan) const {
   return decode_step_ready_ && plan.n_prefill == 0 && plan.n_tokens == plan.n_seqs &&
          static_cast<int32_t>(plan.sampled_seqs.size()) == plan.n_seqs &&
-         plan.n_tokens <= std::min(options_.persistent_decode_max_tokens, kDecodeStepMaxTokens);
+         plan.n_tokens <= decode_step_max_tokens_;
 }
 
 DecodeStepPlan CudaModelRunner::persistent_plan(const StepPlan& plan) const {
@@ -573,9 +580,16 @@ Status CudaModelRunner::run_forward(const StepBatch& batch, const StepPlan& plan
   graph.last_use = ++graph_clock_;
   if (graph.exec.get() == nullptr && !capture_forward(plan, n_top, &graph.exec).is_ok()) {
     // A capture the runtime refuses leaves the kernels unchanged and correct when launched
-    // directly: stop capturing and run eagerly from here on.
+    // directly. If it held the persistent kernel (a cooperative launch), stop using that kernel
+    // and keep graphs for the others; otherwise stop capturing and run eagerly from here on.
     (void)cudaGetLastError();
-    graphs_failed_ = true;
+    if (persistent) {
+      LITELLAMA_LOG_INFO("persistent decode kernel off: its graph capture failed");
+      decode_step_ready_ = false;
+      --persistent_steps_;  // this step runs the per-operation kernels
+    } else {
+      graphs_failed_ = true;
+    }
     decode_graphs_.clear();
     return run_kernels(plan, n_top);
   }
