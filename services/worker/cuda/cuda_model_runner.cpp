@@ -243,7 +243,7 @@ class CudaModelRunner final : public ModelRunner {
   // readings of the last step, and per-phase sums over the steps so far (logged at destruction).
   DeviceBuffer decode_step_clock_;
   std::vector<uint64_t> clock_host_;
-  std::vector<double> phase_ns_;  // [5 phases + head]
+  std::vector<double> phase_ns_;  // 5 per-layer phases, LM head, whole kernel
   int64_t clocked_steps_ = 0;
   bool clock_pending_ = false;
 };
