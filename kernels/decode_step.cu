@@ -53,13 +53,13 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kVecs = 2;     // 16-byte vectors per lane, row and chunk
-constexpr int kChunk = 64;   // k elements per chunk: 4 lanes x kVecs x 8
+constexpr int kVecs = 2;               // 16-byte vectors per lane, row and chunk
+constexpr int kChunk = 64;             // k elements per chunk: 4 lanes x kVecs x 8
 constexpr int kRingBytes = 12 * 1024;  // cp.async ring per warp
-constexpr int kTile = 16;    // weight rows per mma tile
-constexpr int kMaxSeg = 8;   // k segments of a projection
-constexpr int kXPad = 32;    // elements of padding per row of the shared input (bank spread)
-constexpr int kMaxRep = 8;   // query heads per KV head (one warp each)
+constexpr int kTile = 16;              // weight rows per mma tile
+constexpr int kMaxSeg = 8;             // k segments of a projection
+constexpr int kXPad = 32;   // elements of padding per row of the shared input (bank spread)
+constexpr int kMaxRep = 8;  // query heads per KV head (one warp each)
 constexpr int kMinSplitLen = 16;
 constexpr int kRedFloats = kWarps * kDecodeStepMaxTokens + kDecodeStepMaxTokens;
 constexpr int kSlotUnits = 8;  // unit accumulators held for grouped reductions (2 groups)
@@ -92,8 +92,8 @@ struct Params {
 
 // Workspace layout, shared by the size query and the launch.
 struct Workspace {
-  size_t counters = 0, resid = 0, qkv_part = 0, o_part = 0, down_part = 0, attn_po = 0,
-         attn_ml = 0, attn_out = 0, act = 0, total = 0;
+  size_t counters = 0, resid = 0, qkv_part = 0, o_part = 0, down_part = 0, attn_po = 0, attn_ml = 0,
+         attn_out = 0, act = 0, total = 0;
 };
 
 Workspace workspace_layout(const DecodeStepModel& m) {
@@ -144,8 +144,7 @@ __device__ __forceinline__ void record_clock(uint64_t* clock, int index) {
 }
 
 // Returns the number of barriers passed so far in this launch.
-__device__ __forceinline__ int grid_barrier(unsigned* counter, unsigned& target,
-                                            uint64_t* clock) {
+__device__ __forceinline__ int grid_barrier(unsigned* counter, unsigned& target, uint64_t* clock) {
   __syncthreads();
   target += gridDim.x;
   if (threadIdx.x == 0) {
@@ -170,8 +169,9 @@ __device__ __forceinline__ int grid_barrier(unsigned* counter, unsigned& target,
 // n_seg partial sums), rounded as add_rmsnorm stores it; block b stores its share of r into
 // r_next (when not null) for the next consumer; xs = round(r * inv_rms * weight).
 template <typename T>
-__device__ __noinline__ void residual_norm(const Params& p, int m, const T* r_prev, const float* part,
-                              int n_seg, T* r_next, const float* norm_w, T* xs, float* red) {
+__device__ __noinline__ void residual_norm(const Params& p, int m, const T* r_prev,
+                                           const float* part, int n_seg, T* r_next,
+                                           const float* norm_w, T* xs, float* red) {
   const int H = p.model.hidden;
   const int xs_stride = H + kXPad;
   const int row_vecs = H / 8;
@@ -181,10 +181,9 @@ __device__ __noinline__ void residual_norm(const Params& p, int m, const T* r_pr
   for (int v = threadIdx.x; v < total; v += kThreads) {
     const int t = v / row_vecs;
     const int i = (v - t * row_vecs) * 8;
-    uint4 raw = r_prev == nullptr
-                    ? __ldg(reinterpret_cast<const uint4*>(
-                          embed + static_cast<int64_t>(p.in.token_ids[t]) * H + i))
-                    : load_l2(r_prev + static_cast<int64_t>(t) * H + i);
+    uint4 raw = r_prev == nullptr ? __ldg(reinterpret_cast<const uint4*>(
+                                        embed + static_cast<int64_t>(p.in.token_ids[t]) * H + i))
+                                  : load_l2(r_prev + static_cast<int64_t>(t) * H + i);
     T* vals = reinterpret_cast<T*>(&raw);
     if (part != nullptr) {
       float s[8] = {};
@@ -418,7 +417,7 @@ __device__ __noinline__ void gemv_phase(const T* __restrict__ w, int k, int n_un
     }
   }
   cp_async_wait<0>();  // nothing of this phase may land in the ring after it
-  if (n_w == 0) {  // more warps than chunks per unit: meet the others at every unit
+  if (n_w == 0) {      // more warps than chunks per unit: meet the others at every unit
     for (int i = 0; i < n_ub; ++i) finish(i);
   }
 }
@@ -429,8 +428,8 @@ __device__ __forceinline__ float exp_or_zero(float a, float max) {
 
 // Attention of one layer: (token, KV head, split) items, see decode_step.h.
 template <typename T, int D>
-__device__ __noinline__ void attention_phase(const Params& p, const DecodeStepLayer& L, int m, float* sm_q,
-                                float* sm_w, int* sm_flag) {
+__device__ __noinline__ void attention_phase(const Params& p, const DecodeStepLayer& L, int m,
+                                             float* sm_q, float* sm_w, int* sm_flag) {
   constexpr int kHalf = D / 2;
   constexpr int kGl = D / 8;    // lanes per key (8 elements each)
   constexpr int kP = 32 / kGl;  // keys per warp and iteration
@@ -469,7 +468,8 @@ __device__ __noinline__ void attention_phase(const Params& p, const DecodeStepLa
     auto slot_of = [&](int pos) { return pos < s1 ? slots[pos] : -1; };
     int cur[kU];
 #pragma unroll
-    for (int u = 0; u < kU; ++u) cur[u] = grp < groups ? slot_of(s0 + grp * kP + u * stride + sub) : -1;
+    for (int u = 0; u < kU; ++u)
+      cur[u] = grp < groups ? slot_of(s0 + grp * kP + u * stride + sub) : -1;
 
     // The group's query heads (and the new K/V): partial sums -> bias -> RoPE, as qkv_rope.
     const float pos = static_cast<float>(p.in.positions[t]);
@@ -479,8 +479,8 @@ __device__ __noinline__ void attention_phase(const Params& p, const DecodeStepLa
     for (int i = threadIdx.x; i < n_pairs; i += kThreads) {
       const int hh = i / kHalf;
       const int j = i - hh * kHalf;
-      const int head = hh < n_rep ? kvh * n_rep + hh
-                                  : (hh == n_rep ? M.n_heads + kvh : M.n_heads + n_kv + kvh);
+      const int head =
+          hh < n_rep ? kvh * n_rep + hh : (hh == n_rep ? M.n_heads + kvh : M.n_heads + n_kv + kvh);
       float lo = 0.0f, hi = 0.0f;
       for (int seg = 0; seg < p.seg_qkv; ++seg) {
         const float* src = p.qkv_part + (static_cast<int64_t>(seg) * m + t) * qkv_dim + head * D;
@@ -631,7 +631,8 @@ __device__ __noinline__ void attention_phase(const Params& p, const DecodeStepLa
         const int h = i / D;
         const int d = i - h * D;
         float mx = -INFINITY;
-        for (int s = 0; s < S; ++s) mx = fmaxf(mx, __ldcg(p.attn_ml + ((first + s) * n_rep + h) * 2));
+        for (int s = 0; s < S; ++s)
+          mx = fmaxf(mx, __ldcg(p.attn_ml + ((first + s) * n_rep + h) * 2));
         float l = 0.0f, acc = 0.0f;
         for (int s = 0; s < S; ++s) {
           const int64_t at = (first + s) * n_rep + h;
@@ -692,8 +693,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const Params p
     if (l == 0) {
       residual_norm<T>(p, m, nullptr, nullptr, 0, resid[0], L.input_norm, xs, red);
     } else {
-      residual_norm<T>(p, m, resid[cur], p.down_part, p.seg_down, resid[cur ^ 1], L.input_norm,
-                       xs, red);
+      residual_norm<T>(p, m, resid[cur], p.down_part, p.seg_down, resid[cur ^ 1], L.input_norm, xs,
+                       red);
       cur ^= 1;
     }
     gemv_phase<T, 1, true>(static_cast<const T*>(L.qkv), H, (qkv_dim / kTile) * p.seg_qkv,
@@ -717,9 +718,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const Params p
     grid_barrier(p.barrier, target, p.in.phase_clock);
   }
   residual_norm<T>(p, m, resid[cur], p.down_part, p.seg_down, nullptr, M.final_norm, xs, red);
-  gemv_phase<T, 1, true>(static_cast<const T*>(M.lm_head), H, (M.vocab + kTile - 1) / kTile, 1,
-                         H, xs, ldxs, m, M.vocab, plain_rows, partial_to(p.logits, M.vocab),
-                         slots, ring);
+  gemv_phase<T, 1, true>(static_cast<const T*>(M.lm_head), H, (M.vocab + kTile - 1) / kTile, 1, H,
+                         xs, ldxs, m, M.vocab, plain_rows, partial_to(p.logits, M.vocab), slots,
+                         ring);
 
   // The last block out resets the barrier for the next launch (and reads the end clock).
   __syncthreads();
@@ -751,11 +752,11 @@ KernelFn pick_kernel(DType dtype, int32_t head_dim) {
 }
 
 size_t smem_bytes_for(const DecodeStepModel& m, int32_t n_tokens) {
-  const size_t xs = round_up(static_cast<size_t>(n_tokens) * (m.hidden + kXPad) *
-                                 dtype_size_bytes(m.dtype),
-                             16);
-  return xs + kWarps * kRingBytes + (kSlotFloats + kRedFloats + kMaxRep * m.head_dim + kWarps * (m.head_dim + 2)) *
-                  sizeof(float) +
+  const size_t xs =
+      round_up(static_cast<size_t>(n_tokens) * (m.hidden + kXPad) * dtype_size_bytes(m.dtype), 16);
+  return xs + kWarps * kRingBytes +
+         (kSlotFloats + kRedFloats + kMaxRep * m.head_dim + kWarps * (m.head_dim + 2)) *
+             sizeof(float) +
          16;
 }
 
@@ -809,8 +810,8 @@ Status prepare(KernelFn kernel, const DecodeStepPlan& plan) {
   LITELLAMA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(plan.smem_bytes)));
   int per_sm = 0, sms = 0;
-  LITELLAMA_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      &per_sm, kernel, kThreads, plan.smem_bytes));
+  LITELLAMA_CUDA_RETURN_IF_ERROR(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, plan.smem_bytes));
   LITELLAMA_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   if (static_cast<int64_t>(per_sm) * sms < plan.grid) {
@@ -869,7 +870,8 @@ Status launch_decode_step(const DecodeStepModel& model, const DecodeStepInputs& 
                           const DecodeStepPlan& plan, float* logits, void* workspace,
                           size_t workspace_bytes, cudaStream_t stream) {
   if (!decode_step_supports(model)) {
-    return make_error(StatusCode::kUnsupported, "the persistent decode kernel does not run this model");
+    return make_error(StatusCode::kUnsupported,
+                      "the persistent decode kernel does not run this model");
   }
   if (inputs.n_tokens < 1 || inputs.n_tokens > kDecodeStepMaxTokens || plan.grid < 1 ||
       plan.attn_splits < 1 || plan.attn_splits > kDecodeStepMaxSplits) {

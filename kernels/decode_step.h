@@ -106,8 +106,8 @@ inline constexpr int32_t decode_step_clock_entries(int32_t n_layers) {
 // context (a hint: any kv_len is handled) and the multiprocessor count only, so a captured graph
 // stays valid while contexts grow until attn_splits would change (callers key graphs on it).
 struct DecodeStepPlan {
-  int32_t grid = 0;         // blocks, one per multiprocessor
-  int32_t seg_qkv = 1;      // k segments of the QKV / o / down projections
+  int32_t grid = 0;     // blocks, one per multiprocessor
+  int32_t seg_qkv = 1;  // k segments of the QKV / o / down projections
   int32_t seg_o = 1;
   int32_t seg_down = 1;
   int32_t attn_splits = 1;  // key splits per (token, KV head)
@@ -116,8 +116,8 @@ struct DecodeStepPlan {
 
 bool decode_step_supports(const DecodeStepModel& model);
 
-DecodeStepPlan plan_decode_step(const DecodeStepModel& model, int32_t n_tokens,
-                                int32_t max_kv_len, int32_t n_sms);
+DecodeStepPlan plan_decode_step(const DecodeStepModel& model, int32_t n_tokens, int32_t max_kv_len,
+                                int32_t n_sms);
 
 // Workspace for every plan of this model with n_tokens <= kDecodeStepMaxTokens. It must be
 // zero-filled once before its first use; every launch leaves its counters at zero again.

@@ -195,8 +195,7 @@ std::vector<Request> make_requests(const std::vector<int32_t>& prompt_lens, int3
     if (got[i].first != ref[i].first) {
       // The last rank's rival may be just outside the list: its value matched (checked above).
       const bool near_tie = (i > 0 && ref[i - 1].second - ref[i].second <= 2 * tol) ||
-                            i + 1 == ref.size() ||
-                            ref[i].second - ref[i + 1].second <= 2 * tol;
+                            i + 1 == ref.size() || ref[i].second - ref[i + 1].second <= 2 * tol;
       if (!near_tie) {
         return ::testing::AssertionFailure()
                << "rank " << i << ": id " << got[i].first << " vs " << ref[i].first;
@@ -431,9 +430,10 @@ TEST_P(CudaModelRunnerTest, HalfPrecisionDecodeKernelsMatchReferencePath) {
 // The persistent decode kernel (kernels/decode_step.h) against the reference path, for head_dim
 // 64 and 128: nine requests, eight starting together and the ninth (a 700-token prompt) later,
 // so pure decode steps of 8, then 6, 3 and 1 sequences run persistent (the last ones with up to 32
-// key splits) while steps of 9 sequences or with prefills fall back. Top logits within the dtype's tolerance, greedy ids equal until a near
-// tie; graphs and direct launches of the persistent kernel agree exactly (it sums in a fixed
-// order). Models it does not support (q/k RMSNorm) must never take it.
+// key splits) while steps of 9 sequences or with prefills fall back. Top logits within the dtype's
+// tolerance, greedy ids equal until a near tie; graphs and direct launches of the persistent kernel
+// agree exactly (it sums in a fixed order). Models it does not support (q/k RMSNorm) must never
+// take it.
 TEST_P(CudaModelRunnerTest, PersistentDecodeMatchesReferencePath) {
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   const ModelCase& m = GetParam();
@@ -465,9 +465,9 @@ TEST_P(CudaModelRunnerTest, PersistentDecodeMatchesReferencePath) {
       LITELLAMA_ASSERT_OK(fast.status());
       auto direct = create_cuda_model_runner(*ckpt, direct_options);
       LITELLAMA_ASSERT_OK(direct.status());
-      const auto requests = make_requests({3, 1, 45, 9, 17, 30, 2, 60, 700}, n_new,
-                                          ckpt->config().vocab_size,
-                                          (*reference)->n_kv_slots(), rng);
+      const auto requests =
+          make_requests({3, 1, 45, 9, 17, 30, 2, 60, 700}, n_new, ckpt->config().vocab_size,
+                        (*reference)->n_kv_slots(), rng);
       auto want = generate(**reference, requests, n_new, starts);
       LITELLAMA_ASSERT_OK(want.status());
       auto got = generate(**fast, requests, n_new, starts);

@@ -386,13 +386,13 @@ Status CudaModelRunner::init_persistent_decode() {
   for (int32_t l = 0; l < c.n_layers; ++l) {
     const CudaLayerWeights& W = weights_.layers[static_cast<size_t>(l)];
     m.has_qk_norm = m.has_qk_norm || W.q_norm != nullptr || W.k_norm != nullptr;
-    layers.push_back(DecodeStepLayer{W.input_norm, W.qkv, W.qkv_bias, W.o, W.post_norm,
-                                     W.gate_up, W.down, k_pool(l), v_pool(l)});
+    layers.push_back(DecodeStepLayer{W.input_norm, W.qkv, W.qkv_bias, W.o, W.post_norm, W.gate_up,
+                                     W.down, k_pool(l), v_pool(l)});
   }
   if (!decode_step_supports(m)) return Status::ok();  // the per-operation kernels serve
   // The largest batch whose plan fits (shared memory grows with the batch); none: off.
-  int32_t max_tokens = std::min({options_.persistent_decode_max_tokens, kDecodeStepMaxTokens,
-                                 options_.max_batch_seqs});
+  int32_t max_tokens = std::min(
+      {options_.persistent_decode_max_tokens, kDecodeStepMaxTokens, options_.max_batch_seqs});
   Status prepared = Status::ok();
   for (; max_tokens > 0; --max_tokens) {
     prepared = decode_step_prepare(m, plan_decode_step(m, max_tokens, kMaxKvLenHint, n_sms_));
@@ -414,8 +414,8 @@ Status CudaModelRunner::init_persistent_decode() {
   }
   const size_t layer_bytes = layers.size() * sizeof(DecodeStepLayer);
   LITELLAMA_ASSIGN_OR_RETURN(decode_step_layers_, DeviceBuffer::allocate(layer_bytes));
-  LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemcpy(decode_step_layers_.data(), layers.data(), layer_bytes,
-                                            cudaMemcpyHostToDevice));
+  LITELLAMA_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(decode_step_layers_.data(), layers.data(), layer_bytes, cudaMemcpyHostToDevice));
   m.layers = decode_step_layers_.as<const DecodeStepLayer>();
   const size_t ws_bytes = decode_step_workspace_size_bytes(m);
   LITELLAMA_ASSIGN_OR_RETURN(decode_step_workspace_, DeviceBuffer::allocate(ws_bytes));
@@ -451,9 +451,9 @@ Status CudaModelRunner::run_persistent(const StepPlan& plan, int32_t n_top) {
     in.phase_clock = decode_step_clock_.as<uint64_t>();
     clock_pending_ = true;
   }
-  LITELLAMA_RETURN_IF_ERROR(launch_decode_step(
-      decode_step_model_, in, persistent_plan(plan), logits_.as<float>(),
-      decode_step_workspace_.data(), decode_step_workspace_.size_bytes(), ctx_.stream()));
+  LITELLAMA_RETURN_IF_ERROR(launch_decode_step(decode_step_model_, in, persistent_plan(plan),
+                                               logits_.as<float>(), decode_step_workspace_.data(),
+                                               decode_step_workspace_.size_bytes(), ctx_.stream()));
   return run_sampling(plan, n_top);
 }
 
