@@ -73,9 +73,8 @@ bool split_listen(const std::string& listen, std::string* host, std::string* por
   return std::stol(*port) <= 65535;
 }
 
-}  // namespace
-
-Status MetricsServer::check_available(const std::string& listen) {
+// The passive (listening) addresses of PORT or HOST:PORT; the caller frees *found.
+Status resolve_listen(const std::string& listen, addrinfo** found) {
   std::string host, port;
   if (!split_listen(listen, &host, &port)) {
     return make_error(StatusCode::kInvalidArgument, "'{}' is not PORT or HOST:PORT", listen);
@@ -84,13 +83,20 @@ Status MetricsServer::check_available(const std::string& listen) {
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  if (const int rc =
-          getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found);
-      rc != 0) {
+  *found = nullptr;
+  const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, found);
+  if (rc != 0 || *found == nullptr) {
     return make_error(StatusCode::kInvalidArgument, "cannot resolve '{}': {}", listen,
-                      gai_strerror(rc));
+                      rc != 0 ? gai_strerror(rc) : "no address");
   }
+  return Status::ok();
+}
+
+}  // namespace
+
+Status MetricsServer::check_available(const std::string& listen) {
+  addrinfo* found = nullptr;
+  LITELLAMA_RETURN_IF_ERROR(resolve_listen(listen, &found));
   int error = 0;
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
     const int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
@@ -124,21 +130,8 @@ Status MetricsServer::check_available(const std::string& listen) {
 
 Result<std::unique_ptr<MetricsServer>> MetricsServer::start(
     const std::string& listen, std::shared_ptr<prometheus::Registry> registry, ReadyCheck ready) {
-  std::string host, port;
-  if (!split_listen(listen, &host, &port)) {
-    return make_error(StatusCode::kInvalidArgument, "'{}' is not PORT or HOST:PORT", listen);
-  }
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* found = nullptr;
-  if (const int rc =
-          getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found);
-      rc != 0 || found == nullptr) {
-    return make_error(StatusCode::kInvalidArgument, "cannot resolve '{}': {}", listen,
-                      gai_strerror(rc));
-  }
+  LITELLAMA_RETURN_IF_ERROR(resolve_listen(listen, &found));
   std::unique_ptr<MetricsServer> server(new MetricsServer());
   server->handlers_ = std::make_unique<Handlers>();
   server->handlers_->registry = std::move(registry);
