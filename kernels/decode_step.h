@@ -14,15 +14,21 @@
 //   2. attention: (token, KV head, key split) items; an item sums the QKV partials of its heads,
 //      adds the bias, applies RoPE, writes the new K/V into the pool (the split holding the new
 //      position), and runs FlashDecoding over its keys for all query heads of its group; the last
-//      split of a (token, KV head) to finish merges the splits (a counter, no barrier).
+//      split of a (token, KV head) to finish merges the splits (a counter, no barrier). A block's
+//      first item has its keys' K/V rows copied into shared memory while the grid still waits
+//      for the QKV projection (they were written by earlier steps).
 //   3. the o projection -> partial sums.
 //   4. every block: residual add + RMSNorm; the gate/up projection with SiLU(gate) * up.
 //   5. the down projection -> partial sums (added to the residual by the next layer's step 1).
 // Then the final norm and the LM head write float32 logits. Sampling stays a separate kernel.
+// Each projection's first weights are already on their way into shared memory when its barrier
+// releases (issued between the block's arrival and its wait).
 //
-// Status: correct (tests/gpu) but not yet faster than the per-operation kernels on an H200
-// (Llama-3.2-1B batch 1: 1.146 against 1.097 ms; bench/RESULTS.md has the phase breakdown), so
-// the runner takes it only when asked (RunnerOptions::persistent_decode_max_tokens).
+// Status: correct (tests/gpu); on an H200 (bench/RESULTS.md, one run) slightly faster than the
+// per-operation kernels at batch 1 for Llama-3.2-1B (1.083 against 1.109 ms) and Qwen2.5-1.5B
+// (1.709 against 1.788 ms), slower for Llama-3.1-8B at batch 1 (4.904 against 4.676 ms) and for
+// Llama-3.2-1B at batch 8 (1.414 against 1.191 ms). So the runner takes it only when asked
+// (RunnerOptions::persistent_decode_max_tokens).
 //
 // Numerics follow the per-operation kernels (kernels/add_rmsnorm.h, qkv_rope.h, gemv.h): values
 // are rounded to the compute dtype where those kernels store them; sums run in float32 in a
@@ -110,7 +116,8 @@ struct DecodeStepPlan {
   int32_t seg_qkv = 1;  // k segments of the QKV / o / down projections
   int32_t seg_o = 1;
   int32_t seg_down = 1;
-  int32_t attn_splits = 1;  // key splits per (token, KV head)
+  int32_t attn_splits = 1;      // key splits per (token, KV head)
+  int32_t attn_stage_keys = 0;  // keys of a split copied to shared memory ahead of attention
   size_t smem_bytes = 0;
 };
 

@@ -502,8 +502,8 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaModelRunnerTest, ::testing::ValuesIn(kModel
 
 // The persistent kernel's work split (host-side, no device needed): supported shapes, k segments
 // that divide k into whole 64-element chunks and spread the units over the grid with at least 90%
-// of the blocks busy in the last round, and key splits that fill the grid without going under 16
-// keys per split.
+// of the blocks busy in the last round, and the fewest key splits whose keys fit the block's
+// shared-memory stage.
 TEST(DecodeStepPlan, SplitsWorkEvenly) {
   struct Shape {
     const char* name;
@@ -539,10 +539,18 @@ TEST(DecodeStepPlan, SplitsWorkEvenly) {
       check("qkv", qkv_dim / 16, sh.hidden, plan.seg_qkv);
       check("o", sh.hidden / 16, q_dim, plan.seg_o);
       check("down", sh.hidden / 16, sh.inter, plan.seg_down);
+      // Key splits: the fewest whose keys fit the shared-memory stage, unless that would take
+      // more items than blocks.
       const int32_t items = n_tokens * sh.n_kv_heads * plan.attn_splits;
+      const int32_t split_len = (512 + plan.attn_splits - 1) / plan.attn_splits;
+      EXPECT_EQ(plan.attn_stage_keys, 16384 / (2 * sh.head_dim * 2));
       EXPECT_LE(items, plan.grid);
-      EXPECT_LE(plan.attn_splits, 512 / 16);
-      EXPECT_GE(items * 2, std::min(plan.grid, n_tokens * sh.n_kv_heads * 32));
+      EXPECT_TRUE(split_len <= plan.attn_stage_keys ||
+                  n_tokens * sh.n_kv_heads * (plan.attn_splits + 1) > plan.grid)
+          << plan.attn_splits << " splits of " << split_len << " keys";
+      if (plan.attn_splits > 1) {
+        EXPECT_GT((512 + plan.attn_splits - 2) / (plan.attn_splits - 1), plan.attn_stage_keys);
+      }
       EXPECT_GT(plan.smem_bytes, 0u);
     }
   }
