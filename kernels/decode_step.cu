@@ -96,6 +96,10 @@ template <int kTiles, bool kSharedX>
 __host__ __device__ constexpr int ring_stages() {
   return kRingBytes / (stage_vecs<kTiles, kSharedX>() * 16);
 }
+// cp.async groups that kGemvPrime of the o projection (one tile, x in global memory) commits;
+// the attention phase, which runs between that prime and the projection, waits for all groups
+// but these.
+constexpr int kOPrimeGroups = ring_stages<1, false>() - 1;
 
 __host__ __device__ constexpr size_t round_up(size_t n, size_t alignment) {
   return (n + alignment - 1) / alignment * alignment;
@@ -576,7 +580,7 @@ __device__ __noinline__ void attention_phase(const Params& p, const DecodeStepLa
                                              float* merge_buf) {
   constexpr int kCap = kv_stage_keys<T, D>();
   constexpr int kStaged = -2;  // slot_of: the key is in kv_st
-  cp_async_wait<ring_stages<1, false>() - 1>();
+  cp_async_wait<kOPrimeGroups>();
   __syncthreads();  // every thread's staged copies have landed before any is read or replaced
   constexpr int kHalf = D / 2;
   constexpr int kGl = D / 8;    // lanes per key (8 elements each)
@@ -909,7 +913,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                            p.seg_qkv, H / p.seg_qkv, xs, ldxs, m, qkv_dim, plain_rows,
                            partial_to(p.qkv_part, qkv_dim), slots, ring);
   };
-  auto o_proj = [&](const DecodeStepLayer& L, int mode) {
+  auto o_proj = [&](const DecodeStepLayer& L, int mode) {  // kOPrimeGroups counts its prime
     gemv_phase<T, 1, false>(mode, static_cast<const T*>(L.o), q_dim, (H / kTile) * p.seg_o, p.seg_o,
                             q_dim / p.seg_o, attn_out, q_dim, m, H, plain_rows,
                             partial_to(p.o_part, H), slots, ring);

@@ -551,6 +551,10 @@ TEST(DecodeStepPlan, SplitsWorkEvenly) {
       if (plan.attn_splits > 1) {
         EXPECT_GT((512 + plan.attn_splits - 2) / (plan.attn_splits - 1), plan.attn_stage_keys);
       }
+      // A long context: as many splits as the grid and the split cap allow.
+      const DecodeStepPlan long_plan = plan_decode_step(m, n_tokens, 8192, 132);
+      EXPECT_EQ(long_plan.attn_splits,
+                std::min(kDecodeStepMaxSplits, std::max(1, 132 / (n_tokens * sh.n_kv_heads))));
       EXPECT_GT(plan.smem_bytes, 0u);
     }
   }
