@@ -123,7 +123,9 @@ class ServiceCluster {
           {bin_ + "/litellama-worker", "--model", model_, "--run-dir", run_, "--metrics",
            "127.0.0.1:" + std::to_string(worker_port_), "--kv-slots", std::to_string(kKvSlots),
            "--threads", "1", "--heartbeat-ms", "50", "--peer-timeout-ms", "600",
-           "--max-batch-tokens", "512", "--max-batch-seqs", "32"});
+           "--max-batch-tokens", "512", "--max-batch-seqs", "32",
+           // Parsed and handed to the runner; the CPU runner has no persistent kernel.
+           "--persistent-decode", "8"});
   }
   void start_tokenizer() {
     start("tokenizer", {bin_ + "/litellama-tokenizer", "--model", model_, "--run-dir", run_,

@@ -552,6 +552,7 @@ TEST(ServicesIntegration, MetricsOverHttpAreConsistent) {
   EXPECT_GT(metric_value(w, "litellama_worker_steps_total"), 0);
   EXPECT_GT(metric_value(w, "litellama_worker_step_duration_seconds_count"), 0);
   EXPECT_EQ(metric_value(w, "litellama_worker_kv_slots_capacity"), ServiceCluster::kKvSlots);
+  EXPECT_EQ(metric_value(w, "litellama_worker_persistent_decode_steps_total"), 0);  // CPU
   const std::string t = testing::http_get(cluster.tokenizer_port(), "/metrics").second;
   EXPECT_GE(metric_value(t, "litellama_tokenizer_detokenize_items_total"), 5);
   for (int port : {cluster.scheduler_port(), cluster.worker_port(), cluster.tokenizer_port()}) {

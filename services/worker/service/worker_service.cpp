@@ -93,6 +93,11 @@ WorkerService::WorkerService(WorkerOptions options)
                           .Help("Unknown or malformed messages")
                           .Register(r)
                           .Add({});
+  persistent_steps_ = &prometheus::BuildCounter()
+                           .Name("litellama_worker_persistent_decode_steps_total")
+                           .Help("Steps run as the persistent decode kernel (--persistent-decode)")
+                           .Register(r)
+                           .Add({});
   kv_slots_capacity_ = &prometheus::BuildGauge()
                             .Name("litellama_worker_kv_slots_capacity")
                             .Help("KV slots of the pool")
@@ -300,6 +305,11 @@ std::string WorkerService::run_step(const std::string& doorbell_bytes) {
   step_duration_->Observe(result.compute_seconds);
   steps_->Increment();
   step_tokens_->Increment(static_cast<double>(batch_.n_tokens()));
+  if (const int64_t persistent = runner_->persistent_decode_steps();
+      persistent > persistent_steps_seen_) {
+    persistent_steps_->Increment(static_cast<double>(persistent - persistent_steps_seen_));
+    persistent_steps_seen_ = persistent;
+  }
   return proto::encode(result);
 }
 

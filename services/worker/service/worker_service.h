@@ -97,6 +97,8 @@ class WorkerService {
   prometheus::Counter* step_errors_ = nullptr;
   prometheus::Counter* step_tokens_ = nullptr;
   prometheus::Counter* protocol_errors_ = nullptr;
+  prometheus::Counter* persistent_steps_ = nullptr;
+  int64_t persistent_steps_seen_ = 0;  // the runner's count at the last step (compute thread)
   prometheus::Gauge* kv_slots_capacity_ = nullptr;
   prometheus::Gauge* scheduler_up_ = nullptr;
 };
