@@ -27,12 +27,12 @@
 //     are read with an L2 evict-first policy, so the stream no longer pushes this kernel's
 //     code, its per-thread data, the K/V rows and the partial sums out of L2 (about 5%); the
 //     kernel's parameters stay in parameter space (__grid_constant__) instead of a 400-byte copy
-//     per thread that missed L1; the attention merge copies the splits with cp.async, since
-//     loads into registers there completed one after another (4.3 us for 16 KB); and the splits
-//     are as few as keep each split's keys in the K/V stage. Issuing the next phase's first
-//     weights into the rings between a block's barrier arrival and its wait, and copying a
-//     split's K/V rows there, gained less than the run-to-run spread (about 2%) but keep those
-//     loads off the phases' starts.
+//     per thread (100 KB of local memory per multiprocessor, more than its L1 holds); the attention
+//     merge copies the splits with cp.async, since loads into registers there completed one after
+//     another (4.3 us for 16 KB); and the splits are as few as keep each split's keys in the K/V
+//     stage. Issuing the next phase's first weights into the rings between a block's barrier
+//     arrival and its wait, and copying a split's K/V rows there, gained less than the run-to-run
+//     spread (about 2%) but keep those loads off the phases' starts.
 //
 // Inputs written inside the kernel by other blocks (partial sums, the residual stream, attention
 // output, activations) are read through L2 only (ld.global.cg, cp.async.cg): L1 is not coherent
