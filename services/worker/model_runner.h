@@ -97,6 +97,10 @@ struct RunnerOptions {
   // batch 1 for the Llama-3.2-1B and Qwen2.5-1.5B shapes but slower for Llama-3.1-8B and at
   // batch 8 (bench/RESULTS.md).
   int32_t persistent_decode_max_tokens = 0;
+  // CUDA: blocks of the persistent kernel, at most one per multiprocessor (0: one per
+  // multiprocessor). Fewer leave multiprocessors to other work; tests use it to give each block
+  // several work items of a phase.
+  int32_t persistent_decode_grid = 0;
 };
 
 class ModelRunner {

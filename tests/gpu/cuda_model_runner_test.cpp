@@ -432,8 +432,9 @@ TEST_P(CudaModelRunnerTest, HalfPrecisionDecodeKernelsMatchReferencePath) {
 // so pure decode steps of 8, then 6, 3 and 1 sequences run persistent (the last ones with up to 32
 // key splits) while steps of 9 sequences or with prefills fall back. Top logits within the dtype's
 // tolerance, greedy ids equal until a near tie; graphs and direct launches of the persistent kernel
-// agree exactly (it sums in a fixed order). Models it does not support (q/k RMSNorm) must never
-// take it.
+// agree exactly (it sums in a fixed order). The same with a grid of 12 blocks, where blocks take
+// several attention items and units per phase. Models it does not support (q/k RMSNorm) must
+// never take it.
 TEST_P(CudaModelRunnerTest, PersistentDecodeMatchesReferencePath) {
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   const ModelCase& m = GetParam();
@@ -459,6 +460,10 @@ TEST_P(CudaModelRunnerTest, PersistentDecodeMatchesReferencePath) {
       fast_options.persistent_decode_max_tokens = kDecodeStepMaxTokens;
       RunnerOptions direct_options = fast_options;
       direct_options.use_cuda_graphs = false;
+      // A grid of 12 blocks: every phase gives each block several units or attention items
+      // (only a block's first item has its K/V staged), and the plan picks other k segments.
+      RunnerOptions small_grid_options = fast_options;
+      small_grid_options.persistent_decode_grid = 12;
       auto reference = create_cuda_model_runner(*ckpt, reference_options);
       LITELLAMA_ASSERT_OK(reference.status());
       auto fast = create_cuda_model_runner(*ckpt, fast_options);
@@ -474,9 +479,14 @@ TEST_P(CudaModelRunnerTest, PersistentDecodeMatchesReferencePath) {
       LITELLAMA_ASSERT_OK(got.status());
       auto got_direct = generate(**direct, requests, n_new, starts);
       LITELLAMA_ASSERT_OK(got_direct.status());
+      auto small_grid = create_cuda_model_runner(*ckpt, small_grid_options);
+      LITELLAMA_ASSERT_OK(small_grid.status());
+      auto got_small_grid = generate(**small_grid, requests, n_new, starts);
+      LITELLAMA_ASSERT_OK(got_small_grid.status());
       if (supported) {
         EXPECT_GT((*fast)->persistent_decode_steps(), 5);
         EXPECT_EQ((*fast)->persistent_decode_steps(), (*direct)->persistent_decode_steps());
+        EXPECT_EQ((*small_grid)->persistent_decode_steps(), (*fast)->persistent_decode_steps());
       } else {
         EXPECT_EQ((*fast)->persistent_decode_steps(), 0);
       }
@@ -484,6 +494,10 @@ TEST_P(CudaModelRunnerTest, PersistentDecodeMatchesReferencePath) {
       const double tol = dtype == DType::kBF16 ? 4e-2 : 8e-3;
       const int32_t compared = expect_fast_path_matches(*got, *got_direct, *want, tol);
       EXPECT_GE(compared, 9 * 2);
+      {
+        SCOPED_TRACE("grid of 12 blocks");
+        EXPECT_GE(expect_fast_path_matches(*got_small_grid, *got_small_grid, *want, tol), 9 * 2);
+      }
       std::printf(
           "[ %s ] head_dim %d %s persistent decode vs reference path: max top-logit relative "
           "difference %.3g over %d steps, %lld persistent steps\n",

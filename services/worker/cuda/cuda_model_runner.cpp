@@ -181,6 +181,7 @@ class CudaModelRunner final : public ModelRunner {
   // Whether this step runs as the persistent decode kernel, and that run (through sampling).
   bool persistent_step(const StepPlan& plan) const;
   DecodeStepPlan persistent_plan(const StepPlan& plan) const;
+  int32_t persistent_grid() const;  // RunnerOptions::persistent_decode_grid, capped
   Status run_persistent(const StepPlan& plan, int32_t n_top);
   // The step's kernels after the staging copy: persistent, or layers then head.
   Status run_kernels(const StepPlan& plan, int32_t n_top);
@@ -395,7 +396,8 @@ Status CudaModelRunner::init_persistent_decode() {
       {options_.persistent_decode_max_tokens, kDecodeStepMaxTokens, options_.max_batch_seqs});
   Status prepared = Status::ok();
   for (; max_tokens > 0; --max_tokens) {
-    prepared = decode_step_prepare(m, plan_decode_step(m, max_tokens, kMaxKvLenHint, n_sms_));
+    prepared =
+        decode_step_prepare(m, plan_decode_step(m, max_tokens, kMaxKvLenHint, persistent_grid()));
     (void)cudaGetLastError();
     if (prepared.is_ok()) break;
   }
@@ -431,7 +433,13 @@ bool CudaModelRunner::persistent_step(const StepPlan& plan) const {
 }
 
 DecodeStepPlan CudaModelRunner::persistent_plan(const StepPlan& plan) const {
-  return plan_decode_step(decode_step_model_, plan.n_tokens, plan.max_decode_kv_len, n_sms_);
+  return plan_decode_step(decode_step_model_, plan.n_tokens, plan.max_decode_kv_len,
+                          persistent_grid());
+}
+
+int32_t CudaModelRunner::persistent_grid() const {
+  const int32_t asked = options_.persistent_decode_grid;
+  return asked > 0 ? std::min(asked, n_sms_) : n_sms_;
 }
 
 Status CudaModelRunner::run_persistent(const StepPlan& plan, int32_t n_top) {
