@@ -3,7 +3,9 @@
 // attends to all kv_len[s] positions through the slot table; see services/worker/model_runner.h).
 // One CTA handles one (sequence, KV head, split of the key range) and computes all query heads of
 // that KV head's group (up to 16 per CTA), so each KV head's K/V rows are read once for the whole
-// group; a second small kernel merges the splits with a log-sum-exp weighted sum. bf16/fp16 use
+// group; the splits merge with a log-sum-exp weighted sum, inside the same launch where the
+// splits of a group fit one thread-block cluster (bf16/fp16, compute capability 9.0+, up to 8
+// splits), otherwise in a second small kernel over a workspace. bf16/fp16 use
 // tensor cores (mma.sync m16n8k16, the group's heads as the 16 rows), fp32 accumulation and
 // softmax; float32 runs an exact fp32 SIMT path (no TF32).
 //
@@ -28,11 +30,15 @@ namespace litellama {
 bool attention_decode_supports(DType dtype, int32_t head_dim, int32_t n_heads, int32_t n_kv_heads);
 
 // Splits per (sequence, KV head) that launch_attention_decode uses for these arguments (1 means
-// no merge kernel and no workspace use). Under one wave of CTAs it splits for parallelism; above,
+// no merge and no workspace use). Under one wave of CTAs it splits for parallelism; above,
 // only against a badly filled last wave. n_sms: the device's multiprocessor count, read once by
 // the caller (cudaDevAttrMultiProcessorCount).
 int32_t attention_decode_n_splits(int32_t n_work, int32_t n_heads, int32_t n_kv_heads,
                                   int32_t head_dim, int32_t max_kv_len, int32_t n_sms);
+
+// Whether launch_attention_decode merges n_splits splits inside one clustered launch on the
+// current device (no merge kernel, no workspace use) for this dtype.
+bool attention_decode_merges_in_cluster(int32_t n_splits, DType dtype);
 
 // Workspace bytes enough for every call with n_work <= max_n_work and max_kv_len <= max_kv_len
 // (and the same heads, head_dim and n_sms), so one allocation can serve all steps (and graphs).
@@ -43,8 +49,9 @@ size_t attention_decode_workspace_size_bytes(int32_t max_n_work, int32_t n_heads
 // Processes the sequences listed in seq_ids (each must have n_new == 1) and writes exactly their
 // rows of `out`; rows of other sequences are untouched. workspace: 16-byte aligned device memory,
 // attention_decode_workspace_size_bytes(n_work, ...) bytes for the full split plan; with less (or
-// none) the call uses as many splits as fit, down to one, which needs no workspace: slower, same
-// result. Returns kUnsupported when attention_decode_supports() is false.
+// none) a plan that merges through the workspace uses as many splits as fit, down to one, which
+// needs no workspace: slower, same result. Returns kUnsupported when attention_decode_supports() is
+// false.
 Status launch_attention_decode(void* out,                   // [n_tokens, n_heads, head_dim]
                                const void* q,               // [n_tokens, n_heads, head_dim]
                                const void* k_pool,          // [n_slots, n_kv_heads, head_dim]

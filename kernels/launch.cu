@@ -10,12 +10,12 @@ namespace {
 thread_local bool g_programmatic_launch = true;
 
 struct DeviceFacts {
-  bool programmatic_launch = false;  // compute capability 9.0+
+  bool sm90 = false;  // compute capability 9.0+: programmatic launch, clusters
   int sm_count = 0;
 };
 
 // Cached per device ordinal (this process uses few devices; 64 covers any host). A fact is
-// packed into one atomic word: 0 unknown, else sm_count << 1 | supports-PDL.
+// packed into one atomic word: 0 unknown, else sm_count << 1 | compute capability 9.0+.
 DeviceFacts current_device_facts() {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> cached[kMaxDevices] = {};
@@ -43,7 +43,7 @@ DeviceFacts current_device_facts() {
 }  // namespace
 
 bool programmatic_launch_enabled() {
-  return g_programmatic_launch && current_device_facts().programmatic_launch;
+  return g_programmatic_launch && current_device_facts().sm90;
 }
 
 void set_programmatic_launch_enabled(bool on) {
@@ -52,6 +52,10 @@ void set_programmatic_launch_enabled(bool on) {
 
 int current_device_sm_count() {
   return current_device_facts().sm_count;
+}
+
+bool current_device_supports_clusters() {
+  return current_device_facts().sm90;
 }
 
 }  // namespace litellama

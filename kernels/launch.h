@@ -28,6 +28,9 @@ void set_programmatic_launch_enabled(bool on);
 // Multiprocessors of the current device (0 when it cannot be read), read once per device.
 int current_device_sm_count();
 
+// Whether the current device runs thread-block clusters (compute capability 9.0+).
+bool current_device_supports_clusters();
+
 // Launches `kernel` on `stream`, with the PDL attribute where enabled.
 template <typename... Params, typename... Args>
 cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
@@ -42,6 +45,29 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size
   attribute.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attribute;
   config.numAttrs = programmatic_launch_enabled() ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+// launch_kernel() with the grid's x dimension grouped into thread-block clusters of cluster_x
+// blocks (which must divide grid.x; compute capability 9.0+).
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel_clustered(void (*kernel)(Params...), dim3 grid, dim3 block,
+                                    size_t smem_bytes, cudaStream_t stream, unsigned cluster_x,
+                                    Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attributes[2]{};
+  attributes[0].id = cudaLaunchAttributeClusterDimension;
+  attributes[0].val.clusterDim.x = cluster_x;
+  attributes[0].val.clusterDim.y = 1;
+  attributes[0].val.clusterDim.z = 1;
+  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[1].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attributes;
+  config.numAttrs = programmatic_launch_enabled() ? 2 : 1;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 

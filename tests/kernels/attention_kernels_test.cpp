@@ -413,9 +413,28 @@ TEST_P(AttentionTest, DecodeRealistic) {
   Work work;
   work.decode_ids = all_ids(batch.seqs.size(), rng);
   work.decode_ids.erase(std::find(work.decode_ids.begin(), work.decode_ids.end(), 3));
+  int32_t n_sms = 0;
+  ASSERT_CUDA(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, 0));
+  const auto n_work = static_cast<int32_t>(work.decode_ids.size());
+  int32_t cluster_merges = 0;
+  int32_t kernel_merges = 0;
   for (auto [h, kv] :
        {std::pair{4, 4}, std::pair{32, 8}, std::pair{16, 2}, std::pair{28, 4}, std::pair{32, 2}}) {
-    run_and_check(shape(h, kv), batch, work, 4.0f, 501 + h * 10 + kv, "decode realistic");
+    const int32_t splits = attention_decode_n_splits(n_work, h, kv, head_dim(), 4100, n_sms);
+    if (splits > 1) {
+      ++(attention_decode_merges_in_cluster(splits, dtype()) ? cluster_merges : kernel_merges);
+    }
+    run_and_check(shape(h, kv), batch, work, 4.0f, 501 + h * 10 + kv,
+                  "decode realistic, " + std::to_string(splits) + " splits");
+  }
+  // On a device with clusters, half-precision shapes exercise both ways of merging the splits.
+  int major = 0;
+  ASSERT_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  if (major >= 9 && dtype() != DType::kF32 && n_sms >= 100) {
+    EXPECT_GT(cluster_merges, 0);
+    EXPECT_GT(kernel_merges, 0);
+  } else if (dtype() == DType::kF32) {
+    EXPECT_EQ(cluster_merges, 0);
   }
 }
 
