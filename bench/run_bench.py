@@ -123,7 +123,9 @@ def table(rows):
         def on(flag):
             return "on" if r.get(flag, True) else "off"
 
-        out.append(f"| {r['preset']} | {r['kind']} | {on('graphs')} | {r.get('gemv', '—')} | {on('pdl')} | "
+        gemv = r.get('gemv', '—')
+        gemv = "auto" if gemv == -1 else gemv
+        out.append(f"| {r['preset']} | {r['kind']} | {on('graphs')} | {gemv} | {on('pdl')} | "
                    f"{r.get('persistent', '—')} | "
                    f"{r['batch']} | {r['context']} | {ms:.3f} | {r['tokens_per_s']:,.0f} | "
                    f"{frac} | {tgt} | {ratio(hd)} | {ratio(hs)} | {ratio(py)} |")
@@ -170,10 +172,11 @@ def main():
                                         "--context", "512", "--steps", "20",
                                         "--copy-bandwidth", "0"])
     # Ablations of the same steps: every kernel launched from the host (no CUDA graphs); no
-    # programmatic dependent launch; the small-batch GEMV layers (opt-in) for batch 1 and up to 8;
-    # the persistent decode-step kernel (opt-in) for up to 8 sequences.
-    for flags in (["--graphs", "0"], ["--pdl", "0"], ["--gemv", "1"], ["--gemv", "8"],
-                  ["--persistent", "8"]):
+    # programmatic dependent launch; no small-batch GEMV layers (cuBLAS throughout); the GEMV
+    # layers with gate/up through the GEMV too; the persistent decode-step kernel (opt-in) for up
+    # to 8 sequences.
+    for flags in (["--graphs", "0"], ["--pdl", "0"], ["--gemv", "0"],
+                  ["--gemv", "8", "--gemv-gate-up", "1"], ["--persistent", "8"]):
         run_ours(a.bin, rows, a.jsonl, ["--preset", "llama3.2-1b", "--dir", d1, "--batches", "1,8",
                                         "--context", "512", "--copy-bandwidth", "0",
                                         "--steps", "20"] + flags)

@@ -9,9 +9,10 @@
 // stream, SiLU(gate) * up of the gate/up projection, or the QKV epilogue of qkv_rope (bias, RoPE,
 // K/V into the pool; models without q/k RMSNorm).
 //
-// Per linear layer, back to back, they beat cuBLAS on most decode shapes (bench/linear_bench.cu);
-// in the whole decode step they have not (bench/RESULTS.md), so the runner uses them only when
-// asked (RunnerOptions::gemv_max_tokens).
+// Per linear layer, back to back, they beat cuBLAS on most decode shapes (bench/linear_bench.cu).
+// In the decode step the runner uses them for QKV, o and down at small batches
+// (RunnerOptions::gemv_max_tokens) and keeps gate/up on cuBLAS, where the SiLU variant measured
+// slower inside the step (bench/RESULTS.md).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -82,11 +82,16 @@ struct RunnerOptions {
   // kernel launch from the host, the reference the graph path is tested against.
   bool use_cuda_graphs = true;
   // CUDA, bf16/fp16: steps of at most this many tokens (at most 8) run their layers through the
-  // small-batch tensor-core GEMV variants (kernels/gemv.h), which fold the residual adds,
-  // SiLU * up and RoPE into the linear layers; other steps use cuBLAS and separate kernels. Off
-  // (0) by default: on an H200 the whole decode step measured no faster with them than with
-  // cuBLAS (bench/RESULTS.md).
-  int32_t gemv_max_tokens = 0;
+  // small-batch tensor-core GEMV variants (kernels/gemv.h), which fold the residual adds and RoPE
+  // into the QKV, o and down projections; other steps use cuBLAS and separate kernels. 0: never.
+  // -1 (default): 8 for models of hidden size up to 2048, else 1. On an H200 (bench/RESULTS.md)
+  // the GEMV layers made Llama-3.2-1B decode steps 7 to 13% faster at batch 1 to 8 and
+  // Qwen2.5-1.5B 9 to 16%; Llama-3.1-8B 1% faster at batch 1 but 4% slower at batch 8.
+  int32_t gemv_max_tokens = -1;
+  // With the GEMV layers: gate/up also through the GEMV (SiLU * up in its epilogue) instead of
+  // cuBLAS followed by silu_mul. Off by default: in the step it measured slower (Llama-3.2-1B
+  // batch 1, 1.12 against 0.97 ms), although faster than cuBLAS on its own.
+  bool gemv_gate_up = false;
   // CUDA, compute capability 9.0+: kernels are launched with programmatic dependent launch, so
   // each one starts (and loads its weights) while the previous one finishes.
   bool use_programmatic_launch = true;

@@ -138,7 +138,9 @@ TEST_F(RunnerTest, ChunkedPrefillMatchesOneShotPrefill) {
     batch.add_sequence(std::span<const int32_t>(prompt).subspan(start, n),
                        std::span<const int32_t>(slots2).first(start + n), start + n == 40, {}, 0);
     ASSERT_TRUE(runner_->step(batch, &chunked).is_ok());
-    if (start + n < 40) EXPECT_EQ(chunked.sampled_ids[0], -1);
+    if (start + n < 40) {
+      EXPECT_EQ(chunked.sampled_ids[0], -1);
+    }
   }
   EXPECT_EQ(chunked.sampled_ids[0], one_shot.sampled_ids[0]);
   for (size_t k = 0; k < 3; ++k) {

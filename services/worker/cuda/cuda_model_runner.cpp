@@ -8,13 +8,14 @@
 //     attention_decode (sequences with one new token) + attention_prefill (the others)
 //     linear(delta = attn @ Wo^T) -> add_rmsnorm(residual += delta; normed)
 //     linear(gate_up = normed @ [Wgate; Wup]^T) -> silu_mul -> linear(delta = act @ Wdown^T)
-//   per layer, smaller steps (bf16/fp16, when RunnerOptions::gemv_max_tokens asks for them): the
+//   per layer, smaller steps (bf16/fp16, up to RunnerOptions::gemv_max_tokens tokens): the
 //   small-batch GEMV variants (kernels/gemv.h), whose epilogues do the element-wise work:
 //     add_rmsnorm(normed = RMSNorm(residual)) -> gemv_qkv_rope(bias, RoPE, Q and the pool)
 //         (q/k-norm models: gemv(qkv) -> qkv_rope)
 //     attention_decode / attention_prefill
 //     gemv_residual_add(residual += attn @ Wo^T)
-//     add_rmsnorm(normed = RMSNorm(residual)) -> gemv_silu_mul(act = SiLU(gate) * up)
+//     add_rmsnorm(normed = RMSNorm(residual)) -> linear(gate_up) -> silu_mul
+//         (RunnerOptions::gemv_gate_up: gemv_silu_mul(act = SiLU(gate) * up) instead)
 //     gemv_residual_add(residual += act @ Wdown^T)
 //   gather the sampled sequences' last rows (skipped when those are all the rows, in order: pure
 //   decode) -> add_rmsnorm(final norm; the cuBLAS path adds the last delta here)
@@ -82,6 +83,10 @@ constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 // Upper bound of any sequence's kv_len, for the decode-attention workspace (whose split count is
 // capped, so this only needs to be large).
 constexpr int32_t kMaxKvLenHint = int32_t{1} << 30;
+// RunnerOptions::gemv_max_tokens = -1: GEMV layers up to 8 tokens for models up to this hidden
+// size, only single-token steps above (measured in bench/RESULTS.md).
+constexpr int32_t kGemvAutoMaxHidden = 2048;
+
 // Captured decode graphs kept at once; the least recently used is dropped beyond this.
 constexpr size_t kMaxDecodeGraphs = 64;
 
@@ -143,7 +148,11 @@ class CudaContext {
 class CudaModelRunner final : public ModelRunner {
  public:
   CudaModelRunner(ModelConfig config, RunnerOptions options)
-      : config_(std::move(config)), options_(options), dtype_(options.compute_dtype) {}
+      : config_(std::move(config)), options_(options), dtype_(options.compute_dtype) {
+    if (options_.gemv_max_tokens < 0) {
+      options_.gemv_max_tokens = config_.hidden_size <= kGemvAutoMaxHidden ? 8 : 1;
+    }
+  }
   ~CudaModelRunner() override;  // logs the phase clock's means when it ran
 
   Status init(const Checkpoint& checkpoint);
@@ -665,8 +674,16 @@ Status CudaModelRunner::run_layer_fused(const StepPlan& plan, int32_t l) {
       launch_gemv_residual_add(residual_.data(), attn_.data(), W.o, T, H, q_dim_, dtype_, stream));
   LITELLAMA_RETURN_IF_ERROR(launch_add_rmsnorm(normed_.data(), residual_.data(), nullptr,
                                                W.post_norm, T, H, eps, dtype_, stream));
-  LITELLAMA_RETURN_IF_ERROR(launch_gemv_silu_mul(act_.data(), normed_.data(), W.gate_up, T,
-                                                 c.intermediate_size, H, dtype_, stream));
+  if (options_.gemv_gate_up) {
+    LITELLAMA_RETURN_IF_ERROR(launch_gemv_silu_mul(act_.data(), normed_.data(), W.gate_up, T,
+                                                   c.intermediate_size, H, dtype_, stream));
+  } else {
+    LITELLAMA_RETURN_IF_ERROR(launch_linear(wide_.data(), normed_.data(), W.gate_up, T,
+                                            2 * c.intermediate_size, H, dtype_, dtype_,
+                                            ctx_.cublas(), stream));
+    LITELLAMA_RETURN_IF_ERROR(
+        launch_silu_mul(act_.data(), wide_.data(), T, c.intermediate_size, dtype_, stream));
+  }
   return launch_gemv_residual_add(residual_.data(), act_.data(), W.down, T, H, c.intermediate_size,
                                   dtype_, stream);
 }
