@@ -98,9 +98,9 @@ struct RunnerOptions {
   // CUDA, bf16/fp16: pure decode steps of at most this many sequences (at most 8) run embedding,
   // layers and LM head as one persistent kernel (kernels/decode_step.h) instead of about 11
   // kernels per layer. Models it does not support (q/k RMSNorm, other head sizes) and other steps
-  // use the per-operation kernels. Off (0) by default: on an H200 it is 2 to 5% faster at
-  // batch 1 for the Llama-3.2-1B and Qwen2.5-1.5B shapes but slower for Llama-3.1-8B and at
-  // batch 8 (bench/RESULTS.md).
+  // use the per-operation kernels. Off (0) by default: on an H200 it is slower than the
+  // per-operation path with the GEMV layers (Llama-3.2-1B batch 1: 1.073 against 1.015 ms,
+  // batch 8: 1.399 against 1.086 ms; bench/RESULTS.md).
   int32_t persistent_decode_max_tokens = 0;
   // CUDA: blocks of the persistent kernel, at most one per multiprocessor (0: one per
   // multiprocessor). Fewer leave multiprocessors to other work; tests use it to give each block
@@ -119,6 +119,11 @@ class ModelRunner {
   // always 0 where there is none).
   virtual int64_t persistent_decode_steps() const { return 0; }
 };
+
+// The GEMV layers' token limit a CUDA runner uses: options.gemv_max_tokens, or for -1 (the
+// default) 8 for models of hidden size up to 2048 and 1 above (bench/RESULTS.md has the
+// measurements behind it).
+int32_t resolved_gemv_max_tokens(const RunnerOptions& options, int32_t hidden_size);
 
 // Builds the runner for options.device from a loaded checkpoint. Unsupported devices, dtypes or
 // shapes are refused here with a clear message.

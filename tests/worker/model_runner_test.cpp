@@ -185,5 +185,18 @@ TEST_F(RunnerTest, RefusesInvalidBatches) {
   EXPECT_NE(st.message().find("no history"), std::string::npos) << st.message();
 }
 
+// The GEMV layers' default follows the model size; an explicit limit, 0 included, is kept.
+TEST(RunnerOptionsTest, GemvTokenLimitFollowsModelSizeByDefault) {
+  RunnerOptions o;
+  EXPECT_EQ(o.gemv_max_tokens, -1);
+  EXPECT_EQ(resolved_gemv_max_tokens(o, 1536), 8);  // Qwen2.5-1.5B
+  EXPECT_EQ(resolved_gemv_max_tokens(o, 2048), 8);  // Llama-3.2-1B
+  EXPECT_EQ(resolved_gemv_max_tokens(o, 4096), 1);  // Llama-3.1-8B
+  o.gemv_max_tokens = 0;
+  EXPECT_EQ(resolved_gemv_max_tokens(o, 2048), 0);
+  o.gemv_max_tokens = 4;
+  EXPECT_EQ(resolved_gemv_max_tokens(o, 4096), 4);
+}
+
 }  // namespace
 }  // namespace litellama

@@ -83,10 +83,6 @@ constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 // Upper bound of any sequence's kv_len, for the decode-attention workspace (whose split count is
 // capped, so this only needs to be large).
 constexpr int32_t kMaxKvLenHint = int32_t{1} << 30;
-// RunnerOptions::gemv_max_tokens = -1: GEMV layers up to 8 tokens for models up to this hidden
-// size, only single-token steps above (measured in bench/RESULTS.md).
-constexpr int32_t kGemvAutoMaxHidden = 2048;
-
 // Captured decode graphs kept at once; the least recently used is dropped beyond this.
 constexpr size_t kMaxDecodeGraphs = 64;
 
@@ -149,9 +145,7 @@ class CudaModelRunner final : public ModelRunner {
  public:
   CudaModelRunner(ModelConfig config, RunnerOptions options)
       : config_(std::move(config)), options_(options), dtype_(options.compute_dtype) {
-    if (options_.gemv_max_tokens < 0) {
-      options_.gemv_max_tokens = config_.hidden_size <= kGemvAutoMaxHidden ? 8 : 1;
-    }
+    options_.gemv_max_tokens = resolved_gemv_max_tokens(options_, config_.hidden_size);
   }
   ~CudaModelRunner() override;  // logs the phase clock's means when it ran
 
