@@ -10,9 +10,10 @@
 // with weights 2^(lse_i - max lse):
 //   - bf16/fp16 with 2 to kMaxClusterSplits splits on compute capability 9.0+: the splits of one
 //     (sequence, KV head, head block) form one thread-block cluster. Each CTA leaves its result in
-//     its own shared memory, the cluster synchronizes, and every CTA merges a share of the rows by
-//     reading all of the cluster's results through distributed shared memory: one kernel, no
-//     workspace, no global round trip (a separate merge kernel measured 6 us per layer alone);
+//     its own shared memory, the cluster synchronizes, and every CTA merges a share of the
+//     (head, dimension) outputs by reading all of the cluster's results through distributed
+//     shared memory: one kernel, no workspace, no global round trip (a separate merge kernel
+//     measured 6 us per layer alone);
 //   - otherwise the CTAs write their results to the workspace and attention_decode_merge_kernel
 //     combines them.
 //
@@ -555,11 +556,27 @@ size_t workspace_bytes_for(int32_t n_work, int32_t n_heads, int32_t head_dim, in
   return rows * (static_cast<size_t>(head_dim) + 1) * sizeof(float);
 }
 
+// Whether the cluster kernel runs as compiled for compute capability 9.0+: a build without sm_90
+// code would run it from compute_80 PTX, where its body is a trap. Read once per process (from
+// the device current at the first call).
+bool cluster_kernel_available() {
+  static const bool available = [] {
+    cudaFuncAttributes attr{};
+    if (cudaFuncGetAttributes(&attr, attention_decode_tc_kernel<__nv_bfloat16, 64, true>) !=
+        cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return attr.ptxVersion >= 90;
+  }();
+  return available;
+}
+
 // Whether the splits merge inside one clustered launch (tensor-core path) rather than through
 // the workspace and the merge kernel.
 bool cluster_merges(int32_t n_splits, size_t elem_bytes) {
   return elem_bytes == 2 && n_splits >= 2 && n_splits <= kMaxClusterSplits &&
-         current_device_supports_clusters();
+         current_device_supports_clusters() && cluster_kernel_available();
 }
 
 // CTAs of the tensor-core kernel resident per multiprocessor (shared memory bound).
@@ -586,6 +603,7 @@ struct LaunchArgs {
   float scale;
   void* workspace;
   cudaStream_t stream;
+  bool cluster;  // tensor-core path: merge the splits in a cluster (cluster_merges)
 };
 
 template <typename T, int D>
@@ -617,7 +635,7 @@ Status launch_typed(const LaunchArgs& a) {
         launch_kernel(attention_decode_f32_kernel<D>, grid, dim3(kThreads), 0, a.stream, p));
   } else {
     using L = TcLayout<T, D>;
-    const bool cluster = cluster_merges(a.n_splits, sizeof(T));
+    const bool cluster = a.cluster;
     auto* kernel =
         cluster ? attention_decode_tc_kernel<T, D, true> : attention_decode_tc_kernel<T, D, false>;
     LITELLAMA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
@@ -766,19 +784,43 @@ Status launch_attention_decode(void* out, const void* q, const void* k_pool, con
                       n_kv_heads);
   }
   if (n_work == 0) return Status::ok();
-  int32_t n_splits =
+  const int32_t n_splits =
       attention_decode_n_splits(n_work, n_heads, n_kv_heads, head_dim, max_kv_len, n_sms);
-  if (n_splits > 1 && !cluster_merges(n_splits, dtype_size_bytes(dtype))) {
+  LaunchArgs args{out,
+                  q,
+                  k_pool,
+                  v_pool,
+                  token_start,
+                  kv_len,
+                  slot_start,
+                  slot_table,
+                  seq_ids,
+                  n_work,
+                  n_heads,
+                  n_kv_heads,
+                  n_splits,
+                  scale,
+                  workspace,
+                  stream,
+                  cluster_merges(n_splits, dtype_size_bytes(dtype))};
+  if (args.cluster) {
+    const Status clustered = dispatch(args, dtype, head_dim);
+    if (clustered.is_ok()) return clustered;
+    // A cluster launch the device refuses (too few free multiprocessors in one GPC, e.g. under
+    // an MPS limit): merge through the workspace instead.
+    (void)cudaGetLastError();
+    args.cluster = false;
+  }
+  if (args.n_splits > 1) {
     // Fewer splits when the workspace holds fewer (a max_kv_len past what it was sized for): each
     // CTA derives its key range from the grid, so any split count gives the same result.
     const size_t per_split = workspace_bytes_for(n_work, n_heads, head_dim, 2) / 2;
     const bool aligned = workspace != nullptr && reinterpret_cast<uintptr_t>(workspace) % 16 == 0;
     const size_t fit = aligned ? workspace_bytes / per_split : 0;
-    if (fit < static_cast<size_t>(n_splits)) n_splits = fit >= 2 ? static_cast<int32_t>(fit) : 1;
+    if (fit < static_cast<size_t>(args.n_splits)) {
+      args.n_splits = fit >= 2 ? static_cast<int32_t>(fit) : 1;
+    }
   }
-  const LaunchArgs args{out,        q,          k_pool,    v_pool, token_start, kv_len,
-                        slot_start, slot_table, seq_ids,   n_work, n_heads,     n_kv_heads,
-                        n_splits,   scale,      workspace, stream};
   return dispatch(args, dtype, head_dim);
 }
 

@@ -458,6 +458,7 @@ TEST_P(CudaModelRunnerTest, PersistentDecodeMatchesReferencePath) {
       RunnerOptions reference_options = runner_options(Device::kCuda, dtype);
       reference_options.use_cuda_graphs = false;
       reference_options.use_programmatic_launch = false;
+      reference_options.gemv_max_tokens = 0;      // cuBLAS layers
       reference_options.n_kv_slots = 2048;        // the nine requests take 1083 slots
       reference_options.max_batch_tokens = 1024;  // and one step holds all their prompts
       RunnerOptions fast_options = reference_options;
