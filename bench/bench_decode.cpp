@@ -85,7 +85,7 @@ struct Args {
   std::string prefills;  // "1x2048,16x512"
   bool graphs = true;
   int32_t gemv = RunnerOptions{}.gemv_max_tokens;
-  bool gemv_gate_up = RunnerOptions{}.gemv_gate_up;
+  int32_t gemv_gate_up = RunnerOptions{}.gemv_gate_up_max_tokens;
   bool pdl = true;
   int32_t persistent = RunnerOptions{}.persistent_decode_max_tokens;
   bool copy_bandwidth = true;
@@ -153,7 +153,7 @@ int run(const Args& a) {
   o.max_batch_seqs = std::max(256, *std::max_element(batches.begin(), batches.end()));
   o.use_cuda_graphs = a.graphs;
   o.gemv_max_tokens = a.gemv;
-  o.gemv_gate_up = a.gemv_gate_up;
+  o.gemv_gate_up_max_tokens = a.gemv_gate_up;
   o.use_programmatic_launch = a.pdl;
   o.persistent_decode_max_tokens = a.persistent;
   int64_t slots = 0;
@@ -304,8 +304,10 @@ int main(int argc, char** argv) {
   app.add_option("--gemv", a.gemv,
                  "steps of at most this many tokens run the fused small-batch GEMV layers "
                  "(0: cuBLAS throughout; -1: the runner's choice by model size)");
-  app.add_option("--gemv-gate-up", a.gemv_gate_up,
-                 "GEMV layers: gate/up through the GEMV with SiLU * up too, not cuBLAS (1/0)");
+  app.add_option(
+      "--gemv-gate-up", a.gemv_gate_up,
+      "GEMV layers: steps of at most this many tokens put gate/up through the GEMV "
+      "with SiLU * up too, not cuBLAS (0: never; -1: the runner's choice by model size)");
   app.add_option("--pdl", a.pdl, "programmatic dependent launch (1/0)");
   app.add_option("--persistent", a.persistent,
                  "decode steps of up to this many sequences as one persistent kernel (0: off)");

@@ -15,9 +15,10 @@ namespace {
 template <typename T, int N>
 __global__ void add_rmsnorm_kernel(T* __restrict__ normed, T* __restrict__ residual,
                                    const T* __restrict__ delta, const float* __restrict__ weight,
-                                   int hidden, float eps) {
-  pdl_launch_dependents();
+                                   int hidden, float eps, bool dependents_after_input) {
+  if (!dependents_after_input) pdl_launch_dependents();
   pdl_wait();
+  if (dependents_after_input) pdl_launch_dependents();
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   T* res = residual + row * hidden;
@@ -52,7 +53,7 @@ __global__ void add_rmsnorm_kernel(T* __restrict__ normed, T* __restrict__ resid
 
 template <typename T>
 Status launch_typed(void* normed, void* residual, const void* delta, const float* weight,
-                    int32_t n_rows, int32_t hidden, float eps, cudaStream_t stream) {
+                    int32_t n_rows, int32_t hidden, float eps, cudaStream_t stream, bool after) {
   const int n = vec_width(hidden, sizeof(T));
   const int threads = std::min(1024, std::max(32, (hidden / n + 31) / 32 * 32));
   auto* out = static_cast<T*>(normed);
@@ -61,11 +62,11 @@ Status launch_typed(void* normed, void* residual, const void* delta, const float
   if (n == 1) {
     LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(add_rmsnorm_kernel<T, 1>, dim3(n_rows),
                                                  dim3(threads), 0, stream, out, res, del, weight,
-                                                 hidden, eps));
+                                                 hidden, eps, after));
   } else {
     LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(add_rmsnorm_kernel<T, 16 / sizeof(T)>,
                                                  dim3(n_rows), dim3(threads), 0, stream, out, res,
-                                                 del, weight, hidden, eps));
+                                                 del, weight, hidden, eps, after));
   }
   return Status::ok();
 }
@@ -78,16 +79,18 @@ bool add_rmsnorm_supports(DType dtype) {
 
 Status launch_add_rmsnorm(void* normed, void* residual, const void* delta, const float* weight,
                           int32_t n_rows, int32_t hidden, float eps, DType dtype,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, bool dependents_after_input) {
   if (n_rows == 0) return Status::ok();
   switch (dtype) {
     case DType::kF32:
-      return launch_typed<float>(normed, residual, delta, weight, n_rows, hidden, eps, stream);
+      return launch_typed<float>(normed, residual, delta, weight, n_rows, hidden, eps, stream,
+                                 dependents_after_input);
     case DType::kBF16:
       return launch_typed<__nv_bfloat16>(normed, residual, delta, weight, n_rows, hidden, eps,
-                                         stream);
+                                         stream, dependents_after_input);
     case DType::kF16:
-      return launch_typed<__half>(normed, residual, delta, weight, n_rows, hidden, eps, stream);
+      return launch_typed<__half>(normed, residual, delta, weight, n_rows, hidden, eps, stream,
+                                  dependents_after_input);
     case DType::kI32:
     case DType::kI64:
     case DType::kU8:

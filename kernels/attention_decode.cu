@@ -131,11 +131,12 @@ struct TcLayout {
 };
 
 // Gathers K and V rows key0 .. key0+kBlockN-1 (one slot lookup per row for both); rows at or past
-// key_end are zero-filled and never read from memory.
-template <typename T, int D>
+// key_end are zero-filled and never read from memory. With kSkip the row of key `skip` (when in
+// the tile) is left alone: load_kv_row fills it later.
+template <typename T, int D, bool kSkip = false>
 __device__ __forceinline__ void load_kv_stage(T* s_k, T* s_v, const DecodeParams<T>& p,
-                                              const int32_t* slots, int key0, int key_end,
-                                              int kvh) {
+                                              const int32_t* slots, int key0, int key_end, int kvh,
+                                              int skip = -1) {
   using L = TcLayout<T, D>;
 #pragma unroll
   for (int i = 0; i < L::kChunksPerThread; ++i) {
@@ -143,11 +144,34 @@ __device__ __forceinline__ void load_kv_stage(T* s_k, T* s_v, const DecodeParams
     const int row = c / L::kChunksPerRow;
     const int col = (c % L::kChunksPerRow) * L::kElemsPerChunk;
     const int pos = key0 + row;
+    if constexpr (kSkip) {
+      if (pos == skip) continue;
+    }
     const bool valid = pos < key_end;
     int64_t off = 0;
     if (valid) off = (static_cast<int64_t>(slots[pos]) * p.n_kv_heads + kvh) * D + col;
     cp_async_16(s_k + row * L::kStride + col, p.k_pool + off, valid);
     cp_async_16(s_v + row * L::kStride + col, p.v_pool + off, valid);
+  }
+}
+
+// Copies the K and V row of key `pos` (row pos - key0 of the tile) with plain loads and stores, by
+// the threads that load_kv_stage gives that row; visible to the block after its next barrier.
+template <typename T, int D>
+__device__ __forceinline__ void load_kv_row(T* s_k, T* s_v, const DecodeParams<T>& p,
+                                            const int32_t* slots, int key0, int pos, int kvh) {
+  using L = TcLayout<T, D>;
+#pragma unroll
+  for (int i = 0; i < L::kChunksPerThread; ++i) {
+    const int c = threadIdx.x + i * kThreads;
+    const int row = c / L::kChunksPerRow;
+    if (key0 + row != pos) continue;
+    const int col = (c % L::kChunksPerRow) * L::kElemsPerChunk;
+    const int64_t off = (static_cast<int64_t>(slots[pos]) * p.n_kv_heads + kvh) * D + col;
+    *reinterpret_cast<uint4*>(s_k + row * L::kStride + col) =
+        *reinterpret_cast<const uint4*>(p.k_pool + off);
+    *reinterpret_cast<uint4*>(s_v + row * L::kStride + col) =
+        *reinterpret_cast<const uint4*>(p.v_pool + off);
   }
 }
 
@@ -196,10 +220,10 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams<T>& p, float* s
 #endif
 }
 
-template <typename T, int D, bool kCluster>
+template <typename T, int D, bool kCluster, bool kEarly>
 __global__ void __launch_bounds__(kThreads) attention_decode_tc_kernel(const DecodeParams<T> p) {
   pdl_launch_dependents();  // the o projection may start loading its weights
-  pdl_wait();
+  if constexpr (!kEarly) pdl_wait();
   using L = TcLayout<T, D>;
   constexpr int kStride = L::kStride;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -217,7 +241,10 @@ __global__ void __launch_bounds__(kThreads) attention_decode_tc_kernel(const Dec
   const int key_begin = split * chunk;
   // A sequence shorter than the grid's splits leaves the last ones empty: the merge kernel skips
   // them; in a cluster they still take part in the merge, with no keys (log-sum-exp -inf).
-  if (!kCluster && key_begin >= kv_len) return;
+  if (!kCluster && key_begin >= kv_len) {
+    pdl_wait();  // launch.h: no block leaves before the previous grid is complete
+    return;
+  }
   const int key_end = min(kv_len, key_begin + chunk);
   const int n_tiles = max(0, (key_end - key_begin + kBlockN - 1) / kBlockN);
   const int32_t* slots = p.slot_table + p.slot_start[seq];
@@ -225,14 +252,28 @@ __global__ void __launch_bounds__(kThreads) attention_decode_tc_kernel(const Dec
   const int lane = threadIdx.x % 32;
   const float scale_log2 = p.scale * 1.4426950408889634f;
 
+  // With kEarly the first tiles start loading before the wait for the previous kernel (launch.h's
+  // rule, with the exception attention_decode.h states): the step metadata comes from a copy that
+  // precedes every kernel of the step, and keys before the newest were written in earlier steps.
+  // The newest key's K and V (which the step's QKV kernel is writing) are copied after the wait.
+  const int newest = kv_len - 1;
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
     if (st < n_tiles) {
       T* s_k = s_stage + st * 2 * L::kTileElems;
-      load_kv_stage<T, D>(s_k, s_k + L::kTileElems, p, slots, key_begin + st * kBlockN, key_end,
-                          kvh);
+      load_kv_stage<T, D, kEarly>(s_k, s_k + L::kTileElems, p, slots, key_begin + st * kBlockN,
+                                  key_end, kvh, newest);
     }
     cp_async_commit();
+  }
+  if constexpr (kEarly) {
+    pdl_wait();
+    const int newest_tile = (newest - key_begin) / kBlockN;
+    if (newest >= key_begin && newest < key_end && newest_tile < kStages - 1) {
+      T* s_k = s_stage + newest_tile * 2 * L::kTileElems;
+      load_kv_row<T, D>(s_k, s_k + L::kTileElems, p, slots, key_begin + newest_tile * kBlockN,
+                        newest, kvh);
+    }
   }
   // Q straight from global memory into mma A fragments (rows past the group are zero) while the
   // first tiles are in flight: a thread holds rows lane/4 and lane/4 + 8, columns 2*(lane%4) + {0,
@@ -562,7 +603,7 @@ size_t workspace_bytes_for(int32_t n_work, int32_t n_heads, int32_t head_dim, in
 bool cluster_kernel_available() {
   static const bool available = [] {
     cudaFuncAttributes attr{};
-    if (cudaFuncGetAttributes(&attr, attention_decode_tc_kernel<__nv_bfloat16, 64, true>) !=
+    if (cudaFuncGetAttributes(&attr, attention_decode_tc_kernel<__nv_bfloat16, 64, true, false>) !=
         cudaSuccess) {
       (void)cudaGetLastError();
       return false;
@@ -584,6 +625,17 @@ int32_t ctas_per_sm(int32_t head_dim) {
   const size_t smem_bytes = head_dim == 64 ? TcLayout<__nv_bfloat16, 64>::kSmemBytes
                                            : TcLayout<__nv_bfloat16, 128>::kSmemBytes;
   return std::max(1, kSmemPerSmBytes / static_cast<int>(smem_bytes + kSmemPerCtaReservedBytes));
+}
+
+// Whether the tensor-core kernel loads its first K/V tiles before waiting for the previous kernel
+// (the kEarly instantiation). On an H200 that made Llama-3.2-1B decode steps 2 to 3% faster at
+// batch 1 and 8 and Qwen2.5-1.5B's 4 and 5.5%. Larger batches keep the plain kernel. A build where one
+// kernel held both paths (a runtime switch, and the skip test in every tile load) made batch 32
+// and 256 steps 6 and 13% slower whichever path ran, at the same register count; two
+// instantiations brought them back to the previous figures (bench/RESULTS.md).
+constexpr int32_t kEarlyKvMaxWork = 8;
+bool early_kv_loads(int32_t n_work) {
+  return n_work <= kEarlyKvMaxWork;
 }
 
 struct LaunchArgs {
@@ -636,8 +688,11 @@ Status launch_typed(const LaunchArgs& a) {
   } else {
     using L = TcLayout<T, D>;
     const bool cluster = a.cluster;
-    auto* kernel =
-        cluster ? attention_decode_tc_kernel<T, D, true> : attention_decode_tc_kernel<T, D, false>;
+    const bool early = early_kv_loads(a.n_work);
+    auto* kernel = cluster ? (early ? attention_decode_tc_kernel<T, D, true, true>
+                                    : attention_decode_tc_kernel<T, D, true, false>)
+                           : (early ? attention_decode_tc_kernel<T, D, false, true>
+                                    : attention_decode_tc_kernel<T, D, false, false>);
     LITELLAMA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L::kSmemBytes)));
     LITELLAMA_CUDA_RETURN_IF_ERROR(

@@ -52,6 +52,15 @@ size_t attention_decode_workspace_size_bytes(int32_t max_n_work, int32_t n_heads
 // none) a plan that merges through the workspace uses as many splits as fit, down to one, which
 // needs no workspace: slower, same result. Returns kUnsupported when attention_decode_supports() is
 // false.
+//
+// With programmatic dependent launch (kernels/launch.h) and up to 8 sequences, the bf16/fp16
+// kernel starts loading its first K/V tiles before it waits for the previous kernel, so that the
+// loads overlap the QKV projection (larger batches keep the plain order). For that, no K/V row
+// this launch reads other than each sequence's newest key (kv_len - 1) may be written by a kernel
+// that can still be running (one after the last operation in the stream launched without the PDL
+// attribute, such as a copy), and the sequence metadata and the slot table must be written before
+// that operation. In a model step: slots hold one token each, and the step's arrays arrive by a
+// copy before its first kernel.
 Status launch_attention_decode(void* out,                   // [n_tokens, n_heads, head_dim]
                                const void* q,               // [n_tokens, n_heads, head_dim]
                                const void* k_pool,          // [n_slots, n_kv_heads, head_dim]

@@ -11,8 +11,8 @@
 //
 // Per linear layer, back to back, they beat cuBLAS on most decode shapes (bench/linear_bench.cu).
 // In the decode step the runner uses them for QKV, o and down at small batches
-// (RunnerOptions::gemv_max_tokens) and keeps gate/up on cuBLAS, where the SiLU variant measured
-// slower inside the step (bench/RESULTS.md).
+// (RunnerOptions::gemv_max_tokens), and the SiLU variant for gate/up at batch 1 and 2 of small
+// models (RunnerOptions::gemv_gate_up_max_tokens; bench/RESULTS.md).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -4,8 +4,9 @@
 // kernel before it in the stream is still running. Every kernel of this directory that is
 // launched through launch_kernel() obeys one rule that keeps this correct:
 //   - before pdl_wait() (griddepcontrol.wait) it touches only data no kernel writes (weights)
-//     and writes nothing;
-//   - every block reaches pdl_wait() before it reads or writes activations, and before it exits
+//     and writes nothing (one exception: attention_decode.h's early K/V reads);
+//   - every block reaches pdl_wait() before it reads or writes activations (same exception), and
+//     before it exits
 //     (so a grid never completes ahead of the grid it depends on, which keeps the ordering
 //     transitive along the stream);
 //   - pdl_launch_dependents() (griddepcontrol.launch_dependents) lets the next kernel start its

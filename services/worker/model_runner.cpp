@@ -144,12 +144,22 @@ Status StepBatch::validate(int32_t n_kv_slots, int32_t vocab_size) const {
   return Status::ok();
 }
 
+// Where the default GEMV limits change: Llama-3.2-1B (hidden 2048) and Qwen2.5-1.5B (1536) on one
+// side, Llama-3.1-8B (4096) on the other.
+constexpr int32_t kSmallModelMaxHidden = 2048;
+
 int32_t resolved_gemv_max_tokens(const RunnerOptions& options, int32_t hidden_size) {
-  // On an H200 the GEMV layers made Llama-3.2-1B (hidden 2048) and Qwen2.5-1.5B (1536) decode
-  // faster up to batch 8, Llama-3.1-8B (4096) at batch 1 only.
-  constexpr int32_t kSmallModelMaxHidden = 2048;
+  // On an H200 the GEMV layers made the small models' decode faster up to batch 8, Llama-3.1-8B's
+  // at batch 1 only.
   if (options.gemv_max_tokens >= 0) return options.gemv_max_tokens;
   return hidden_size <= kSmallModelMaxHidden ? 8 : 1;
+}
+
+int32_t resolved_gemv_gate_up_max_tokens(const RunnerOptions& options, int32_t hidden_size) {
+  // On an H200 the gate/up GEMV won at batch 1 and 2 for the small models (even from batch 4) and
+  // lost for Llama-3.1-8B.
+  if (options.gemv_gate_up_max_tokens >= 0) return options.gemv_gate_up_max_tokens;
+  return hidden_size <= kSmallModelMaxHidden ? 2 : 0;
 }
 
 Result<std::unique_ptr<ModelRunner>> create_model_runner(const Checkpoint& checkpoint,

@@ -88,10 +88,12 @@ struct RunnerOptions {
   // the GEMV layers made Llama-3.2-1B decode steps 7 to 13% faster at batch 1 to 8 and
   // Qwen2.5-1.5B 9 to 16%; Llama-3.1-8B 1% faster at batch 1 but 4% slower at batch 8.
   int32_t gemv_max_tokens = -1;
-  // With the GEMV layers: gate/up also through the GEMV (SiLU * up in its epilogue) instead of
-  // cuBLAS followed by silu_mul. Off by default: in the step it measured slower (Llama-3.2-1B
-  // batch 1, 1.12 against 0.97 ms), although faster than cuBLAS on its own.
-  bool gemv_gate_up = false;
+  // With the GEMV layers, steps of at most this many tokens also put gate/up through the GEMV
+  // (SiLU * up in its epilogue) instead of cuBLAS followed by silu_mul. 0: never. -1 (default): 2
+  // for models of hidden size up to 2048, else 0. On an H200 (bench/RESULTS.md) it made
+  // Llama-3.2-1B 3% faster at batch 1 and 2% at batch 2, Qwen2.5-1.5B 1.5% and 0.5%; from batch 4
+  // it was even, and Llama-3.1-8B batch 1 was 9% slower.
+  int32_t gemv_gate_up_max_tokens = -1;
   // CUDA, compute capability 9.0+: kernels are launched with programmatic dependent launch, so
   // each one starts (and loads its weights) while the previous one finishes.
   bool use_programmatic_launch = true;
@@ -99,8 +101,8 @@ struct RunnerOptions {
   // layers and LM head as one persistent kernel (kernels/decode_step.h) instead of about 11
   // kernels per layer. Models it does not support (q/k RMSNorm, other head sizes) and other steps
   // use the per-operation kernels. Off (0) by default: on an H200 it is slower than the
-  // per-operation path with the GEMV layers (Llama-3.2-1B batch 1: 1.073 against 1.015 ms,
-  // batch 8: 1.399 against 1.086 ms; bench/RESULTS.md).
+  // per-operation path with the GEMV layers (Llama-3.2-1B batch 1: 1.058 against 0.955 ms,
+  // batch 8: 1.386 against 1.087 ms in the latest full run; bench/RESULTS.md).
   int32_t persistent_decode_max_tokens = 0;
   // CUDA: blocks of the persistent kernel, at most one per multiprocessor (0: one per
   // multiprocessor). Fewer leave multiprocessors to other work; tests use it to give each block
@@ -124,6 +126,9 @@ class ModelRunner {
 // default) 8 for models of hidden size up to 2048 and 1 above (bench/RESULTS.md has the
 // measurements behind it).
 int32_t resolved_gemv_max_tokens(const RunnerOptions& options, int32_t hidden_size);
+// Likewise for the gate/up GEMV: options.gemv_gate_up_max_tokens, or for -1 2 up to hidden size
+// 2048 and 0 above.
+int32_t resolved_gemv_gate_up_max_tokens(const RunnerOptions& options, int32_t hidden_size);
 
 // Builds the runner for options.device from a loaded checkpoint. Unsupported devices, dtypes or
 // shapes are refused here with a clear message.

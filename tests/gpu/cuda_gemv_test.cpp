@@ -3,17 +3,20 @@
 // fused SiLU * up epilogue against the unfused reference, the residual-add and QKV RoPE variants
 // against the unfused kernels they replace, and programmatic dependent launch
 // (kernels/launch.h): a chain of dependent kernels gives bit-identical results with and without
-// it, launched directly and replayed from a CUDA graph.
+// it, launched directly and replayed from a CUDA graph, and so does decode attention, which loads
+// K/V before its wait, right after the kernel that writes the newest key.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <random>
 #include <vector>
 
 #include "kernels/add_rmsnorm.h"
+#include "kernels/attention_decode.h"
 #include "kernels/gemv.h"
 #include "kernels/launch.h"
 #include "kernels/qkv_rope.h"
@@ -367,6 +370,133 @@ TEST(CudaGemv, ProgrammaticLaunchChainIsExactDirectAndInGraphs) {
   }
   (void)cudaGraphExecDestroy(exec);
   (void)cudaGraphDestroy(graph);
+  (void)cudaStreamDestroy(stream);
+}
+
+// Decode attention right after the kernel that writes each sequence's newest K/V (qkv_rope), with
+// programmatic dependent launch: for up to 8 sequences attention_decode loads its first K/V tiles
+// before it waits, and must still see the newest key as written. A long GEMV (one wave of blocks
+// that let their dependents launch at once) runs first, so attention's early loads happen well
+// before qkv_rope, which waits for the GEMV, writes; until then the newest slots hold NaN. The
+// outputs must equal those of the same kernels run without PDL, directly and from a graph.
+TEST(CudaPdl, DecodeAttentionSeesTheNewestKeyItsProducerWrites) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  std::mt19937 rng(41);
+  constexpr int32_t kHeads = 32, kKvHeads = 8;
+  constexpr int32_t kLongN = 2048, kLongK = 32768;  // 128 MiB of weights: tens of microseconds
+  int n_sms = 0;
+  LITELLAMA_ASSERT_CUDA(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaStream_t stream = nullptr;
+  LITELLAMA_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  DevBuf d_long_x(static_cast<size_t>(kLongK) * 2), d_long_y(static_cast<size_t>(kLongN) * 2);
+  DevBuf d_long_w(static_cast<size_t>(kLongN) * kLongK * 2);  // NaN bytes: the result is unused
+  // Eight sequences (newest keys first in a tile, last in one, and past the first stages; few
+  // splits, merged in a cluster on the H200), and two (one of a single key, whose later splits are
+  // empty, and a long one: more splits than a cluster holds, merged through the workspace).
+  const std::vector<std::vector<int32_t>> batches{{1, 64, 65, 128, 130, 200, 512, 1500}, {1, 6000}};
+  for (const std::vector<int32_t>& kv_len : batches) {
+    const auto n = static_cast<int32_t>(kv_len.size());
+    const int32_t max_kv_len = *std::max_element(kv_len.begin(), kv_len.end());
+    const int32_t total = std::accumulate(kv_len.begin(), kv_len.end(), 0);
+    const int32_t n_slots = total + 13;
+    std::vector<int32_t> perm(static_cast<size_t>(n_slots));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<int32_t> slot_start{0}, token_start{0}, positions, token_slot, seq_ids;
+    const std::vector<int32_t> slot_table(perm.begin(), perm.begin() + total);
+    for (int32_t s = 0; s < n; ++s) {
+      slot_start.push_back(slot_start.back() + kv_len[static_cast<size_t>(s)]);
+      token_start.push_back(s + 1);
+      positions.push_back(kv_len[static_cast<size_t>(s)] - 1);
+      token_slot.push_back(slot_table[static_cast<size_t>(slot_start.back() - 1)]);
+      seq_ids.push_back(s);
+    }
+    DevBuf d_slot_start = upload(slot_start), d_token_start = upload(token_start);
+    DevBuf d_kv_len = upload(kv_len), d_slot_table = upload(slot_table);
+    DevBuf d_positions = upload(positions), d_token_slot = upload(token_slot);
+    DevBuf d_seq_ids = upload(seq_ids);
+    for (DType dtype : kHalfDtypes) {
+      for (int32_t head_dim : {64, 128}) {
+        SCOPED_TRACE(testing::Message() << gpu_test::dtype_label(dtype) << " head_dim " << head_dim
+                                        << " sequences " << n << " longest " << max_kv_len);
+        const size_t e = dtype_size_bytes(dtype);
+        const size_t kv_row = static_cast<size_t>(kKvHeads) * head_dim;
+        const size_t q_numel = static_cast<size_t>(n) * kHeads * head_dim;
+        const Tensor qkv = random_tensor(
+            static_cast<size_t>(n) * (kHeads + 2 * kKvHeads) * head_dim, dtype, -1, 1, rng);
+        Tensor pool_k = random_tensor(static_cast<size_t>(n_slots) * kv_row, dtype, -1, 1, rng);
+        Tensor pool_v = random_tensor(static_cast<size_t>(n_slots) * kv_row, dtype, -1, 1, rng);
+        for (int32_t slot : token_slot) {  // the newest keys: NaN until qkv_rope writes them
+          std::fill_n(pool_k.bytes.begin() + static_cast<ptrdiff_t>(slot * kv_row * e), kv_row * e,
+                      uint8_t{0xff});
+          std::fill_n(pool_v.bytes.begin() + static_cast<ptrdiff_t>(slot * kv_row * e), kv_row * e,
+                      uint8_t{0xff});
+        }
+        std::vector<float> inv_freq(static_cast<size_t>(head_dim / 2));
+        for (size_t i = 0; i < inv_freq.size(); ++i) {
+          inv_freq[i] = std::pow(10000.0f, -2.0f * static_cast<float>(i) / head_dim);
+        }
+        DevBuf d_qkv = upload(qkv.bytes), d_inv_freq = upload(inv_freq);
+        DevBuf d_k_init = upload(pool_k.bytes), d_v_init = upload(pool_v.bytes);
+        DevBuf d_k(pool_k.bytes.size()), d_v(pool_v.bytes.size()), d_q(q_numel * e);
+        DevBuf d_out(q_numel * e);
+        const size_t ws_bytes =
+            attention_decode_workspace_size_bytes(n, kHeads, kKvHeads, head_dim, max_kv_len, n_sms);
+        DevBuf d_ws(ws_bytes);
+        // Resets the pools and poisons the output, then runs the kernels (all on `stream`).
+        auto step = [&](bool long_kernel_first) -> Status {
+          const bool reset = cudaMemcpyAsync(d_k.get(), d_k_init.get(), pool_k.bytes.size(),
+                                             cudaMemcpyDeviceToDevice, stream) == cudaSuccess &&
+                             cudaMemcpyAsync(d_v.get(), d_v_init.get(), pool_v.bytes.size(),
+                                             cudaMemcpyDeviceToDevice, stream) == cudaSuccess &&
+                             cudaMemsetAsync(d_out.get(), 0xff, q_numel * e, stream) == cudaSuccess;
+          if (!reset) return Status(StatusCode::kInternal, "reset failed");
+          if (long_kernel_first) {
+            LITELLAMA_RETURN_IF_ERROR(launch_gemv(d_long_y.get(), d_long_x.get(), d_long_w.get(), 1,
+                                                  kLongN, kLongK, dtype, dtype, stream));
+          }
+          LITELLAMA_RETURN_IF_ERROR(launch_qkv_rope(
+              d_q.get(), d_k.get(), d_v.get(), d_qkv.get(), nullptr, nullptr, nullptr,
+              d_inv_freq.as<float>(), d_positions.as<int32_t>(), d_token_slot.as<int32_t>(),
+              nullptr, n, kHeads, kKvHeads, head_dim, 1.0f, 1e-6f, dtype, stream));
+          return launch_attention_decode(
+              d_out.get(), d_q.get(), d_k.get(), d_v.get(), d_token_start.as<int32_t>(),
+              d_kv_len.as<int32_t>(), d_slot_start.as<int32_t>(), d_slot_table.as<int32_t>(),
+              d_seq_ids.as<int32_t>(), n, max_kv_len, kHeads, kKvHeads, head_dim, dtype,
+              1.0f / std::sqrt(static_cast<float>(head_dim)), n_sms, d_ws.get(), ws_bytes, stream);
+        };
+        set_programmatic_launch_enabled(false);
+        LITELLAMA_ASSERT_OK(step(false));
+        LITELLAMA_ASSERT_CUDA(cudaStreamSynchronize(stream));
+        const auto want = download<uint16_t>(d_out, q_numel);
+        const auto want_f32 = download_as_f32(d_out, q_numel, dtype);
+        ASSERT_TRUE(std::all_of(want_f32.begin(), want_f32.end(),
+                                [](float x) { return std::isfinite(x); }));
+
+        set_programmatic_launch_enabled(true);
+        for (int rep = 0; rep < 5; ++rep) {
+          LITELLAMA_ASSERT_OK(step(true));
+          LITELLAMA_ASSERT_CUDA(cudaStreamSynchronize(stream));
+          ASSERT_EQ(download<uint16_t>(d_out, q_numel), want)
+              << "direct launch, repetition " << rep;
+        }
+        cudaGraph_t graph = nullptr;
+        LITELLAMA_ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        const Status recorded = step(true);
+        LITELLAMA_ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
+        LITELLAMA_ASSERT_OK(recorded);
+        cudaGraphExec_t exec = nullptr;
+        LITELLAMA_ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+        for (int rep = 0; rep < 5; ++rep) {
+          LITELLAMA_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+          LITELLAMA_ASSERT_CUDA(cudaStreamSynchronize(stream));
+          ASSERT_EQ(download<uint16_t>(d_out, q_numel), want) << "graph replay " << rep;
+        }
+        (void)cudaGraphExecDestroy(exec);
+        (void)cudaGraphDestroy(graph);
+      }
+    }
+  }
   (void)cudaStreamDestroy(stream);
 }
 

@@ -379,8 +379,8 @@ TEST_P(CudaModelRunnerTest, CudaGraphsMatchDirectLaunches) {
 }
 
 // The small-batch decode path in bf16 and fp16 (tensor-core GEMV variants with the residual add
-// and RoPE in their epilogues, gate/up through cuBLAS + silu_mul or, in bf16 also, the GEMV with
-// SiLU * up in its epilogue, programmatic dependent launch, graphs) against the
+// and RoPE in their epilogues; gate/up through cuBLAS + silu_mul, through the GEMV with SiLU * up
+// in its epilogue, or the default mix; programmatic dependent launch, graphs) against the
 // reference path (cuBLAS, separate kernels, plain launches, no graphs) over mixed prefill + decode
 // steps of 1 to 5 sequences: top logits within the dtype's tolerance; greedy ids equal until a step
 // where the reference's top two are a near tie (after that the sequences legitimately diverge). The
@@ -394,18 +394,20 @@ TEST_P(CudaModelRunnerTest, HalfPrecisionDecodeKernelsMatchReferencePath) {
   std::mt19937 rng(24);
   const int32_t n_new = 24;
   const std::vector<int32_t> starts{0, 0, 2, 5, 11};
-  for (const auto& [dtype, gemv_gate_up] :
-       {std::pair{DType::kBF16, false}, std::pair{DType::kBF16, true},
-        std::pair{DType::kF16, false}}) {
-    SCOPED_TRACE(std::string(gpu_test::dtype_label(dtype)) +
-                 (gemv_gate_up ? ", gate/up GEMV" : ", gate/up cuBLAS"));
+  // gate/up through cuBLAS, through the GEMV, and the default (the GEMV for steps of up to 2
+  // tokens).
+  for (const auto& [dtype, gate_up_max_tokens] :
+       {std::pair{DType::kBF16, 0}, std::pair{DType::kBF16, kGemvMaxRows},
+        std::pair{DType::kF16, -1}}) {
+    SCOPED_TRACE(std::string(gpu_test::dtype_label(dtype)) + ", gate/up GEMV up to " +
+                 std::to_string(gate_up_max_tokens) + " tokens");
     RunnerOptions reference_options = runner_options(Device::kCuda, dtype);
     reference_options.use_cuda_graphs = false;
     reference_options.gemv_max_tokens = 0;
     reference_options.use_programmatic_launch = false;
     RunnerOptions fast_options = runner_options(Device::kCuda, dtype);
     fast_options.gemv_max_tokens = kGemvMaxRows;
-    fast_options.gemv_gate_up = gemv_gate_up;
+    fast_options.gemv_gate_up_max_tokens = gate_up_max_tokens;
     RunnerOptions direct_options = fast_options;
     direct_options.use_cuda_graphs = false;
     auto reference = create_cuda_model_runner(*ckpt, reference_options);
@@ -426,9 +428,9 @@ TEST_P(CudaModelRunnerTest, HalfPrecisionDecodeKernelsMatchReferencePath) {
     const int32_t compared = expect_fast_path_matches(*got, *got_direct, *want, tol);
     EXPECT_GE(compared, 5 * 2);
     std::printf(
-        "[ %s ] %s%s decode kernels vs reference path: max top-logit relative difference "
-        "%.3g over %d steps\n",
-        m.preset.c_str(), gpu_test::dtype_label(dtype), gemv_gate_up ? " (gate/up GEMV)" : "",
+        "[ %s ] %s (gate/up GEMV up to %d tokens) decode kernels vs reference path: max top-logit "
+        "relative difference %.3g over %d steps\n",
+        m.preset.c_str(), gpu_test::dtype_label(dtype), gate_up_max_tokens,
         max_rel_diff(*got, *want), compared);
   }
 }
