@@ -91,8 +91,8 @@ struct RunnerOptions {
   // With the GEMV layers, steps of at most this many tokens also put gate/up through the GEMV
   // (SiLU * up in its epilogue) instead of cuBLAS followed by silu_mul. 0: never. -1 (default): 2
   // for models of hidden size up to 2048, else 0. On an H200 (bench/RESULTS.md) it made
-  // Llama-3.2-1B 3% faster at batch 1 and 2% at batch 2, Qwen2.5-1.5B 1.5% and 0.5%; from batch 4
-  // it was even, and Llama-3.1-8B batch 1 was 9% slower.
+  // Llama-3.2-1B 3% faster at batch 1 and 2% at batch 2, Qwen2.5-1.5B 1.5% and 0.5%; from batch 3
+  // the difference was under 1%, and Llama-3.1-8B batch 1 was 10% slower.
   int32_t gemv_gate_up_max_tokens = -1;
   // CUDA, compute capability 9.0+: kernels are launched with programmatic dependent launch, so
   // each one starts (and loads its weights) while the previous one finishes.
