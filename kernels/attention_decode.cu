@@ -629,8 +629,8 @@ int32_t ctas_per_sm(int32_t head_dim) {
 
 // Whether the tensor-core kernel loads its first K/V tiles before waiting for the previous kernel
 // (the kEarly instantiation). On an H200 that made Llama-3.2-1B decode steps 2 to 3% faster at
-// batch 1 and 8 and Qwen2.5-1.5B's 4 and 5.5%. Larger batches keep the plain kernel. A build where one
-// kernel held both paths (a runtime switch, and the skip test in every tile load) made batch 32
+// batch 1 and 8 and Qwen2.5-1.5B's 4 and 5.5%. Larger batches keep the plain kernel. A build where
+// one kernel held both paths (a runtime switch, and the skip test in every tile load) made batch 32
 // and 256 steps 6 and 13% slower whichever path ran, at the same register count; two
 // instantiations brought them back to the previous figures (bench/RESULTS.md).
 constexpr int32_t kEarlyKvMaxWork = 8;
