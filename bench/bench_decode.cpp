@@ -305,7 +305,7 @@ int main(int argc, char** argv) {
                  "steps of at most this many tokens run the fused small-batch GEMV layers "
                  "(0: cuBLAS throughout; -1: the runner's choice by model size)");
   app.add_option(
-      "--gemv-gate-up", a.gemv_gate_up,
+      "--gemv-gate-up-max-tokens", a.gemv_gate_up,
       "GEMV layers: steps of at most this many tokens put gate/up through the GEMV "
       "with SiLU * up too, not cuBLAS (0: never; -1: the runner's choice by model size)");
   app.add_option("--pdl", a.pdl, "programmatic dependent launch (1/0)");

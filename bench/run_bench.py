@@ -177,8 +177,8 @@ def main():
     # programmatic dependent launch; no small-batch GEMV layers (cuBLAS throughout); the GEMV
     # layers with gate/up on cuBLAS at every batch, and with gate/up through the GEMV at every
     # batch; the persistent decode-step kernel (opt-in) for up to 8 sequences.
-    for flags in (["--graphs", "0"], ["--pdl", "0"], ["--gemv", "0"], ["--gemv-gate-up", "0"],
-                  ["--gemv", "8", "--gemv-gate-up", "8"], ["--persistent", "8"]):
+    for flags in (["--graphs", "0"], ["--pdl", "0"], ["--gemv", "0"], ["--gemv-gate-up-max-tokens", "0"],
+                  ["--gemv", "8", "--gemv-gate-up-max-tokens", "8"], ["--persistent", "8"]):
         run_ours(a.bin, rows, a.jsonl, ["--preset", "llama3.2-1b", "--dir", d1, "--batches", "1,8",
                                         "--context", "512", "--copy-bandwidth", "0",
                                         "--steps", "20"] + flags)
