@@ -6,9 +6,8 @@
 //   - before pdl_wait() (griddepcontrol.wait) it touches only data no kernel writes (weights)
 //     and writes nothing (one exception: attention_decode.h's early K/V reads);
 //   - every block reaches pdl_wait() before it reads or writes activations (same exception), and
-//     before it exits
-//     (so a grid never completes ahead of the grid it depends on, which keeps the ordering
-//     transitive along the stream);
+//     before it exits (so a grid never completes ahead of the grid it depends on, which keeps the
+//     ordering transitive along the stream);
 //   - pdl_launch_dependents() (griddepcontrol.launch_dependents) lets the next kernel start its
 //     own weight loads early; its pdl_wait() still waits for this grid's completion and memory.
 // Kernels launched without the attribute (cuBLAS, copies) order as usual. Captured into a CUDA
