@@ -333,6 +333,32 @@ class PdlChain {
   std::vector<DevBuf> w_;
 };
 
+// Enqueues `enqueue` on `stream` `reps` times directly, then captures it once into a CUDA graph and
+// replays that `reps` times; after every run `result()` must equal `want`.
+template <typename Enqueue, typename ReadResult, typename Want>
+void expect_each_run_gives(cudaStream_t stream, int reps, Enqueue enqueue, ReadResult result,
+                           const Want& want) {
+  for (int rep = 0; rep < reps; ++rep) {
+    LITELLAMA_ASSERT_OK(enqueue());
+    LITELLAMA_ASSERT_CUDA(cudaStreamSynchronize(stream));
+    ASSERT_EQ(result(), want) << "direct launch, repetition " << rep;
+  }
+  cudaGraph_t graph = nullptr;
+  LITELLAMA_ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const Status recorded = enqueue();
+  LITELLAMA_ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
+  LITELLAMA_ASSERT_OK(recorded);
+  cudaGraphExec_t exec = nullptr;
+  LITELLAMA_ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int rep = 0; rep < reps; ++rep) {
+    LITELLAMA_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+    LITELLAMA_ASSERT_CUDA(cudaStreamSynchronize(stream));
+    ASSERT_EQ(result(), want) << "graph replay " << rep;
+  }
+  (void)cudaGraphExecDestroy(exec);
+  (void)cudaGraphDestroy(graph);
+}
+
 TEST(CudaGemv, ProgrammaticLaunchChainIsExactDirectAndInGraphs) {
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   int major = 0;
@@ -351,25 +377,8 @@ TEST(CudaGemv, ProgrammaticLaunchChainIsExactDirectAndInGraphs) {
   set_programmatic_launch_enabled(true);
   // PDL is what this test is about: it must be on where the device has it.
   EXPECT_EQ(programmatic_launch_enabled(), major >= 9);
-  for (int rep = 0; rep < 20; ++rep) {
-    LITELLAMA_ASSERT_OK(chain.run(stream));
-    LITELLAMA_ASSERT_CUDA(cudaStreamSynchronize(stream));
-    ASSERT_EQ(chain.result(), want) << "direct launch, repetition " << rep;
-  }
-  cudaGraph_t graph = nullptr;
-  LITELLAMA_ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const Status recorded = chain.run(stream);
-  LITELLAMA_ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
-  LITELLAMA_ASSERT_OK(recorded);
-  cudaGraphExec_t exec = nullptr;
-  LITELLAMA_ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  for (int rep = 0; rep < 20; ++rep) {
-    LITELLAMA_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
-    LITELLAMA_ASSERT_CUDA(cudaStreamSynchronize(stream));
-    ASSERT_EQ(chain.result(), want) << "graph replay " << rep;
-  }
-  (void)cudaGraphExecDestroy(exec);
-  (void)cudaGraphDestroy(graph);
+  expect_each_run_gives(
+      stream, 20, [&] { return chain.run(stream); }, [&] { return chain.result(); }, want);
   (void)cudaStreamDestroy(stream);
 }
 
@@ -474,26 +483,9 @@ TEST(CudaPdl, DecodeAttentionSeesTheNewestKeyItsProducerWrites) {
                                 [](float x) { return std::isfinite(x); }));
 
         set_programmatic_launch_enabled(true);
-        for (int rep = 0; rep < 5; ++rep) {
-          LITELLAMA_ASSERT_OK(step(true));
-          LITELLAMA_ASSERT_CUDA(cudaStreamSynchronize(stream));
-          ASSERT_EQ(download<uint16_t>(d_out, q_numel), want)
-              << "direct launch, repetition " << rep;
-        }
-        cudaGraph_t graph = nullptr;
-        LITELLAMA_ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-        const Status recorded = step(true);
-        LITELLAMA_ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
-        LITELLAMA_ASSERT_OK(recorded);
-        cudaGraphExec_t exec = nullptr;
-        LITELLAMA_ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-        for (int rep = 0; rep < 5; ++rep) {
-          LITELLAMA_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
-          LITELLAMA_ASSERT_CUDA(cudaStreamSynchronize(stream));
-          ASSERT_EQ(download<uint16_t>(d_out, q_numel), want) << "graph replay " << rep;
-        }
-        (void)cudaGraphExecDestroy(exec);
-        (void)cudaGraphDestroy(graph);
+        expect_each_run_gives(
+            stream, 5, [&] { return step(true); },
+            [&] { return download<uint16_t>(d_out, q_numel); }, want);
       }
     }
   }
