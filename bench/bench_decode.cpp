@@ -8,7 +8,10 @@
 // is reported. Bytes per decode step = every weight read once (the embedding table only for the
 // batch's rows, the LM head in full) + every sequence's K/V at its mean kv_len; the fraction is
 // those bytes over the time, against the copy bandwidth measured in the same process.
-// Output: one JSON object per line on stdout.
+// Prefills (--prefills) run before the decode measurements; decode rows say whether they did
+// (after_prefills), since earlier prefills of several 512-token sequences were measured to slow
+// small-batch decode steps by 2 to 3% (bench/RESULTS.md). Output: one JSON object per line on
+// stdout.
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
@@ -267,6 +270,7 @@ int run(const Args& a) {
     const double bytes = decode_bytes(c, 2, b, kv_mean);
     nlohmann::json j{{"kind", "decode"},
                      {"preset", a.preset},
+                     {"after_prefills", !prefills.empty()},
                      {"graphs", a.graphs},
                      {"gemv", a.gemv},
                      {"gemv_gate_up", a.gemv_gate_up},
