@@ -790,6 +790,18 @@ int32_t attention_decode_n_splits(int32_t n_work, int32_t n_heads, int32_t n_kv_
   return static_cast<int32_t>(best_s);
 }
 
+int32_t attention_decode_launch_splits(int32_t n_splits, DType dtype) {
+  // A context a little over 512 keys at batch 1 plans 9 splits of one tile, past the cluster size,
+  // so its splits would merge in a separate kernel. One cluster with two tiles per CTA was faster:
+  // Llama-3.2-1B batch 1 at context 512 took 0.910 against 0.930 ms per step on an H200
+  // (bench/RESULTS.md).
+  if (n_splits > kMaxClusterSplits && n_splits <= 2 * kMaxClusterSplits &&
+      attention_decode_merges_in_cluster(kMaxClusterSplits, dtype)) {
+    return kMaxClusterSplits;
+  }
+  return n_splits;
+}
+
 bool attention_decode_merges_in_cluster(int32_t n_splits, DType dtype) {
   return (dtype == DType::kBF16 || dtype == DType::kF16) &&
          cluster_merges(n_splits, dtype_size_bytes(dtype));
@@ -839,8 +851,8 @@ Status launch_attention_decode(void* out, const void* q, const void* k_pool, con
                       n_kv_heads);
   }
   if (n_work == 0) return Status::ok();
-  const int32_t n_splits =
-      attention_decode_n_splits(n_work, n_heads, n_kv_heads, head_dim, max_kv_len, n_sms);
+  const int32_t n_splits = attention_decode_launch_splits(
+      attention_decode_n_splits(n_work, n_heads, n_kv_heads, head_dim, max_kv_len, n_sms), dtype);
   LaunchArgs args{out,
                   q,
                   k_pool,

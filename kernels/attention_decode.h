@@ -29,12 +29,17 @@ namespace litellama {
 // n_kv_heads.
 bool attention_decode_supports(DType dtype, int32_t head_dim, int32_t n_heads, int32_t n_kv_heads);
 
-// Splits per (sequence, KV head) that launch_attention_decode uses for these arguments (1 means
-// no merge and no workspace use). Under one wave of CTAs it splits for parallelism; above,
-// only against a badly filled last wave. n_sms: the device's multiprocessor count, read once by
-// the caller (cudaDevAttrMultiProcessorCount).
+// The split plan per (sequence, KV head) for these arguments (1 means no merge and no workspace
+// use); launch_attention_decode runs attention_decode_launch_splits of it. Under one wave of CTAs
+// it splits for parallelism; above, only against a badly filled last wave. n_sms: the device's
+// multiprocessor count, read once by the caller (cudaDevAttrMultiProcessorCount).
 int32_t attention_decode_n_splits(int32_t n_work, int32_t n_heads, int32_t n_kv_heads,
                                   int32_t head_dim, int32_t max_kv_len, int32_t n_sms);
+
+// The splits launch_attention_decode launches for a plan of n_splits on the current device: a plan
+// just past a cluster's worth (9 to 16) becomes one cluster of 8, each CTA taking up to two key
+// tiles, where clusters merge for this dtype; otherwise the plan itself.
+int32_t attention_decode_launch_splits(int32_t n_splits, DType dtype);
 
 // Whether launch_attention_decode merges n_splits splits inside one clustered launch on the
 // current device (no merge kernel, no workspace use) for this dtype.

@@ -418,9 +418,13 @@ TEST_P(AttentionTest, DecodeRealistic) {
   const auto n_work = static_cast<int32_t>(work.decode_ids.size());
   int32_t cluster_merges = 0;
   int32_t kernel_merges = 0;
-  for (auto [h, kv] :
-       {std::pair{4, 4}, std::pair{32, 8}, std::pair{16, 2}, std::pair{28, 4}, std::pair{32, 2}}) {
-    const int32_t splits = attention_decode_n_splits(n_work, h, kv, head_dim(), 4100, n_sms);
+  // (8, 1) plans about 30 splits: past the cluster-of-8 rewrite of 9 to 16, so it merges in the
+  // separate kernel; (16, 2) and (32, 2) plan 15, which become one cluster of 8 where clusters
+  // merge.
+  for (auto [h, kv] : {std::pair{4, 4}, std::pair{32, 8}, std::pair{16, 2}, std::pair{28, 4},
+                       std::pair{32, 2}, std::pair{8, 1}}) {
+    const int32_t splits = attention_decode_launch_splits(
+        attention_decode_n_splits(n_work, h, kv, head_dim(), 4100, n_sms), dtype());
     if (splits > 1) {
       ++(attention_decode_merges_in_cluster(splits, dtype()) ? cluster_merges : kernel_merges);
     }
@@ -433,8 +437,14 @@ TEST_P(AttentionTest, DecodeRealistic) {
   if (major >= 9 && dtype() != DType::kF32 && n_sms >= 100) {
     EXPECT_GT(cluster_merges, 0);
     EXPECT_GT(kernel_merges, 0);
+    // Plans just past a cluster's worth run as one cluster of 8; longer ones keep their splits.
+    EXPECT_EQ(attention_decode_launch_splits(9, dtype()), 8);
+    EXPECT_EQ(attention_decode_launch_splits(16, dtype()), 8);
+    EXPECT_EQ(attention_decode_launch_splits(17, dtype()), 17);
+    EXPECT_EQ(attention_decode_launch_splits(5, dtype()), 5);
   } else if (dtype() == DType::kF32) {
     EXPECT_EQ(cluster_merges, 0);
+    EXPECT_EQ(attention_decode_launch_splits(9, dtype()), 9);
   }
 }
 
