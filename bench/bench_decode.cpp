@@ -5,9 +5,11 @@
 // A decode measurement: `batch` sequences with `context`-token prompts are prefilled (packed,
 // max_batch_tokens per step), then every sequence decodes greedily; warm-up steps first, then the
 // host wall time of each timed step (step() ends in the step's only synchronization); the median
-// is reported. Bytes per decode step = every weight read once (the embedding table only for the
-// batch's rows, the LM head in full) + every sequence's K/V at its mean kv_len; the fraction is
-// those bytes over the time, against the copy bandwidth measured in the same process.
+// is reported, with the median device time of the same steps (device_ms: ModelRunner::
+// last_step_device_seconds, first copy to last; the difference is host work and launch and
+// synchronisation latency). Bytes per decode step = every weight read once (the embedding table
+// only for the batch's rows, the LM head in full) + every sequence's K/V at its mean kv_len; the
+// fraction is those bytes over the time, against the copy bandwidth measured in the same process.
 // Prefills (--prefills) run before the decode measurements; decode rows say whether they did
 // (after_prefills), since earlier prefills of several 512-token sequences were measured to slow
 // small-batch decode steps by 2 to 3% (bench/RESULTS.md). Output: one JSON object per line on
@@ -178,11 +180,13 @@ int run(const Args& a) {
   std::uniform_int_distribution<int32_t> id(0, c.vocab_size - 1);
   StepBatch batch;
   StepOutput out;
-  auto timed_step = [&](double* ms) -> bool {
+  // Host wall time of step() (what a caller waits), and the step's device time in *device_ms.
+  auto timed_step = [&](double* ms, double* device_ms) -> bool {
     const auto t0 = Clock::now();
     const Status s = r.step(batch, &out);
     *ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     if (!s.is_ok()) std::fprintf(stderr, "step failed: %s\n", s.message().c_str());
+    *device_ms = 1e3 * r.last_step_device_seconds().value_or(0.0);
     return s.is_ok();
   };
 
@@ -194,6 +198,7 @@ int run(const Args& a) {
       for (int32_t i = 0; i < len; ++i) p.push_back(id(rng));
     }
     std::vector<double> times;
+    std::vector<double> device_times;
     for (int rep = 0; rep < 6; ++rep) {
       batch.clear();
       for (int32_t s = 0; s < n; ++s) {
@@ -203,8 +208,12 @@ int run(const Args& a) {
             true, SamplingParams{}, 0);
       }
       double ms = 0;
-      if (!timed_step(&ms)) return 1;
-      if (rep >= 2) times.push_back(ms);
+      double device_ms = 0;
+      if (!timed_step(&ms, &device_ms)) return 1;
+      if (rep >= 2) {
+        times.push_back(ms);
+        device_times.push_back(device_ms);
+      }
     }
     const double m = median(times);
     nlohmann::json j{{"kind", "prefill"},
@@ -217,6 +226,7 @@ int run(const Args& a) {
                      {"batch", n},
                      {"context", len},
                      {"ms", m},
+                     {"device_ms", median(device_times)},
                      {"tokens_per_s", n * len / (m * 1e-3)}};
     std::printf("%s\n", j.dump().c_str());
     std::fflush(stdout);
@@ -245,12 +255,14 @@ int run(const Args& a) {
         budget -= a.context;
       }
       double ms = 0;
-      if (!timed_step(&ms)) return 1;
+      double device_ms = 0;
+      if (!timed_step(&ms, &device_ms)) return 1;
       for (size_t k = 0; k < in_step.size(); ++k) {
         tokens[static_cast<size_t>(in_step[k])].push_back(out.sampled_ids[k]);
       }
     }
     std::vector<double> times;
+    std::vector<double> device_times;
     for (int32_t step = 0; step < a.n_warmup + a.n_steps; ++step) {
       batch.clear();
       for (int32_t q = 0; q < b; ++q) {
@@ -259,8 +271,12 @@ int run(const Args& a) {
                            step + 1);
       }
       double ms = 0;
-      if (!timed_step(&ms)) return 1;
-      if (step >= a.n_warmup) times.push_back(ms);
+      double device_ms = 0;
+      if (!timed_step(&ms, &device_ms)) return 1;
+      if (step >= a.n_warmup) {
+        times.push_back(ms);
+        device_times.push_back(device_ms);
+      }
       for (int32_t q = 0; q < b; ++q) {
         tokens[static_cast<size_t>(q)].push_back(out.sampled_ids[static_cast<size_t>(q)]);
       }
@@ -280,6 +296,7 @@ int run(const Args& a) {
                      {"context", a.context},
                      {"ms", m},
                      {"min_ms", *std::min_element(times.begin(), times.end())},
+                     {"device_ms", median(device_times)},
                      {"tokens_per_s", b / (m * 1e-3)},
                      {"bytes", bytes},
                      {"floor_ms", bw > 0 ? bytes / (bw * 1e9) * 1e3 : 0.0},

@@ -3,6 +3,7 @@
 // Run: build/bin/litellama-micro-bench [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <numeric>
@@ -133,6 +134,40 @@ void BM_CpuDecodeStep(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * batch_size);
 }
 BENCHMARK(BM_CpuDecodeStep)->Arg(1)->Arg(8)->ArgNames({"batch"})->Unit(benchmark::kMillisecond);
+
+// The host work a GPU decode step of `batch` sequences at 520 keys starts with: building the
+// StepBatch (the worker reads it from the step ring likewise) and validating it. The slot table
+// (131k entries at batch 256) dominates both.
+void BM_DecodeStepBatch(benchmark::State& state) {
+  const auto batch_size = static_cast<int32_t>(state.range(0));
+  const int32_t kv_len = 520;
+  std::vector<int32_t> slots(static_cast<size_t>(batch_size) * kv_len);
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), std::mt19937(1));
+  const int32_t token = 7;
+  StepBatch batch;
+  for (auto _ : state) {
+    batch.clear();
+    for (int32_t s = 0; s < batch_size; ++s) {
+      batch.add_sequence(std::span<const int32_t>(&token, 1),
+                         std::span<const int32_t>(slots).subspan(static_cast<size_t>(s) * kv_len,
+                                                                 static_cast<size_t>(kv_len)),
+                         true, {}, 1);
+    }
+    const Status st = batch.validate(static_cast<int32_t>(slots.size()), 128256);
+    if (!st.is_ok()) {
+      state.SkipWithError(st.message().c_str());
+      return;
+    }
+  }
+  state.SetItemsProcessed(state.iterations() * batch_size);
+}
+BENCHMARK(BM_DecodeStepBatch)
+    ->Arg(1)
+    ->Arg(64)
+    ->Arg(256)
+    ->ArgNames({"batch"})
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace litellama

@@ -103,8 +103,8 @@ def table(rows):
           for r in rows if r.get("engine", "").startswith("hf-")}
     out = [f"Device copy bandwidth (D2D, read + written): {bw:.0f} GB/s", "",
            "| model | step | after prefills | graphs | fused GEMV up to (all / gate-up) | pdl | persistent up to | batch | context | ms per step | "
-           "tokens/s | fraction of copy bandwidth | target ms | x HF dynamic | x HF static | x Python LiteLLaMA |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "of which device ms | tokens/s | fraction of copy bandwidth | target ms | x HF dynamic | x HF static | x Python LiteLLaMA |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in ours:
         key = (r["kind"], r["preset"], r["batch"])
         target = TARGETS_MS.get(key)
@@ -128,9 +128,10 @@ def table(rows):
         gate_up = r.get('gemv_gate_up', '—')
         gemv = f"{gemv} / {'auto' if gate_up == -1 else gate_up}"
         after = "—" if r["kind"] != "decode" else ("yes" if r.get("after_prefills") else "no")
+        device = f"{r['device_ms']:.3f}" if r.get("device_ms") else "—"
         out.append(f"| {r['preset']} | {r['kind']} | {after} | {on('graphs')} | {gemv} | {on('pdl')} | "
                    f"{r.get('persistent', '—')} | "
-                   f"{r['batch']} | {r['context']} | {ms:.3f} | {r['tokens_per_s']:,.0f} | "
+                   f"{r['batch']} | {r['context']} | {ms:.3f} | {device} | {r['tokens_per_s']:,.0f} | "
                    f"{frac} | {tgt} | {ratio(hd)} | {ratio(hs)} | {ratio(py)} |")
     out += ["", "Hugging Face transformers, same checkpoints:", "",
             "| model | step | engine | batch | context | ms per step | tokens/s |",

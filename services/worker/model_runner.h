@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -120,6 +121,11 @@ class ModelRunner {
   // Steps run so far as the persistent decode kernel (RunnerOptions::persistent_decode_max_tokens;
   // always 0 where there is none).
   virtual int64_t persistent_decode_steps() const { return 0; }
+  // Device time of the last successful step, from the start of its host-to-device copy to the end
+  // of its device-to-host copy (CUDA events on the step's stream); the rest of the step's wall
+  // time is host work and launch/synchronisation latency. nullopt where the backend has no
+  // separate device (CPU) or no step ran yet.
+  virtual std::optional<double> last_step_device_seconds() const { return std::nullopt; }
 };
 
 // The GEMV layers' token limit a CUDA runner uses: options.gemv_max_tokens, or for -1 (the

@@ -644,6 +644,45 @@ TEST(CudaModelRunner, RejectsBadBatchesWithoutWriting) {
   EXPECT_EQ(out.top_logits[0].size(), 3u);
 }
 
+TEST(CudaModelRunner, ReportsTheDeviceTimeOfEachStep) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  TempDir dir("device_time");
+  auto ckpt = make_checkpoint(dir, kModels[0], DType::kBF16, 11);
+  LITELLAMA_ASSERT_OK(ckpt.status());
+  auto runner = create_cuda_model_runner(*ckpt, runner_options(Device::kCuda, DType::kBF16));
+  LITELLAMA_ASSERT_OK(runner.status());
+  EXPECT_FALSE((*runner)->last_step_device_seconds().has_value());
+  std::vector<int32_t> tokens = {3, 4, 5, 6};
+  std::vector<int32_t> slots = {0, 1, 2, 3};
+  StepBatch batch;
+  StepOutput out;
+  for (int step = 0; step < 4; ++step) {  // a prefill, then eager, captured and replayed decode
+    batch.clear();
+    if (step == 0) {
+      batch.add_sequence(tokens, slots, true, SamplingParams{}, 0);
+    } else {
+      batch.add_sequence(std::span(&tokens.back(), 1), slots, true, SamplingParams{}, step);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    LITELLAMA_ASSERT_OK((*runner)->step(batch, &out));
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const auto device = (*runner)->last_step_device_seconds();
+    ASSERT_TRUE(device.has_value()) << "step " << step;
+    EXPECT_GT(*device, 0.0) << "step " << step;
+    EXPECT_LE(*device, wall) << "step " << step;
+    tokens.push_back(out.sampled_ids[0]);
+    slots.push_back(static_cast<int32_t>(slots.size()));
+  }
+  // A refused batch leaves the last figure in place.
+  const double before = *(*runner)->last_step_device_seconds();
+  batch.clear();
+  const std::vector<int32_t> bad_slots = {5000};
+  batch.add_sequence(std::span(&tokens.back(), 1), bad_slots, true, SamplingParams{}, 9);
+  EXPECT_FALSE((*runner)->step(batch, &out).is_ok());
+  EXPECT_EQ(*(*runner)->last_step_device_seconds(), before);
+}
+
 TEST(CudaModelRunner, SizesThePoolFromFreeMemory) {
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   TempDir dir("pool_fraction");

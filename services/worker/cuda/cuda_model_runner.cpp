@@ -121,13 +121,16 @@ struct DecodeGraph {
   uint64_t last_use = 0;
 };
 
-// Owns a stream and a cuBLAS handle; destroyed in reverse order of creation.
+// Owns a stream, a cuBLAS handle and the two events that time a step on the device; destroyed in
+// reverse order of creation.
 class CudaContext {
  public:
   CudaContext() = default;
   CudaContext(const CudaContext&) = delete;
   CudaContext& operator=(const CudaContext&) = delete;
   ~CudaContext() {
+    if (step_end_ != nullptr) (void)cudaEventDestroy(step_end_);
+    if (step_start_ != nullptr) (void)cudaEventDestroy(step_start_);
     if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
     if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
   }
@@ -135,14 +138,20 @@ class CudaContext {
     LITELLAMA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     LITELLAMA_CUBLAS_RETURN_IF_ERROR(cublasCreate(&cublas_));
     LITELLAMA_CUBLAS_RETURN_IF_ERROR(cublasSetStream(cublas_, stream_));
+    LITELLAMA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&step_start_));
+    LITELLAMA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&step_end_));
     return Status::ok();
   }
   cudaStream_t stream() const { return stream_; }
   cublasHandle_t cublas() const { return cublas_; }
+  cudaEvent_t step_start() const { return step_start_; }
+  cudaEvent_t step_end() const { return step_end_; }
 
  private:
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
+  cudaEvent_t step_start_ = nullptr;
+  cudaEvent_t step_end_ = nullptr;
 };
 
 class CudaModelRunner final : public ModelRunner {
@@ -161,6 +170,9 @@ class CudaModelRunner final : public ModelRunner {
   int32_t n_kv_slots() const override { return n_slots_; }
   Status step(const StepBatch& batch, StepOutput* out) override;
   int64_t persistent_decode_steps() const override { return persistent_steps_; }
+  std::optional<double> last_step_device_seconds() const override {
+    return last_step_device_seconds_;
+  }
 
  private:
   Status allocate_workspaces();
@@ -249,6 +261,7 @@ class CudaModelRunner final : public ModelRunner {
   bool decode_step_ready_ = false;
   int32_t decode_step_max_tokens_ = 0;  // the largest batch it runs (its plan fits the device)
   int64_t persistent_steps_ = 0;
+  std::optional<double> last_step_device_seconds_;
   // Profiling of the persistent kernel's phases (LITELLAMA_DECODE_STEP_CLOCK=1): device clock
   // readings of the last step, and per-phase sums over the steps so far (logged at destruction).
   DeviceBuffer decode_step_clock_;
@@ -512,6 +525,7 @@ Status CudaModelRunner::step(const StepBatch& batch, StepOutput* out) {
   LITELLAMA_RETURN_IF_ERROR(ensure_staging(plan.layout.total_bytes));
   fill_step(batch, config_, plan, staging_host_.data());
   cudaStream_t stream = ctx_.stream();
+  LITELLAMA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ctx_.step_start(), stream));
   LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging_device_.data(), staging_host_.data(),
                                                  plan.layout.total_bytes, cudaMemcpyHostToDevice,
                                                  stream));
@@ -522,15 +536,19 @@ Status CudaModelRunner::step(const StepBatch& batch, StepOutput* out) {
   out->sampled_ids.assign(static_cast<size_t>(plan.n_seqs), -1);
   out->top_logits.resize(static_cast<size_t>(plan.n_seqs));
   for (auto& top : out->top_logits) top.clear();
-  if (n_sampled == 0) {
-    LITELLAMA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-    return Status::ok();
-  }
   // results_: sampled [n_sampled] | top ids [n_sampled, n_top] | top logits [n_sampled, n_top].
   const size_t results_bytes = static_cast<size_t>(n_sampled) * (1 + 2 * n_top) * sizeof(int32_t);
-  LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(results_host_.data(), results_.data(),
-                                                 results_bytes, cudaMemcpyDeviceToHost, stream));
+  if (n_sampled > 0) {
+    LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(results_host_.data(), results_.data(),
+                                                   results_bytes, cudaMemcpyDeviceToHost, stream));
+  }
+  LITELLAMA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ctx_.step_end(), stream));
   LITELLAMA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  float device_ms = 0.0f;
+  LITELLAMA_CUDA_RETURN_IF_ERROR(
+      cudaEventElapsedTime(&device_ms, ctx_.step_start(), ctx_.step_end()));
+  last_step_device_seconds_ = 1e-3 * static_cast<double>(device_ms);
+  if (n_sampled == 0) return Status::ok();
   if (clock_pending_) {  // profiling only: one more copy after the step
     clock_pending_ = false;
     LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemcpy(clock_host_.data(), decode_step_clock_.data(),

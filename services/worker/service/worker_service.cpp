@@ -66,6 +66,14 @@ WorkerService::WorkerService(WorkerOptions options)
                         .Help("Compute time of one step (batch read, forward, sampling)")
                         .Register(r)
                         .Add({}, step_buckets());
+  step_device_duration_ =
+      &prometheus::BuildHistogram()
+           .Name("litellama_worker_step_device_seconds")
+           .Help(
+               "Device time of one step, first copy to last (GPU backends only); the rest of "
+               "the step duration is host work and launch latency")
+           .Register(r)
+           .Add({}, step_buckets());
   doorbell_latency_ = &prometheus::BuildHistogram()
                            .Name("litellama_worker_doorbell_latency_seconds")
                            .Help(
@@ -303,6 +311,9 @@ std::string WorkerService::run_step(const std::string& doorbell_bytes) {
   result.ok = true;
   result.compute_seconds = monotonic_seconds() - start;
   step_duration_->Observe(result.compute_seconds);
+  if (const auto device = runner_->last_step_device_seconds()) {
+    step_device_duration_->Observe(*device);
+  }
   steps_->Increment();
   step_tokens_->Increment(static_cast<double>(batch_.n_tokens()));
   if (const int64_t persistent = runner_->persistent_decode_steps();

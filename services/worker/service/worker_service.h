@@ -92,6 +92,7 @@ class WorkerService {
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<net::MetricsServer> metrics_;
   prometheus::Histogram* step_duration_ = nullptr;
+  prometheus::Histogram* step_device_duration_ = nullptr;
   prometheus::Histogram* doorbell_latency_ = nullptr;
   prometheus::Counter* steps_ = nullptr;
   prometheus::Counter* step_errors_ = nullptr;
