@@ -90,13 +90,8 @@ int run_generate(const GenerateArgs& a) {
     return fail(cmd, make_error(StatusCode::kInvalidArgument, "unknown --device '{}' (cpu or cuda)",
                                 a.device));
   }
-  const std::string dtype_name =
-      !a.dtype.empty() ? a.dtype : (options.device == Device::kCpu ? "float32" : "bfloat16");
-  auto dtype = dtype_from_torch_name(dtype_name);
-  if (!dtype) {
-    return fail(cmd, make_error(StatusCode::kInvalidArgument,
-                                "unknown --dtype '{}' (float32, bfloat16 or float16)", dtype_name));
-  }
+  auto dtype = resolve_compute_dtype(options.device, a.dtype, ckpt->config().torch_dtype);
+  if (!dtype.is_ok()) return fail(cmd, dtype.status());
   options.compute_dtype = *dtype;
   options.n_threads = a.threads;
   options.kv_memory_fraction = a.kv_memory_fraction;
@@ -211,7 +206,8 @@ CommandMain register_generate_command(CLI::App& app) {
                   "Hugging Face model directory (default: the embedded random default model)");
   sub->add_option("--device", args->device, "cpu or cuda")->capture_default_str();
   sub->add_option("--dtype", args->dtype,
-                  "compute dtype: float32 (cpu), bfloat16 (cuda default) or float16");
+                  "compute dtype: auto (cpu: float32; cuda: bfloat16, or float16 for float16 "
+                  "checkpoints), float32, bfloat16 or float16");
   sub->add_option("--input-ids", args->input_ids, "prompt token ids, comma-separated");
   CLI::Option* prompt_option =
       sub->add_option("--prompt", args->prompt, "prompt text (encoded with the model's tokenizer)");

@@ -53,6 +53,11 @@ void add_launch_options(CLI::App* sub, LaunchOptions* o) {
   sub->add_option("--device", o->device, "cpu or cuda")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  sub->add_option("--dtype", o->dtype,
+                  "compute dtype: auto (cpu: float32; cuda: bfloat16, or float16 for float16 "
+                  "checkpoints), float32, bfloat16 or float16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "float32", "bfloat16", "float16"}));
   sub->add_option("--run-dir", o->run_dir, "directory of the ipc:// sockets")
       ->capture_default_str();
   sub->add_option("--listen", o->client_endpoint,

@@ -25,6 +25,7 @@ namespace litellama::cli {
 struct LaunchOptions {
   std::string model_dir;
   std::string device = "cpu";
+  std::string dtype = "auto";  // litellama-worker --dtype
   std::string run_dir = "/tmp/litellama";
   std::string client_endpoint;  // "" : ipc://RUN_DIR/client.sock
   int32_t n_tokenizers = 1;

@@ -6,6 +6,7 @@ service="${1:-scheduler}"
 [ $# -gt 0 ] && shift
 : "${LITELLAMA_MODEL_DIR:=/opt/litellama/assets/models/default}"
 : "${LITELLAMA_DEVICE:=cpu}"
+: "${LITELLAMA_DTYPE:=auto}"
 : "${LITELLAMA_CLIENT_ENDPOINT:=ipc:///run/litellama/client.sock}"
 : "${LITELLAMA_WORKER_ENDPOINT:=ipc:///run/litellama/worker.sock}"
 : "${LITELLAMA_TOKENIZER_ENDPOINT:=ipc:///run/litellama/tokenizer.sock}"
@@ -33,6 +34,7 @@ case "$service" in
       "$@" ;;
   worker)
     exec litellama-worker --model "$LITELLAMA_MODEL_DIR" --device "$LITELLAMA_DEVICE" \
+      --dtype "$LITELLAMA_DTYPE" \
       --scheduler "$LITELLAMA_WORKER_ENDPOINT" --metrics "$metrics" \
       --kv-slots "$LITELLAMA_KV_SLOTS" --threads "$LITELLAMA_THREADS" \
       --max-batch-tokens "$LITELLAMA_MAX_BATCH_TOKENS" --max-batch-seqs "$LITELLAMA_MAX_BATCH_SEQS" \

@@ -108,6 +108,7 @@ struct ServerInfoReply {
   int32_t n_tokenizers = 0;
   std::string model;  // the worker's model name
   std::string device;
+  std::string dtype;  // the worker's compute dtype, torch name
   int32_t n_kv_slots = 0;
   int32_t n_kv_slots_used = 0;
   int32_t n_requests_running = 0;
@@ -115,7 +116,7 @@ struct ServerInfoReply {
   int64_t max_model_len = 0;
   int32_t vocab_size = 0;
   std::vector<int32_t> eos_token_ids;
-  MSGPACK_DEFINE_MAP(request_id, ready, worker_up, n_tokenizers, model, device, n_kv_slots,
+  MSGPACK_DEFINE_MAP(request_id, ready, worker_up, n_tokenizers, model, device, dtype, n_kv_slots,
                      n_kv_slots_used, n_requests_running, n_requests_waiting, max_model_len,
                      vocab_size, eos_token_ids);
 };

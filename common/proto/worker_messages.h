@@ -21,14 +21,16 @@ struct WorkerHeartbeat {
   std::string step_ring_name;  // Boost.Interprocess shared-memory object of the StepRing
   std::string model;
   std::string device;
+  std::string dtype;  // compute dtype, torch name ("bfloat16")
   int32_t n_kv_slots = 0;
   int32_t vocab_size = 0;
   int64_t max_position_embeddings = 0;
   std::vector<int32_t> eos_token_ids;
   int32_t max_batch_tokens = 0;
   int32_t max_batch_seqs = 0;
-  MSGPACK_DEFINE_MAP(incarnation, ready, step_ring_name, model, device, n_kv_slots, vocab_size,
-                     max_position_embeddings, eos_token_ids, max_batch_tokens, max_batch_seqs);
+  MSGPACK_DEFINE_MAP(incarnation, ready, step_ring_name, model, device, dtype, n_kv_slots,
+                     vocab_size, max_position_embeddings, eos_token_ids, max_batch_tokens,
+                     max_batch_seqs);
 };
 
 // scheduler -> worker: run the step written in ring buffer `buffer`. Steps run in step_id order;

@@ -263,6 +263,7 @@ void SchedulerService::on_server_info(const std::string& client,
   if (worker_) {
     reply.model = worker_->info.model;
     reply.device = worker_->info.device;
+    reply.dtype = worker_->info.dtype;
     reply.max_model_len = worker_->info.max_position_embeddings;
     reply.eos_token_ids = worker_->info.eos_token_ids;
     reply.vocab_size = worker_->info.vocab_size;
@@ -432,8 +433,8 @@ void SchedulerService::on_worker_heartbeat(const std::string& identity,
   in_flight_.clear();
   worker_up_.store(true);
   worker_loading_.store(false);
-  LITELLAMA_LOG_INFO("scheduler: worker up ({} on {}, {} KV slots, step ring {})", hb.model,
-                     hb.device, hb.n_kv_slots, hb.step_ring_name);
+  LITELLAMA_LOG_INFO("scheduler: worker up ({} on {} in {}, {} KV slots, step ring {})", hb.model,
+                     hb.device, hb.dtype, hb.n_kv_slots, hb.step_ring_name);
 }
 
 void SchedulerService::worker_lost(const char* why, bool disconnected) {

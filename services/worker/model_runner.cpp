@@ -155,6 +155,20 @@ Status StepBatch::validate(int32_t n_kv_slots, int32_t vocab_size) const {
 // side, Llama-3.1-8B (4096) on the other.
 constexpr int32_t kSmallModelMaxHidden = 2048;
 
+Result<DType> resolve_compute_dtype(Device device, std::string_view requested,
+                                    DType checkpoint_dtype) {
+  if (requested.empty() || requested == "auto") {
+    if (device == Device::kCpu) return DType::kF32;
+    return checkpoint_dtype == DType::kF16 ? DType::kF16 : DType::kBF16;
+  }
+  const std::optional<DType> dtype = dtype_from_torch_name(requested);
+  if (!dtype) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "unknown dtype '{}' (auto, float32, bfloat16 or float16)", requested);
+  }
+  return *dtype;
+}
+
 int32_t resolved_gemv_max_tokens(const RunnerOptions& options, int32_t hidden_size) {
   // On an H200 the GEMV layers made the small models' decode faster up to batch 8, Llama-3.1-8B's
   // at batch 1 only.

@@ -14,6 +14,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -135,6 +136,12 @@ int32_t resolved_gemv_max_tokens(const RunnerOptions& options, int32_t hidden_si
 // Likewise for the gate/up GEMV: options.gemv_gate_up_max_tokens, or for -1 2 up to hidden size
 // 2048 and 0 above.
 int32_t resolved_gemv_gate_up_max_tokens(const RunnerOptions& options, int32_t hidden_size);
+
+// The compute dtype for `requested` ("" or "auto", else a torch name: float32, bfloat16, float16)
+// on `device`. "auto" is float32 on the CPU (its only dtype) and, on CUDA, the checkpoint's own
+// half type (bfloat16 or float16), bfloat16 for float32 checkpoints. Unknown names are refused.
+Result<DType> resolve_compute_dtype(Device device, std::string_view requested,
+                                    DType checkpoint_dtype);
 
 // Builds the runner for options.device from a loaded checkpoint. Unsupported devices, dtypes or
 // shapes are refused here with a clear message.

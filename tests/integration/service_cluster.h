@@ -119,13 +119,19 @@ class ServiceCluster {
                         "512", "--max-batch-seqs", "32"});
   }
   void start_worker() {
-    start("worker",
-          {bin_ + "/litellama-worker", "--model", model_, "--run-dir", run_, "--metrics",
-           "127.0.0.1:" + std::to_string(worker_port_), "--kv-slots", std::to_string(kKvSlots),
-           "--threads", "1", "--heartbeat-ms", "50", "--peer-timeout-ms", "600",
-           "--max-batch-tokens", "512", "--max-batch-seqs", "32",
-           // Parsed and handed to the runner; the CPU runner has no persistent kernel.
-           "--persistent-decode", "8"});
+    std::vector<std::string> argv = {
+        bin_ + "/litellama-worker", "--model", model_, "--run-dir", run_, "--metrics",
+        "127.0.0.1:" + std::to_string(worker_port_), "--kv-slots", std::to_string(kKvSlots),
+        "--threads", "1", "--heartbeat-ms", "50", "--peer-timeout-ms", "600", "--max-batch-tokens",
+        "512", "--max-batch-seqs", "32",
+        // Parsed and handed to the runner; the CPU runner has no persistent kernel.
+        "--persistent-decode", "8"};
+    argv.insert(argv.end(), worker_args_.begin(), worker_args_.end());
+    start("worker", argv);
+  }
+  // Flags appended to the worker's command line (e.g. --device cuda), before start_worker().
+  void add_worker_args(const std::vector<std::string>& args) {
+    worker_args_.insert(worker_args_.end(), args.begin(), args.end());
   }
   void start_tokenizer() {
     start("tokenizer", {bin_ + "/litellama-tokenizer", "--model", model_, "--run-dir", run_,
@@ -197,6 +203,7 @@ class ServiceCluster {
   std::string bin_, source_;
   std::filesystem::path dir_;
   std::string model_, run_;
+  std::vector<std::string> worker_args_;
   int scheduler_port_ = 0, worker_port_ = 0, tokenizer_port_ = 0;
   std::map<std::string, net::ChildProcess> processes_;
 };

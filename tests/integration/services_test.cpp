@@ -516,6 +516,10 @@ TEST(ServicesIntegration, MetricsOverHttpAreConsistent) {
   ServiceCluster cluster;
   ASSERT_NO_FATAL_FAILURE(cluster.start_all());
   auto c = cluster.client();
+  auto info = c->server_info(5000);
+  ASSERT_TRUE(info.is_ok()) << info.status().to_string();
+  EXPECT_EQ(info->device, "cpu");
+  EXPECT_EQ(info->dtype, "float32");  // --dtype auto on the CPU
   std::vector<uint64_t> ids;
   int total_generated = 0, total_prompt = 0;
   for (int i = 0; i < 5; ++i) {

@@ -137,7 +137,7 @@ TEST_F(CliGenerateTest, BadInputGetsAClearError) {
   expect_error("generate --model " + model() + " --input-ids 1 --dtype bfloat16",
                "computes in float32");
   expect_error("generate --model " + model() + " --input-ids 1 --dtype int4",
-               "unknown --dtype 'int4'");
+               "unknown dtype 'int4'");
   expect_error("generate --model " + model() + " --input-ids 1 --max-new-tokens 0",
                "max-new-tokens");
   expect_error("generate --model " + model() + " --input-ids 1 --temperature -1", "temperature");

@@ -210,5 +210,26 @@ TEST(RunnerOptionsTest, GemvGateUpTokenLimitFollowsModelSizeByDefault) {
   EXPECT_EQ(resolved_gemv_gate_up_max_tokens(o, 2048), 0);
 }
 
+TEST(RunnerOptionsTest, ComputeDtypeAutoFollowsDeviceAndCheckpoint) {
+  auto dt = [](Device d, const char* requested, DType ckpt) {
+    auto r = resolve_compute_dtype(d, requested, ckpt);
+    EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+    return r.is_ok() ? *r : DType::kF32;
+  };
+  EXPECT_EQ(dt(Device::kCpu, "auto", DType::kBF16), DType::kF32);
+  EXPECT_EQ(dt(Device::kCpu, "", DType::kF16), DType::kF32);
+  EXPECT_EQ(dt(Device::kCuda, "auto", DType::kBF16), DType::kBF16);
+  EXPECT_EQ(dt(Device::kCuda, "auto", DType::kF16), DType::kF16);
+  EXPECT_EQ(dt(Device::kCuda, "auto", DType::kF32), DType::kBF16);
+  EXPECT_EQ(dt(Device::kCuda, "", DType::kF32), DType::kBF16);
+  EXPECT_EQ(dt(Device::kCuda, "float32", DType::kBF16), DType::kF32);
+  EXPECT_EQ(dt(Device::kCuda, "float16", DType::kBF16), DType::kF16);
+  EXPECT_EQ(dt(Device::kCpu, "bfloat16", DType::kF32), DType::kBF16);  // the CPU runner refuses it
+  auto bad = resolve_compute_dtype(Device::kCuda, "fp8", DType::kBF16);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("unknown dtype 'fp8'"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace litellama

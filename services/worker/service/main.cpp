@@ -16,6 +16,11 @@ int main(int argc, char** argv) {
   app.add_option("--device", device, "cpu or cuda")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--dtype", options.dtype,
+                 "compute dtype: auto (cpu: float32; cuda: the checkpoint's bfloat16 or float16, "
+                 "bfloat16 for float32 checkpoints), float32, bfloat16 or float16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "float32", "bfloat16", "float16"}));
   app.add_option("--scheduler", options.scheduler_endpoint,
                  "The scheduler's worker endpoint (default ipc://RUN_DIR/worker.sock)");
   app.add_option("--kv-slots", options.runner.n_kv_slots, "KV pool size in tokens (0: from memory)")

@@ -166,6 +166,9 @@ Status WorkerService::start() {
 Status WorkerService::load() {
   const double start = monotonic_seconds();
   LITELLAMA_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open(options_.model_dir));
+  LITELLAMA_ASSIGN_OR_RETURN(options_.runner.compute_dtype,
+                             resolve_compute_dtype(options_.runner.device, options_.dtype,
+                                                   checkpoint.config().torch_dtype));
   LITELLAMA_ASSIGN_OR_RETURN(runner_, create_model_runner(checkpoint, options_.runner));
   const ModelConfig& config = runner_->config();
   proto::StepRingLimits limits;
@@ -183,6 +186,7 @@ Status WorkerService::load() {
     info.model = std::filesystem::path(options_.model_dir).parent_path().filename().string();
   }
   info.device = options_.runner.device == Device::kCuda ? "cuda" : "cpu";
+  info.dtype = dtype_torch_name(options_.runner.compute_dtype);
   info.n_kv_slots = runner_->n_kv_slots();
   info.vocab_size = config.vocab_size;
   info.max_position_embeddings = config.max_position_embeddings;
@@ -194,8 +198,8 @@ Status WorkerService::load() {
     info_ = info;
   }
   kv_slots_capacity_->Set(runner_->n_kv_slots());
-  LITELLAMA_LOG_INFO("worker: loaded {} ({}, {} KV slots) in {:.2f} s", info.model, info.device,
-                     info.n_kv_slots, monotonic_seconds() - start);
+  LITELLAMA_LOG_INFO("worker: loaded {} ({} {}, {} KV slots) in {:.2f} s", info.model, info.device,
+                     info.dtype, info.n_kv_slots, monotonic_seconds() - start);
   return Status::ok();
 }
 

@@ -35,6 +35,9 @@ struct WorkerOptions {
   std::string scheduler_endpoint;  // the scheduler's worker endpoint
   std::string model_dir;
   RunnerOptions runner;
+  // Compute dtype: auto or a torch name (resolve_compute_dtype); sets runner.compute_dtype when
+  // the checkpoint is opened.
+  std::string dtype = "auto";
   std::string step_ring_name;  // "" : litellama-step-<pid>-<random>
   std::string metrics_listen;  // "" : no HTTP listener
   int32_t heartbeat_interval_ms = 200;
