@@ -166,10 +166,11 @@ Status WorkerService::start() {
 Status WorkerService::load() {
   const double start = monotonic_seconds();
   LITELLAMA_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open(options_.model_dir));
-  LITELLAMA_ASSIGN_OR_RETURN(options_.runner.compute_dtype,
-                             resolve_compute_dtype(options_.runner.device, options_.dtype,
+  RunnerOptions runner_options = options_.runner;
+  LITELLAMA_ASSIGN_OR_RETURN(runner_options.compute_dtype,
+                             resolve_compute_dtype(runner_options.device, options_.dtype,
                                                    checkpoint.config().torch_dtype));
-  LITELLAMA_ASSIGN_OR_RETURN(runner_, create_model_runner(checkpoint, options_.runner));
+  LITELLAMA_ASSIGN_OR_RETURN(runner_, create_model_runner(checkpoint, runner_options));
   const ModelConfig& config = runner_->config();
   proto::StepRingLimits limits;
   limits.max_tokens = options_.runner.max_batch_tokens;
@@ -186,7 +187,7 @@ Status WorkerService::load() {
     info.model = std::filesystem::path(options_.model_dir).parent_path().filename().string();
   }
   info.device = options_.runner.device == Device::kCuda ? "cuda" : "cpu";
-  info.dtype = dtype_torch_name(options_.runner.compute_dtype);
+  info.dtype = dtype_torch_name(runner_options.compute_dtype);
   info.n_kv_slots = runner_->n_kv_slots();
   info.vocab_size = config.vocab_size;
   info.max_position_embeddings = config.max_position_embeddings;

@@ -35,8 +35,8 @@ struct WorkerOptions {
   std::string scheduler_endpoint;  // the scheduler's worker endpoint
   std::string model_dir;
   RunnerOptions runner;
-  // Compute dtype: auto or a torch name (resolve_compute_dtype); sets runner.compute_dtype when
-  // the checkpoint is opened.
+  // Compute dtype: auto or a torch name (resolve_compute_dtype, against the checkpoint's dtype
+  // once it is opened); it replaces runner.compute_dtype.
   std::string dtype = "auto";
   std::string step_ring_name;  // "" : litellama-step-<pid>-<random>
   std::string metrics_listen;  // "" : no HTTP listener
