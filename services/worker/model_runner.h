@@ -127,6 +127,11 @@ class ModelRunner {
   // time is host work and launch/synchronisation latency. nullopt where the backend has no
   // separate device (CPU) or no step ran yet.
   virtual std::optional<double> last_step_device_seconds() const { return std::nullopt; }
+  // Steps launched as a CUDA graph: replays of a graph an earlier step captured, and steps that
+  // captured one (each pure decode step of a new batch shape runs eagerly first, captures on its
+  // second sight and replays after). Always 0 where there are no graphs.
+  virtual int64_t graph_replays() const { return 0; }
+  virtual int64_t graph_captures() const { return 0; }
 };
 
 // The GEMV layers' token limit a CUDA runner uses: options.gemv_max_tokens, or for -1 (the

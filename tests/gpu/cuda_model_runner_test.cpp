@@ -674,6 +674,9 @@ TEST(CudaModelRunner, ReportsTheDeviceTimeOfEachStep) {
     tokens.push_back(out.sampled_ids[0]);
     slots.push_back(static_cast<int32_t>(slots.size()));
   }
+  // Steps 1 to 3 decode one sequence: eager at first sight, then captured, then replayed.
+  EXPECT_EQ((*runner)->graph_captures(), 1);
+  EXPECT_EQ((*runner)->graph_replays(), 1);
   // A refused batch leaves the last figure in place.
   const double before = *(*runner)->last_step_device_seconds();
   batch.clear();

@@ -54,8 +54,9 @@ void serve_and_compare(const std::vector<std::string>& worker_args, DType expect
   options.device = Device::kCuda;
   options.compute_dtype = expected_dtype;
   options.n_kv_slots = 4096;
-  options.max_batch_tokens = 512;  // as ServiceCluster's worker: the same workspaces
+  options.max_batch_tokens = 512;  // as ServiceCluster's worker: the same workspaces and kernels
   options.max_batch_seqs = 32;
+  options.persistent_decode_max_tokens = 8;
   auto runner = create_model_runner(*ckpt, options);
   ASSERT_TRUE(runner.is_ok()) << runner.status().to_string();
   OfflineEngine engine(**runner);
@@ -82,6 +83,9 @@ void serve_and_compare(const std::vector<std::string>& worker_args, DType expect
   const std::string m = cluster.worker_metrics();
   EXPECT_GT(metric_value(m, "litellama_worker_step_device_seconds_count"), 0);
   EXPECT_GT(metric_value(m, "litellama_worker_step_device_seconds_sum"), 0);
+  // 24-token decodes of one sequence: most steps replay a captured graph.
+  EXPECT_GT(metric_value(m, "litellama_worker_graph_steps_total{kind=\"replayed\"}"), 30);
+  EXPECT_GE(metric_value(m, "litellama_worker_graph_steps_total{kind=\"captured\"}"), 1);
 }
 
 TEST(CudaServices, AutoDtypeIsBfloat16AndOutputsMatchTheRunner) {

@@ -559,6 +559,8 @@ TEST(ServicesIntegration, MetricsOverHttpAreConsistent) {
   EXPECT_EQ(metric_value(w, "litellama_worker_persistent_decode_steps_total"), 0);  // CPU
   // The CPU runner has no separate device: the histogram is exported and stays empty.
   EXPECT_EQ(metric_value(w, "litellama_worker_step_device_seconds_count"), 0);
+  EXPECT_EQ(metric_value(w, "litellama_worker_graph_steps_total{kind=\"replayed\"}"), 0);
+  EXPECT_EQ(metric_value(w, "litellama_worker_graph_steps_total{kind=\"captured\"}"), 0);
   const std::string t = testing::http_get(cluster.tokenizer_port(), "/metrics").second;
   EXPECT_GE(metric_value(t, "litellama_tokenizer_detokenize_items_total"), 5);
   for (int port : {cluster.scheduler_port(), cluster.worker_port(), cluster.tokenizer_port()}) {

@@ -173,6 +173,8 @@ class CudaModelRunner final : public ModelRunner {
   std::optional<double> last_step_device_seconds() const override {
     return last_step_device_seconds_;
   }
+  int64_t graph_replays() const override { return graph_replays_; }
+  int64_t graph_captures() const override { return graph_captures_; }
 
  private:
   Status allocate_workspaces();
@@ -254,6 +256,8 @@ class CudaModelRunner final : public ModelRunner {
   std::unordered_map<uint64_t, DecodeGraph> decode_graphs_;
   uint64_t graph_clock_ = 0;
   bool graphs_failed_ = false;
+  int64_t graph_replays_ = 0;   // steps launched from a graph captured by an earlier step
+  int64_t graph_captures_ = 0;  // steps that captured their graph (and then launched it)
   // Persistent decode kernel (RunnerOptions::persistent_decode_max_tokens).
   DecodeStepModel decode_step_model_;
   DeviceBuffer decode_step_layers_;     // DecodeStepLayer [n_layers]
@@ -613,7 +617,8 @@ Status CudaModelRunner::run_forward(const StepBatch& batch, const StepPlan& plan
   }
   DecodeGraph& graph = it->second;
   graph.last_use = ++graph_clock_;
-  if (graph.exec.get() == nullptr && !capture_forward(plan, n_top, &graph.exec).is_ok()) {
+  const bool replay = graph.exec.get() != nullptr;
+  if (!replay && !capture_forward(plan, n_top, &graph.exec).is_ok()) {
     // A capture the runtime refuses leaves the kernels unchanged and correct when launched
     // directly. If it held the persistent kernel (a cooperative launch), stop using that kernel
     // and keep graphs for the others; otherwise stop capturing and run eagerly from here on.
@@ -623,11 +628,13 @@ Status CudaModelRunner::run_forward(const StepBatch& batch, const StepPlan& plan
       decode_step_ready_ = false;
       --persistent_steps_;  // this step runs the per-operation kernels
     } else {
+      LITELLAMA_LOG_WARN("CUDA graphs off: a decode graph capture failed; steps run eagerly");
       graphs_failed_ = true;
     }
     decode_graphs_.clear();
     return run_kernels(plan, n_top);
   }
+  ++(replay ? graph_replays_ : graph_captures_);
   LITELLAMA_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(graph.exec.get(), ctx_.stream()));
   clock_pending_ = persistent && decode_step_clock_.size_bytes() > 0;
   return Status::ok();

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 
@@ -106,6 +107,14 @@ WorkerService::WorkerService(WorkerOptions options)
                            .Help("Steps run as the persistent decode kernel (--persistent-decode)")
                            .Register(r)
                            .Add({});
+  auto& graph_steps = prometheus::BuildCounter()
+                          .Name("litellama_worker_graph_steps_total")
+                          .Help(
+                              "Steps launched as a CUDA graph: replayed (captured by an earlier "
+                              "step) or captured by this step; the other steps ran eagerly")
+                          .Register(r);
+  graph_replays_ = &graph_steps.Add({{"kind", "replayed"}});
+  graph_captures_ = &graph_steps.Add({{"kind", "captured"}});
   kv_slots_capacity_ = &prometheus::BuildGauge()
                             .Name("litellama_worker_kv_slots_capacity")
                             .Help("KV slots of the pool")
@@ -321,11 +330,14 @@ std::string WorkerService::run_step(const std::string& doorbell_bytes) {
   }
   steps_->Increment();
   step_tokens_->Increment(static_cast<double>(batch_.n_tokens()));
-  if (const int64_t persistent = runner_->persistent_decode_steps();
-      persistent > persistent_steps_seen_) {
-    persistent_steps_->Increment(static_cast<double>(persistent - persistent_steps_seen_));
-    persistent_steps_seen_ = persistent;
-  }
+  // The runner's running counts, as increments of the counters.
+  auto add_new = [](prometheus::Counter* counter, int64_t now, int64_t* seen) {
+    if (now > *seen) counter->Increment(static_cast<double>(now - *seen));
+    *seen = std::max(*seen, now);
+  };
+  add_new(persistent_steps_, runner_->persistent_decode_steps(), &persistent_steps_seen_);
+  add_new(graph_replays_, runner_->graph_replays(), &graph_replays_seen_);
+  add_new(graph_captures_, runner_->graph_captures(), &graph_captures_seen_);
   return proto::encode(result);
 }
 

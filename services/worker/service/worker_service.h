@@ -103,6 +103,10 @@ class WorkerService {
   prometheus::Counter* protocol_errors_ = nullptr;
   prometheus::Counter* persistent_steps_ = nullptr;
   int64_t persistent_steps_seen_ = 0;  // the runner's count at the last step (compute thread)
+  prometheus::Counter* graph_replays_ = nullptr;
+  prometheus::Counter* graph_captures_ = nullptr;
+  int64_t graph_replays_seen_ = 0;  // likewise
+  int64_t graph_captures_seen_ = 0;
   prometheus::Gauge* kv_slots_capacity_ = nullptr;
   prometheus::Gauge* scheduler_up_ = nullptr;
 };
