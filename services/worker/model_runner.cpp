@@ -75,7 +75,7 @@ const int32_t* first_outside(const std::vector<int32_t>& v, int32_t limit) {
 
 }  // namespace
 
-Status StepBatch::validate(int32_t n_kv_slots, int32_t vocab_size) const {
+Status StepBatch::validate(int32_t n_kv_slots, int32_t vocab_size, bool check_slots) const {
   const size_t n = kv_len.size();
   if (n == 0) return make_error(StatusCode::kInvalidArgument, "step batch has no sequences");
   if (token_start.size() != n + 1 || slot_start.size() != n + 1 || sample.size() != n ||
@@ -144,7 +144,7 @@ Status StepBatch::validate(int32_t n_kv_slots, int32_t vocab_size) const {
     return make_error(StatusCode::kInvalidArgument, "history token id {} is outside the vocabulary",
                       *bad);
   }
-  if (const int32_t* bad = first_outside(slot_table, n_kv_slots)) {
+  if (const int32_t* bad = check_slots ? first_outside(slot_table, n_kv_slots) : nullptr) {
     return make_error(StatusCode::kInvalidArgument, "KV slot {} is outside the pool (size {})",
                       *bad, n_kv_slots);
   }

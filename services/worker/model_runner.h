@@ -57,8 +57,10 @@ struct StepBatch {
   // Sets the penalty history of the sequence added last (call right after add_sequence).
   void set_history(std::span<const int32_t> prompt_ids, std::span<const int32_t> generated_ids);
   void clear();
-  // Checks sizes and ranges (slots against n_kv_slots, ids against vocab_size).
-  Status validate(int32_t n_kv_slots, int32_t vocab_size) const;
+  // Checks sizes and ranges (slots against n_kv_slots, ids against vocab_size). A backend that
+  // range-checks the slot table while copying it (the CUDA runner's staging) passes
+  // check_slots = false and must refuse out-of-range slots itself before using them.
+  Status validate(int32_t n_kv_slots, int32_t vocab_size, bool check_slots = true) const;
 };
 
 struct StepOutput {

@@ -632,6 +632,15 @@ TEST(CudaModelRunner, RejectsBadBatchesWithoutWriting) {
   batch.add_sequence(tokens, slots, true, SamplingParams{}, 0);
   StepOutput out;
   EXPECT_EQ((*runner)->step(batch, &out).code(), StatusCode::kInvalidArgument);
+  // The range check runs as the slot table is staged: negative slots and the message too.
+  batch.clear();
+  const std::vector<int32_t> negative_slots = {0, -1, 2};
+  batch.add_sequence(tokens, negative_slots, true, SamplingParams{}, 0);
+  const Status negative = (*runner)->step(batch, &out);
+  EXPECT_EQ(negative.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(negative.message().find("KV slot -1 is outside the pool (size 1024)"),
+            std::string::npos)
+      << negative.message();
   batch.clear();
   const std::vector<int32_t> ok_slots = {0, 1, 2};
   batch.add_sequence(tokens, ok_slots, true, SamplingParams{}, 0);

@@ -511,7 +511,8 @@ Status CudaModelRunner::ensure_staging(size_t bytes) {
 }
 
 Status CudaModelRunner::step(const StepBatch& batch, StepOutput* out) {
-  LITELLAMA_RETURN_IF_ERROR(batch.validate(n_slots_, config_.vocab_size));
+  // The slot table is range-checked as fill_step copies it (one pass over it instead of two).
+  LITELLAMA_RETURN_IF_ERROR(batch.validate(n_slots_, config_.vocab_size, /*check_slots=*/false));
   if (batch.n_tokens() > options_.max_batch_tokens || batch.n_seqs() > options_.max_batch_seqs) {
     return make_error(StatusCode::kInvalidArgument,
                       "step of {} tokens in {} sequences exceeds max_batch_tokens {} or "
@@ -527,7 +528,7 @@ Status CudaModelRunner::step(const StepBatch& batch, StepOutput* out) {
   set_programmatic_launch_enabled(options_.use_programmatic_launch);
   const StepPlan plan = plan_step(batch, config_);
   LITELLAMA_RETURN_IF_ERROR(ensure_staging(plan.layout.total_bytes));
-  fill_step(batch, config_, plan, staging_host_.data());
+  LITELLAMA_RETURN_IF_ERROR(fill_step(batch, config_, plan, n_slots_, staging_host_.data()));
   cudaStream_t stream = ctx_.stream();
   LITELLAMA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ctx_.step_start(), stream));
   LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging_device_.data(), staging_host_.data(),

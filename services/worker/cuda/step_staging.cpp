@@ -31,6 +31,20 @@ T* at(void* base, size_t offset) {
   return reinterpret_cast<T*>(static_cast<char*>(base) + offset);
 }
 
+// Copies src into dst and returns whether every value is in [0, limit): one branch-free pass that
+// the compiler vectorizes (a batch-256 decode step carries 133k slots).
+bool copy_in_range(int32_t* dst, const std::vector<int32_t>& src, int32_t limit) {
+  uint32_t outside = 0;
+  const size_t n = src.size();
+  const int32_t* in = src.data();
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t x = in[i];
+    dst[i] = x;
+    outside |= static_cast<uint32_t>(x < 0) | static_cast<uint32_t>(x >= limit);
+  }
+  return outside == 0;
+}
+
 }  // namespace
 
 StepPlan plan_step(const StepBatch& batch, const ModelConfig& config) {
@@ -74,9 +88,15 @@ StepPlan plan_step(const StepBatch& batch, const ModelConfig& config) {
   return plan;
 }
 
-void fill_step(const StepBatch& batch, const ModelConfig& config, const StepPlan& plan,
-               void* host) {
+Status fill_step(const StepBatch& batch, const ModelConfig& config, const StepPlan& plan,
+                 int32_t n_kv_slots, void* host) {
   const StepLayout& l = plan.layout;
+  if (!copy_in_range(at<int32_t>(host, l.slot_table), batch.slot_table, n_kv_slots)) {
+    const auto bad = std::find_if(batch.slot_table.begin(), batch.slot_table.end(),
+                                  [&](int32_t x) { return x < 0 || x >= n_kv_slots; });
+    return make_error(StatusCode::kInvalidArgument, "KV slot {} is outside the pool (size {})",
+                      *bad, n_kv_slots);
+  }
   auto copy = [&](size_t offset, const std::vector<int32_t>& v) {
     if (!v.empty()) std::memcpy(at<char>(host, offset), v.data(), v.size() * sizeof(int32_t));
   };
@@ -85,7 +105,6 @@ void fill_step(const StepBatch& batch, const ModelConfig& config, const StepPlan
   copy(l.token_start, batch.token_start);
   copy(l.kv_len, batch.kv_len);
   copy(l.slot_start, batch.slot_start);
-  copy(l.slot_table, batch.slot_table);
   copy(l.history_ids, batch.history_ids);
 
   auto* token_slot = at<int32_t>(host, l.token_slot);
@@ -146,6 +165,7 @@ void fill_step(const StepBatch& batch, const ModelConfig& config, const StepPlan
     }
     sampling_rows[r] = row;
   }
+  return Status::ok();
 }
 
 }  // namespace litellama

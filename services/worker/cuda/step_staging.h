@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/status.h"
 #include "services/worker/model_config.h"
 #include "services/worker/model_runner.h"
 
@@ -49,7 +50,11 @@ struct StepPlan {
 
 StepPlan plan_step(const StepBatch& batch, const ModelConfig& config);
 
-// Writes the arrays of `plan` into `host` (at least plan.layout.total_bytes).
-void fill_step(const StepBatch& batch, const ModelConfig& config, const StepPlan& plan, void* host);
+// Writes the arrays of `plan` into `host` (at least plan.layout.total_bytes), range-checking the
+// slot table against n_kv_slots as it copies it (StepBatch::validate with check_slots = false
+// leaves that to this pass). An out-of-range slot is refused with kInvalidArgument; the rest of
+// `host` is then unspecified.
+Status fill_step(const StepBatch& batch, const ModelConfig& config, const StepPlan& plan,
+                 int32_t n_kv_slots, void* host);
 
 }  // namespace litellama
