@@ -1,7 +1,10 @@
 // The three processes over ZeroMQ: outputs equal the offline engine's, aborts free slots, peers
 // that die are survived, malformed frames are counted, metrics add up.
+#include <sys/wait.h>
+
 #include <cmath>
 #include <csignal>
+#include <cstdio>
 #include <fstream>
 #include <random>
 #include <set>
@@ -567,6 +570,48 @@ TEST(ServicesIntegration, MetricsOverHttpAreConsistent) {
     EXPECT_EQ(testing::http_get(port, "/health").first, 200);
     EXPECT_EQ(testing::http_get(port, "/ready").first, 200);
   }
+}
+
+}  // namespace
+}  // namespace litellama
+
+namespace litellama {
+namespace {
+
+// `litellama chat --start-services`, the README's first command: the launcher starts the three
+// services with the flags it passes them (--dtype among them), one answer streams back, and the
+// services stop with it. A dtype the CPU worker cannot run ends with the worker's reason.
+struct CliRun {
+  int exit_code = -1;
+  std::string output;
+};
+
+CliRun run_cli(const std::string& command) {
+  CliRun r;
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.output.append(buf, n);
+  const int status = ::pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+TEST(LauncherIntegration, ChatStartsTheServicesAnswersAndStops) {
+  ServiceCluster cluster;  // only for its model and scratch directory
+  ASSERT_NO_FATAL_FAILURE(cluster.make_model());
+  const std::string base = cluster.bin_dir() + "/litellama chat --start-services --model " +
+                           cluster.model_dir() + " --metrics-port 0 --threads 1 --kv-slots 2048";
+  const std::string run_dir = (cluster.dir() / "launcher-run").string();
+  const CliRun ok = run_cli(base + " --run-dir " + run_dir + " -m Hello --max-new-tokens 6");
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("starting the services"), std::string::npos) << ok.output;
+
+  const CliRun bad =
+      run_cli(base + " --run-dir " + run_dir + "-f16 --dtype float16 -m Hello --max-new-tokens 2");
+  EXPECT_NE(bad.exit_code, 0) << bad.output;
+  EXPECT_NE(bad.output.find("float16"), std::string::npos) << bad.output;
 }
 
 }  // namespace
