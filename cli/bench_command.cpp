@@ -35,6 +35,7 @@ struct BenchArgs {
   uint64_t seed = 0;
   bool json = false;
   int32_t timeout_ms = 300000;
+  std::string sweep;  // "C:N,...": one run per (concurrency C, N requests), one table
 };
 
 struct RequestRecord {
@@ -71,16 +72,14 @@ Summary summarize(std::vector<double> v) {
   return s;
 }
 
-int run_bench(const BenchArgs& a) {
-  const char* cmd = "bench";
-  auto client = net::SchedulerClient::connect(server_endpoint(a.server));
-  if (!client.is_ok()) return fail(cmd, client.status());
-  net::SchedulerClient& c = **client;
-  if (Status st = c.wait_ready(30000); !st) return fail(cmd, st);
-  auto info = c.server_info(5000);
-  if (!info.is_ok()) return fail(cmd, info.status());
-  const int32_t vocab = std::max(2, info->vocab_size);
+struct BenchResult {
+  int64_t n_ok = 0, n_in = 0, n_out = 0;
+  double duration = 0;
+  Summary ttft, tpot, itl, e2e;
+};
 
+// Sends a.n_requests requests as a.concurrency / a.request_rate say and times their streams.
+Result<BenchResult> run_load(net::SchedulerClient& c, const BenchArgs& a, int32_t vocab) {
   std::mt19937_64 rng(a.seed);
   auto length = [&](int32_t len) {
     const int32_t lo = std::max(1, static_cast<int32_t>(std::lround(len * a.range_ratio)));
@@ -113,7 +112,7 @@ int run_bench(const BenchArgs& a) {
     while (next < requests.size() && arrivals[next] <= now &&
            (a.concurrency <= 0 || n_in_flight < static_cast<size_t>(a.concurrency))) {
       auto id = c.submit(requests[next]);
-      if (!id.is_ok()) return fail(cmd, id.status());
+      if (!id.is_ok()) return id.status();
       by_id[*id] = next;
       records[next].t_submit = net::monotonic_seconds() - start;
       records[next].n_prompt = static_cast<int32_t>(requests[next].prompt_ids.size());
@@ -125,7 +124,7 @@ int run_bench(const BenchArgs& a) {
       wait_ms = std::clamp(static_cast<int>((arrivals[next] - now) * 1000), 0, 50);
     }
     auto event = c.next_event(wait_ms);
-    if (!event.is_ok()) return fail(cmd, event.status());
+    if (!event.is_ok()) return event.status();
     if (*event) {
       auto it = by_id.find((*event)->request_id());
       if (it != by_id.end()) {
@@ -163,59 +162,67 @@ int run_bench(const BenchArgs& a) {
       last_progress = now;
       std::fprintf(stderr, "\rbench: %zu/%zu requests done", n_done, requests.size());
     }
-    if (now * 1000 > a.timeout_ms) return fail(cmd, Status(StatusCode::kUnavailable, "timed out"));
+    if (now * 1000 > a.timeout_ms) return Status(StatusCode::kUnavailable, "timed out");
   }
   std::fprintf(stderr, "\n");
-  const double duration = net::monotonic_seconds() - start;
-
+  BenchResult result;
+  result.duration = net::monotonic_seconds() - start;
   std::vector<double> ttft, tpot, itl, e2e;
-  int64_t n_in = 0, n_out = 0, n_ok = 0;
   for (const RequestRecord& r : records) {
     if (!r.ok) continue;
-    ++n_ok;
-    n_in += r.n_prompt;
-    n_out += r.n_output;
+    ++result.n_ok;
+    result.n_in += r.n_prompt;
+    result.n_out += r.n_output;
     ttft.push_back(r.t_first - r.t_submit);
     e2e.push_back(r.t_last - r.t_submit);
     if (r.n_output > 1) tpot.push_back((r.t_last - r.t_first) / (r.n_output - 1));
     itl.insert(itl.end(), r.itl.begin(), r.itl.end());
   }
-  const Summary s_ttft = summarize(ttft), s_tpot = summarize(tpot), s_itl = summarize(itl),
-                s_e2e = summarize(e2e);
-  if (a.json) {
-    auto js = [](const Summary& s) {
-      return nlohmann::json{{"mean_ms", s.mean * 1e3},
-                            {"p50_ms", s.p50 * 1e3},
-                            {"p90_ms", s.p90 * 1e3},
-                            {"p99_ms", s.p99 * 1e3}};
-    };
-    nlohmann::json j;
-    j["n_requests"] = a.n_requests;
-    j["n_completed"] = n_ok;
-    j["concurrency"] = a.concurrency;
-    j["request_rate"] = a.request_rate;
-    j["duration_seconds"] = duration;
-    j["input_tokens"] = n_in;
-    j["output_tokens"] = n_out;
-    j["request_throughput"] = n_ok / duration;
-    j["output_token_throughput"] = n_out / duration;
-    j["total_token_throughput"] = (n_in + n_out) / duration;
-    j["ttft"] = js(s_ttft);
-    j["tpot"] = js(s_tpot);
-    j["itl"] = js(s_itl);
-    j["e2e_latency"] = js(s_e2e);
-    std::printf("%s\n", j.dump(2).c_str());
-    return n_ok == a.n_requests ? 0 : 1;
-  }
+  result.ttft = summarize(ttft);
+  result.tpot = summarize(tpot);
+  result.itl = summarize(itl);
+  result.e2e = summarize(e2e);
+  return result;
+}
+
+nlohmann::json to_json(const BenchArgs& a, const BenchResult& r) {
+  auto js = [](const Summary& s) {
+    return nlohmann::json{{"mean_ms", s.mean * 1e3},
+                          {"p50_ms", s.p50 * 1e3},
+                          {"p90_ms", s.p90 * 1e3},
+                          {"p99_ms", s.p99 * 1e3}};
+  };
+  nlohmann::json j;
+  j["n_requests"] = a.n_requests;
+  j["n_completed"] = r.n_ok;
+  j["concurrency"] = a.concurrency;
+  j["request_rate"] = a.request_rate;
+  j["duration_seconds"] = r.duration;
+  j["input_tokens"] = r.n_in;
+  j["output_tokens"] = r.n_out;
+  j["request_throughput"] = static_cast<double>(r.n_ok) / r.duration;
+  j["output_token_throughput"] = static_cast<double>(r.n_out) / r.duration;
+  j["total_token_throughput"] = static_cast<double>(r.n_in + r.n_out) / r.duration;
+  j["ttft"] = js(r.ttft);
+  j["tpot"] = js(r.tpot);
+  j["itl"] = js(r.itl);
+  j["e2e_latency"] = js(r.e2e);
+  return j;
+}
+
+void print_text(const BenchArgs& a, const BenchResult& r) {
+  const double out_rate = static_cast<double>(r.n_out) / r.duration;
   std::printf("============ Serving Benchmark Result ============\n");
-  std::printf("%-40s %10lld / %d\n", "Successful requests:", static_cast<long long>(n_ok),
+  std::printf("%-40s %10lld / %d\n", "Successful requests:", static_cast<long long>(r.n_ok),
               a.n_requests);
-  std::printf("%-40s %10.2f\n", "Benchmark duration (s):", duration);
-  std::printf("%-40s %10lld\n", "Total input tokens:", static_cast<long long>(n_in));
-  std::printf("%-40s %10lld\n", "Total generated tokens:", static_cast<long long>(n_out));
-  std::printf("%-40s %10.2f\n", "Request throughput (req/s):", n_ok / duration);
-  std::printf("%-40s %10.2f\n", "Output token throughput (tok/s):", n_out / duration);
-  std::printf("%-40s %10.2f\n", "Total token throughput (tok/s):", (n_in + n_out) / duration);
+  std::printf("%-40s %10.2f\n", "Benchmark duration (s):", r.duration);
+  std::printf("%-40s %10lld\n", "Total input tokens:", static_cast<long long>(r.n_in));
+  std::printf("%-40s %10lld\n", "Total generated tokens:", static_cast<long long>(r.n_out));
+  std::printf("%-40s %10.2f\n",
+              "Request throughput (req/s):", static_cast<double>(r.n_ok) / r.duration);
+  std::printf("%-40s %10.2f\n", "Output token throughput (tok/s):", out_rate);
+  std::printf("%-40s %10.2f\n", "Total token throughput (tok/s):",
+              static_cast<double>(r.n_in + r.n_out) / r.duration);
   auto block = [](const char* title, const char* name, const Summary& s) {
     std::printf("---------------%s---------------\n", title);
     std::printf("Mean %-35s %10.2f\n", (std::string(name) + " (ms):").c_str(), s.mean * 1e3);
@@ -223,12 +230,93 @@ int run_bench(const BenchArgs& a) {
     std::printf("P90 %-36s %10.2f\n", (std::string(name) + " (ms):").c_str(), s.p90 * 1e3);
     std::printf("P99 %-36s %10.2f\n", (std::string(name) + " (ms):").c_str(), s.p99 * 1e3);
   };
-  block("Time to First Token", "TTFT", s_ttft);
-  block("Time per Output Token (excl. 1st token)", "TPOT", s_tpot);
-  block("Inter-token Latency", "ITL", s_itl);
-  block("End-to-end Latency", "E2E", s_e2e);
+  block("Time to First Token", "TTFT", r.ttft);
+  block("Time per Output Token (excl. 1st token)", "TPOT", r.tpot);
+  block("Inter-token Latency", "ITL", r.itl);
+  block("End-to-end Latency", "E2E", r.e2e);
   std::printf("==================================================\n");
-  return n_ok == a.n_requests ? 0 : 1;
+}
+
+// "C:N,C:N": (concurrency, requests) pairs, each positive.
+Result<std::vector<std::pair<int32_t, int32_t>>> parse_sweep(const std::string& text) {
+  std::vector<std::pair<int32_t, int32_t>> out;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    const size_t colon = item.find(':');
+    int32_t c = 0, n = 0;
+    char rest = 0;
+    if (colon == std::string::npos || std::sscanf(item.c_str(), "%d:%d%c", &c, &n, &rest) != 2 ||
+        c < 1 || n < 1) {
+      return make_error(StatusCode::kInvalidArgument,
+                        "--sweep item '{}' is not CONCURRENCY:REQUESTS (both positive)", item);
+    }
+    out.emplace_back(c, n);
+    at = comma + 1;
+  }
+  return out;
+}
+
+int run_bench(const BenchArgs& a) {
+  const char* cmd = "bench";
+  std::vector<std::pair<int32_t, int32_t>> runs = {{a.concurrency, a.n_requests}};
+  if (!a.sweep.empty()) {
+    auto parsed = parse_sweep(a.sweep);
+    if (!parsed.is_ok()) return fail(cmd, parsed.status());
+    runs = std::move(parsed).value();
+  }
+  auto client = net::SchedulerClient::connect(server_endpoint(a.server));
+  if (!client.is_ok()) return fail(cmd, client.status());
+  net::SchedulerClient& c = **client;
+  if (Status st = c.wait_ready(30000); !st) return fail(cmd, st);
+  auto info = c.server_info(5000);
+  if (!info.is_ok()) return fail(cmd, info.status());
+  const int32_t vocab = std::max(2, info->vocab_size);
+
+  if (a.sweep.empty()) {
+    auto r = run_load(c, a, vocab);
+    if (!r.is_ok()) return fail(cmd, r.status());
+    if (a.json) {
+      std::printf("%s\n", to_json(a, *r).dump(2).c_str());
+    } else {
+      print_text(a, *r);
+    }
+    return r->n_ok == a.n_requests ? 0 : 1;
+  }
+  // The sweep: one markdown table (or one JSON array), every run against the same server.
+  nlohmann::json all = nlohmann::json::array();
+  bool complete = true;
+  if (!a.json) {
+    std::printf(
+        "Server: %s on %s in %s; prompts of %d tokens, outputs of %d (random range %.2f)\n\n",
+        info->model.c_str(), info->device.c_str(), info->dtype.c_str(), a.input_len, a.output_len,
+        a.range_ratio);
+    std::printf(
+        "| concurrency | requests | completed | output tok/s | total tok/s | TTFT p50 ms | TTFT "
+        "p99 ms | TPOT p50 ms | TPOT p99 ms | ITL p99 ms |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  }
+  for (const auto& [concurrency, n_requests] : runs) {
+    BenchArgs one = a;
+    one.concurrency = concurrency;
+    one.n_requests = n_requests;
+    auto r = run_load(c, one, vocab);
+    if (!r.is_ok()) return fail(cmd, r.status());
+    complete = complete && r->n_ok == n_requests;
+    if (a.json) {
+      all.push_back(to_json(one, *r));
+      continue;
+    }
+    std::printf("| %d | %d | %lld | %.0f | %.0f | %.2f | %.2f | %.3f | %.3f | %.2f |\n",
+                concurrency, n_requests, static_cast<long long>(r->n_ok),
+                static_cast<double>(r->n_out) / r->duration,
+                static_cast<double>(r->n_in + r->n_out) / r->duration, r->ttft.p50 * 1e3,
+                r->ttft.p99 * 1e3, r->tpot.p50 * 1e3, r->tpot.p99 * 1e3, r->itl.p99 * 1e3);
+    std::fflush(stdout);
+  }
+  if (a.json) std::printf("%s\n", all.dump(2).c_str());
+  return complete ? 0 : 1;
 }
 
 }  // namespace
@@ -257,7 +345,10 @@ CommandMain register_bench_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
   sub->add_option("--seed", a->seed, "seed of the random prompts and lengths");
-  sub->add_flag("--json", a->json, "print one JSON object");
+  sub->add_flag("--json", a->json, "print one JSON object (with --sweep: an array of them)");
+  sub->add_option("--sweep", a->sweep,
+                  "runs CONCURRENCY:REQUESTS,... one after the other against the same server and "
+                  "prints one table (overrides -n and -c), e.g. 1:16,8:64,64:256,256:512");
   return [a] { return run_bench(*a); };
 }
 

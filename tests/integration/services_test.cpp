@@ -614,5 +614,34 @@ TEST(LauncherIntegration, ChatStartsTheServicesAnswersAndStops) {
   EXPECT_NE(bad.output.find("float16"), std::string::npos) << bad.output;
 }
 
+// `litellama bench --sweep`: one run per (concurrency, requests) pair against one server, one
+// table row each, every request completed; a malformed sweep is refused before connecting.
+TEST(LauncherIntegration, BenchSweepPrintsOneRowPerRun) {
+  ServiceCluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.start_all());
+  const std::string bench = cluster.bin_dir() + "/litellama bench --server " +
+                            cluster.endpoint("client") + " --input-len 8 --output-len 4";
+  const CliRun ok = run_cli(bench + " --sweep 1:2,3:6");
+  ASSERT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("| concurrency | requests | completed |"), std::string::npos)
+      << ok.output;
+  EXPECT_NE(ok.output.find("| 1 | 2 | 2 |"), std::string::npos) << ok.output;
+  EXPECT_NE(ok.output.find("| 3 | 6 | 6 |"), std::string::npos) << ok.output;
+  EXPECT_TRUE(
+      cluster.wait_metric("litellama_scheduler_requests_finished_total{reason=\"length\"}", 8));
+
+  const CliRun json = run_cli(bench + " --sweep 2:2 --json");
+  ASSERT_EQ(json.exit_code, 0) << json.output;
+  const auto arr = nlohmann::json::parse(json.output.substr(json.output.find('[')));
+  ASSERT_EQ(arr.size(), 1u);
+  EXPECT_EQ(arr[0]["n_completed"], 2);
+  EXPECT_EQ(arr[0]["output_tokens"], 8);
+
+  const CliRun bad = run_cli(bench + " --sweep 1:0");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("--sweep item '1:0' is not CONCURRENCY:REQUESTS"), std::string::npos)
+      << bad.output;
+}
+
 }  // namespace
 }  // namespace litellama
