@@ -75,6 +75,14 @@ const int32_t* first_outside(const std::vector<int32_t>& v, int32_t limit) {
 
 }  // namespace
 
+Status check_kv_slots(const std::vector<int32_t>& slots, int32_t n_kv_slots) {
+  if (const int32_t* bad = first_outside(slots, n_kv_slots)) {
+    return make_error(StatusCode::kInvalidArgument, "KV slot {} is outside the pool (size {})",
+                      *bad, n_kv_slots);
+  }
+  return Status::ok();
+}
+
 Status StepBatch::validate(int32_t n_kv_slots, int32_t vocab_size, bool check_slots) const {
   const size_t n = kv_len.size();
   if (n == 0) return make_error(StatusCode::kInvalidArgument, "step batch has no sequences");
@@ -144,11 +152,7 @@ Status StepBatch::validate(int32_t n_kv_slots, int32_t vocab_size, bool check_sl
     return make_error(StatusCode::kInvalidArgument, "history token id {} is outside the vocabulary",
                       *bad);
   }
-  if (const int32_t* bad = check_slots ? first_outside(slot_table, n_kv_slots) : nullptr) {
-    return make_error(StatusCode::kInvalidArgument, "KV slot {} is outside the pool (size {})",
-                      *bad, n_kv_slots);
-  }
-  return Status::ok();
+  return check_slots ? check_kv_slots(slot_table, n_kv_slots) : Status::ok();
 }
 
 // Where the default GEMV limits change: Llama-3.2-1B (hidden 2048) and Qwen2.5-1.5B (1536) on one

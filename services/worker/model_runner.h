@@ -63,6 +63,10 @@ struct StepBatch {
   Status validate(int32_t n_kv_slots, int32_t vocab_size, bool check_slots = true) const;
 };
 
+// kInvalidArgument naming the first slot outside [0, n_kv_slots), else ok. StepBatch::validate
+// uses it, and so does a backend that range-checks the slot table itself (check_slots = false).
+Status check_kv_slots(const std::vector<int32_t>& slots, int32_t n_kv_slots);
+
 struct StepOutput {
   std::vector<int32_t> sampled_ids;  // [n_seqs], -1 where the sequence was not sampled
   // [n_seqs] (empty inner vector where not sampled or n_top_logits == 0): (id, raw logit),

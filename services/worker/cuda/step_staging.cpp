@@ -92,10 +92,7 @@ Status fill_step(const StepBatch& batch, const ModelConfig& config, const StepPl
                  int32_t n_kv_slots, void* host) {
   const StepLayout& l = plan.layout;
   if (!copy_in_range(at<int32_t>(host, l.slot_table), batch.slot_table, n_kv_slots)) {
-    const auto bad = std::find_if(batch.slot_table.begin(), batch.slot_table.end(),
-                                  [&](int32_t x) { return x < 0 || x >= n_kv_slots; });
-    return make_error(StatusCode::kInvalidArgument, "KV slot {} is outside the pool (size {})",
-                      *bad, n_kv_slots);
+    return check_kv_slots(batch.slot_table, n_kv_slots);  // names the first bad slot
   }
   auto copy = [&](size_t offset, const std::vector<int32_t>& v) {
     if (!v.empty()) std::memcpy(at<char>(host, offset), v.data(), v.size() * sizeof(int32_t));
