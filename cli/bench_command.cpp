@@ -35,7 +35,8 @@ struct BenchArgs {
   uint64_t seed = 0;
   bool json = false;
   int32_t timeout_ms = 300000;
-  std::string sweep;  // "C:N,...": one run per (concurrency C, N requests), one table
+  std::string sweep;                // "C:N,...": one run per (concurrency C, N requests), one table
+  proto::SamplingOptions sampling;  // of every request; greedy by default
 };
 
 struct RequestRecord {
@@ -85,12 +86,15 @@ Result<BenchResult> run_load(net::SchedulerClient& c, const BenchArgs& a, int32_
     const int32_t lo = std::max(1, static_cast<int32_t>(std::lround(len * a.range_ratio)));
     return std::uniform_int_distribution<int32_t>(std::min(lo, len), len)(rng);
   };
+  std::mt19937_64 seeds(a.seed ^ 0x5eed5eed5eed5eedull);  // apart, so prompts do not change
   std::vector<proto::GenerateRequest> requests(static_cast<size_t>(a.n_requests));
   for (auto& r : requests) {
     r.prompt_ids.resize(static_cast<size_t>(length(a.input_len)));
     for (auto& id : r.prompt_ids) id = std::uniform_int_distribution<int32_t>(0, vocab - 1)(rng);
     r.max_tokens = length(a.output_len);
     r.ignore_eos = true;
+    r.sampling = a.sampling;
+    r.sampling.seed = seeds();
   }
   std::vector<double> arrivals(requests.size(), 0.0);
   if (a.request_rate > 0) {
@@ -197,6 +201,9 @@ nlohmann::json to_json(const BenchArgs& a, const BenchResult& r) {
   j["n_completed"] = r.n_ok;
   j["concurrency"] = a.concurrency;
   j["request_rate"] = a.request_rate;
+  j["temperature"] = a.sampling.temperature;
+  j["top_k"] = a.sampling.top_k;
+  j["top_p"] = a.sampling.top_p;
   j["duration_seconds"] = r.duration;
   j["input_tokens"] = r.n_in;
   j["output_tokens"] = r.n_out;
@@ -344,7 +351,16 @@ CommandMain register_bench_command(CLI::App& app) {
                   "lengths uniform in [ratio * len, len] (1: fixed)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
-  sub->add_option("--seed", a->seed, "seed of the random prompts and lengths");
+  sub->add_option("--seed", a->seed, "seed of the random prompts, lengths and sampling seeds");
+  sub->add_option("--temperature", a->sampling.temperature, "of every request (0: greedy)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--top-k", a->sampling.top_k, "of every request (0: off)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--top-p", a->sampling.top_p, "of every request (1: off)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
   sub->add_flag("--json", a->json, "print one JSON object (with --sweep: an array of them)");
   sub->add_option("--sweep", a->sweep,
                   "runs CONCURRENCY:REQUESTS,... one after the other against the same server and "

@@ -1,24 +1,29 @@
-// Sampling on the device, one CTA per sampled row, with the semantics of the CPU sampler
-// (services/worker/cpu_sampler.cpp): optional top-N raw logits first; then repetition penalty over
-// prompt + generated ids, frequency/presence penalties over generated ids; greedy argmax (lowest id
-// among equal maxima) when temperature is 0; else temperature, top-k (values tied with the k-th
-// survive), top-p, min-p, and a draw u = uniform(seed, n_generated) * kept mass walked in
-// descending logit order (ties: lower id first). The uniform is the CPU sampler's counter-based
-// generator, bit for bit.
+// Sampling on the device, with the semantics of the CPU sampler (services/worker/cpu_sampler.cpp):
+// optional top-N raw logits first; then repetition penalty over prompt + generated ids,
+// frequency/presence penalties over generated ids; greedy argmax (lowest id among equal maxima)
+// when temperature is 0; else temperature, top-k (values tied with the k-th survive), top-p,
+// min-p, and a draw u = uniform(seed, n_generated) * kept mass walked in descending logit order
+// (ties: lower id first). The uniform is the CPU sampler's counter-based generator, bit for bit.
 //
 // The trick: every filter keeps a prefix of the descending order, so the kept set is "key >= k*"
 // for one ordered 32-bit key of the float logit; each prefix boundary (k-th value, top-p crossing,
 // the drawn token) is found by a 4-pass radix select over key bytes with per-bin counts or
 // probability mass, with no sort. Known difference from the CPU: a tie group that straddles the
-// top-p boundary survives whole (the CPU may cut it by id); the masses are summed in double with
-// shared-memory atomics, so their last bits may vary run to run.
+// top-p boundary survives whole (the CPU may cut it by id). Masses are summed in fixed point per
+// histogram bin (exact, order-independent) and in double elsewhere, so the CPU's sequential sums
+// differ from them in the last bits.
 //
-// Cost (H200, vocab 128256, one row; rows run in parallel, 32 rows take the same time): greedy
-// 23 us; each top-N logit one more pass (~30 us); top-k 50 + top-p 0.9 about 300 us; top-p alone
-// about 1.7 ms. The first radix pass puts nearly all logits into the few bins of their top key
-// byte, and the double-precision shared atomics serialize there; spreading that pass (bins over
-// the logit's distance from the max, integer fixed-point masses with warp-aggregated atomics) and
-// splitting a row over several CTAs are the known next steps.
+// Each row is sampled by a group of CTAs that split its logits (kernels/sampling.cu): on compute
+// capability 9.0+ a thread-block cluster of up to 8 CTAs that meet in distributed shared memory.
+// A launch whose rows are all greedy without penalties or top-N logits (greedy_only) runs a plain
+// argmax kernel instead, up to 16 CTAs per row.
+//
+// Cost of one launch (H200, vocab 128256, CUDA events around the launch, so about 6 us of it is
+// the launch itself; `cuda_sampling_test --gtest_also_run_disabled_tests
+// --gtest_filter='*Timing*'`), 1 and 8 rows, against the earlier one-CTA-per-row kernel with
+// double-precision shared atomics: greedy (argmax kernel) 11 us (was 25); top-k 50 + top-p 0.9
+// 118 us (was 318); top-p 0.9 alone 138 us (was 1711); 8 top-N logits 81 us (was 271). At 32 rows
+// (4 CTAs each) top-p alone takes 356 us (was 1727), at 256 rows (one CTA each) 1.30 ms.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -32,6 +37,8 @@ namespace litellama {
 
 // Largest StepBatch::n_top_logits the device sampler returns.
 inline constexpr int32_t kSamplingMaxTopLogits = 64;
+// Largest vocabulary the device sampler takes (its fixed-point masses, kernels/sampling.cu).
+inline constexpr int32_t kSamplingMaxVocab = 1 << 19;
 
 // Per sampled row; staged by the host with the step's metadata.
 struct SamplingRow {
@@ -54,8 +61,8 @@ struct SamplingRow {
 
 bool sampling_supports(int32_t vocab_size, int32_t n_top);
 
-// Bytes of the `token_marks` workspace for n_rows rows: int32 per (row, vocab id). It must be all
-// zero before the first call; every call leaves it all zero again.
+// Bytes of the `token_marks` workspace for n_rows rows: an int32 per (row, vocab id) and 16 bytes
+// per row. It must be all zero before the first call; every call leaves it all zero again.
 size_t sampling_workspace_size_bytes(int32_t n_rows, int32_t vocab_size);
 
 Status launch_sampling(int32_t* sampled_ids,     // [n_rows]
@@ -65,7 +72,12 @@ Status launch_sampling(int32_t* sampled_ids,     // [n_rows]
                        const SamplingRow* rows,  // [n_rows]
                        const int32_t* history_ids,  // [n_history]
                        int32_t n_rows, int32_t vocab_size, int32_t n_top,
-                       int32_t* token_marks,  // workspace [n_rows, vocab], zero at rest
-                       cudaStream_t stream);
+                       int32_t* token_marks,  // workspace, zero at rest
+                       cudaStream_t stream,
+                       // every row greedy (temperature 0) without penalties: with n_top == 0 a
+                       // plain argmax kernel runs
+                       bool greedy_only = false,
+                       // CTAs per row at most; 0: the launcher's choice (tests pass others)
+                       int32_t max_ctas_per_row = 0);
 
 }  // namespace litellama

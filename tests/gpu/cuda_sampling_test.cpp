@@ -35,9 +35,11 @@ struct DeviceResult {
   std::vector<int32_t> marks_after;
 };
 
-// Runs the device sampler over rows of `logits` ([n_rows, vocab]).
+// Runs the device sampler over rows of `logits` ([n_rows, vocab]), with at most max_ctas CTAs per
+// row (0: the launcher's choice).
 DeviceResult run_device(const std::vector<float>& logits, const std::vector<RowCase>& cases,
-                        int32_t vocab, int32_t n_top) {
+                        int32_t vocab, int32_t n_top, int32_t max_ctas = 0,
+                        bool greedy_only = false) {
   const auto n_rows = static_cast<int32_t>(cases.size());
   std::vector<SamplingRow> rows;
   std::vector<int32_t> history;
@@ -69,7 +71,7 @@ DeviceResult run_device(const std::vector<float>& logits, const std::vector<RowC
   const Status st =
       launch_sampling(d_sampled.as<int32_t>(), d_top_ids.as<int32_t>(), d_top_values.as<float>(),
                       d_logits.as<float>(), d_rows.as<SamplingRow>(), d_hist.as<int32_t>(), n_rows,
-                      vocab, n_top, d_marks.as<int32_t>(), nullptr);
+                      vocab, n_top, d_marks.as<int32_t>(), nullptr, greedy_only, max_ctas);
   EXPECT_TRUE(st.is_ok()) << st.to_string();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   DeviceResult out;
@@ -80,6 +82,9 @@ DeviceResult run_device(const std::vector<float>& logits, const std::vector<RowC
   out.marks_after = download<int32_t>(d_marks, marks_bytes / 4);
   return out;
 }
+
+// One CTA per row, two, a cluster of 8, and the launcher's choice.
+constexpr int32_t kCtaLimits[] = {1, 2, 8, 0};
 
 std::vector<float> normal_logits(size_t n, float sigma, std::mt19937& rng) {
   std::normal_distribution<float> dist(0.0f, sigma);
@@ -103,19 +108,29 @@ TEST(CudaSampling, GreedyAndTopLogitsMatchCpu) {
       logits[2 * vocab + 3] = 40.0f;
       logits[2 * vocab + 9] = 39.0f;
       std::vector<RowCase> cases(static_cast<size_t>(n_rows));
-      const DeviceResult got = run_device(logits, cases, vocab, n_top);
-      for (int32_t r = 0; r < n_rows; ++r) {
-        std::vector<float> row(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab);
-        if (n_top > 0) {
-          const auto want = top_logits(row, n_top);
-          for (int32_t i = 0; i < n_top; ++i) {
-            EXPECT_EQ(got.top_ids[r * n_top + i], want[i].first) << "row " << r << " rank " << i;
-            EXPECT_EQ(got.top_values[r * n_top + i], want[i].second);
+      for (int32_t max_ctas : kCtaLimits) {
+        for (bool greedy_only : {false, true}) {
+          SCOPED_TRACE(testing::Message()
+                       << "CTAs per row at most " << max_ctas << ", greedy only " << greedy_only);
+          const DeviceResult got = run_device(logits, cases, vocab, n_top, max_ctas, greedy_only);
+          for (int32_t r = 0; r < n_rows; ++r) {
+            std::vector<float> row(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab);
+            if (n_top > 0) {
+              const auto want = top_logits(row, n_top);
+              for (int32_t i = 0; i < n_top; ++i) {
+                EXPECT_EQ(got.top_ids[r * n_top + i], want[i].first)
+                    << "row " << r << " rank " << i;
+                EXPECT_EQ(got.top_values[r * n_top + i], want[i].second);
+              }
+            }
+            EXPECT_EQ(got.sampled[r], sample_token(row, SamplingParams{}, {})) << "row " << r;
           }
+          EXPECT_EQ(got.sampled[1], 5);
+          EXPECT_TRUE(std::all_of(got.marks_after.begin(), got.marks_after.end(), [](int32_t m) {
+            return m == 0;
+          })) << "the workspace must be left zero";
         }
-        EXPECT_EQ(got.sampled[r], sample_token(row, SamplingParams{}, {})) << "row " << r;
       }
-      EXPECT_EQ(got.sampled[1], 5);
     }
   }
 }
@@ -141,20 +156,23 @@ TEST(CudaSampling, PenaltiesMatchCpuBitForBit) {
     cases.push_back(c);
   }
   // Positive and negative logits near the penalized ids.
-  std::vector<float> logits = normal_logits(cases.size() * vocab, 3.0f, rng);
-  const DeviceResult got = run_device(logits, cases, vocab, 0);
-  for (size_t r = 0; r < cases.size(); ++r) {
-    std::vector<float> row(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab);
-    SamplingInput in{cases[r].prompt, cases[r].generated, cases[r].n_generated};
-    const int32_t want = sample_token(row, cases[r].params, in);
-    const std::vector<float> got_row(got.logits_after.begin() + r * vocab,
-                                     got.logits_after.begin() + (r + 1) * vocab);
-    EXPECT_EQ(got_row, row) << "penalized logits of row " << r;
-    EXPECT_EQ(got.sampled[r], want) << "row " << r;
+  const std::vector<float> logits = normal_logits(cases.size() * vocab, 3.0f, rng);
+  for (int32_t max_ctas : kCtaLimits) {
+    SCOPED_TRACE(testing::Message() << "CTAs per row at most " << max_ctas);
+    const DeviceResult got = run_device(logits, cases, vocab, 0, max_ctas);
+    for (size_t r = 0; r < cases.size(); ++r) {
+      std::vector<float> row(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab);
+      SamplingInput in{cases[r].prompt, cases[r].generated, cases[r].n_generated};
+      const int32_t want = sample_token(row, cases[r].params, in);
+      const std::vector<float> got_row(got.logits_after.begin() + r * vocab,
+                                       got.logits_after.begin() + (r + 1) * vocab);
+      EXPECT_EQ(got_row, row) << "penalized logits of row " << r;
+      EXPECT_EQ(got.sampled[r], want) << "row " << r;
+    }
+    EXPECT_TRUE(std::all_of(got.marks_after.begin(), got.marks_after.end(), [](int32_t m) {
+      return m == 0;
+    })) << "the marks workspace must be left zero";
   }
-  EXPECT_TRUE(std::all_of(got.marks_after.begin(), got.marks_after.end(), [](int32_t m) {
-    return m == 0;
-  })) << "the marks workspace must be left zero";
 }
 
 TEST(CudaSampling, SeededDrawsMatchCpu) {
@@ -181,18 +199,21 @@ TEST(CudaSampling, SeededDrawsMatchCpu) {
     }
     SCOPED_TRACE(testing::Message() << "vocab " << vocab);
     const std::vector<float> logits = normal_logits(cases.size() * vocab, 2.5f, rng);
-    const DeviceResult got = run_device(logits, cases, vocab, 0);
-    for (size_t r = 0; r < cases.size(); ++r) {
-      std::vector<float> row(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab);
-      const int32_t greedy = sample_token(row, SamplingParams{}, {});
-      SamplingInput in;
-      in.n_generated = cases[r].n_generated;
-      const int32_t want = sample_token(row, cases[r].params, in);
-      const SamplingParams& p = cases[r].params;
-      EXPECT_EQ(got.sampled[r], want) << "row " << r << " T " << p.temperature << " top_k "
-                                      << p.top_k << " top_p " << p.top_p << " min_p " << p.min_p;
-      ++n_checked;
-      n_distinct_from_greedy += want != greedy ? 1 : 0;
+    for (int32_t max_ctas : kCtaLimits) {
+      SCOPED_TRACE(testing::Message() << "CTAs per row at most " << max_ctas);
+      const DeviceResult got = run_device(logits, cases, vocab, 0, max_ctas);
+      for (size_t r = 0; r < cases.size(); ++r) {
+        std::vector<float> row(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab);
+        const int32_t greedy = sample_token(row, SamplingParams{}, {});
+        SamplingInput in;
+        in.n_generated = cases[r].n_generated;
+        const int32_t want = sample_token(row, cases[r].params, in);
+        const SamplingParams& p = cases[r].params;
+        EXPECT_EQ(got.sampled[r], want) << "row " << r << " T " << p.temperature << " top_k "
+                                        << p.top_k << " top_p " << p.top_p << " min_p " << p.min_p;
+        ++n_checked;
+        n_distinct_from_greedy += want != greedy ? 1 : 0;
+      }
     }
   }
   // The cases must exercise real draws, not only the argmax.
@@ -218,19 +239,23 @@ TEST(CudaSampling, DrawsAmongTiedLogitsMatchCpu) {
   }
   std::vector<float> logits = normal_logits(cases.size() * vocab, 1.5f, rng);
   for (float& l : logits) l = std::round(l * 2.0f) / 2.0f;
-  const DeviceResult got = run_device(logits, cases, vocab, 4);
-  for (size_t r = 0; r < cases.size(); ++r) {
-    std::vector<float> row(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab);
-    const auto want_top = top_logits(row, 4);
-    for (int i = 0; i < 4; ++i) EXPECT_EQ(got.top_ids[r * 4 + i], want_top[i].first);
-    SamplingInput in;
-    in.n_generated = cases[r].n_generated;
-    EXPECT_EQ(got.sampled[r], sample_token(row, cases[r].params, in)) << "row " << r;
+  for (int32_t max_ctas : kCtaLimits) {
+    SCOPED_TRACE(testing::Message() << "CTAs per row at most " << max_ctas);
+    const DeviceResult got = run_device(logits, cases, vocab, 4, max_ctas);
+    for (size_t r = 0; r < cases.size(); ++r) {
+      std::vector<float> row(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab);
+      const auto want_top = top_logits(row, 4);
+      for (int i = 0; i < 4; ++i) EXPECT_EQ(got.top_ids[r * 4 + i], want_top[i].first);
+      SamplingInput in;
+      in.n_generated = cases[r].n_generated;
+      EXPECT_EQ(got.sampled[r], sample_token(row, cases[r].params, in)) << "row " << r;
+    }
   }
 }
 
-// Time of one launch (CUDA events, median of 50 after warm-up) for 1 and 32 rows of a 128256
-// vocabulary. Run with --gtest_also_run_disabled_tests.
+// Time of one launch (CUDA events, median of 50 after warm-up) for 1 to 256 rows of a 128256
+// vocabulary, with one CTA per row and with the launcher's choice. Run with
+// --gtest_also_run_disabled_tests.
 TEST(CudaSamplingTiming, DISABLED_LaunchTime) {
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   std::mt19937 rng(15);
@@ -251,12 +276,11 @@ TEST(CudaSamplingTiming, DISABLED_LaunchTime) {
   SamplingParams penalties = top_k_p;
   penalties.repetition_penalty = 1.1f;
   penalties.frequency_penalty = 0.2f;
-  const Config configs[] = {{"greedy", greedy, 0},
-                            {"greedy + 8 top logits", greedy, 8},
-                            {"T 0.8, top-k 50, top-p 0.9", top_k_p, 0},
-                            {"T 1, top-p 0.9", top_p_only, 0},
-                            {"penalties (1000 ids), top-k/p", penalties, 0}};
-  for (int32_t n_rows : {1, 32}) {
+  const Config configs[] = {
+      {"greedy (argmax kernel)", greedy, 0}, {"greedy", greedy, 0},
+      {"greedy + 8 top logits", greedy, 8},  {"T 0.8, top-k 50, top-p 0.9", top_k_p, 0},
+      {"T 1, top-p 0.9", top_p_only, 0},     {"penalties (1000 ids), top-k/p", penalties, 0}};
+  for (int32_t n_rows : {1, 8, 32, 256}) {
     for (const Config& cfg : configs) {
       std::vector<SamplingRow> rows(static_cast<size_t>(n_rows));
       std::vector<int32_t> history;
@@ -285,22 +309,25 @@ TEST(CudaSamplingTiming, DISABLED_LaunchTime) {
       cudaEvent_t start, stop;
       cudaEventCreate(&start);
       cudaEventCreate(&stop);
-      std::vector<float> times;
-      for (int it = 0; it < 60; ++it) {
-        cudaEventRecord(start);
-        LITELLAMA_ASSERT_OK(launch_sampling(d_out.as<int32_t>(), d_ids.as<int32_t>(),
-                                            d_vals.as<float>(), d_logits.as<float>(),
-                                            d_rows.as<SamplingRow>(), d_hist.as<int32_t>(), n_rows,
-                                            vocab, cfg.n_top, d_marks.as<int32_t>(), nullptr));
-        cudaEventRecord(stop);
-        LITELLAMA_ASSERT_CUDA(cudaEventSynchronize(stop));
-        float ms = 0;
-        cudaEventElapsedTime(&ms, start, stop);
-        if (it >= 10) times.push_back(ms);
+      for (int32_t max_ctas : {1, 0}) {
+        std::vector<float> times;
+        for (int it = 0; it < 60; ++it) {
+          cudaEventRecord(start);
+          LITELLAMA_ASSERT_OK(launch_sampling(
+              d_out.as<int32_t>(), d_ids.as<int32_t>(), d_vals.as<float>(), d_logits.as<float>(),
+              d_rows.as<SamplingRow>(), d_hist.as<int32_t>(), n_rows, vocab, cfg.n_top,
+              d_marks.as<int32_t>(), nullptr, &cfg == &configs[0], max_ctas));
+          cudaEventRecord(stop);
+          LITELLAMA_ASSERT_CUDA(cudaEventSynchronize(stop));
+          float ms = 0;
+          cudaEventElapsedTime(&ms, start, stop);
+          if (it >= 10) times.push_back(ms);
+        }
+        std::sort(times.begin(), times.end());
+        std::printf("[ sampling ] vocab %d, %3d rows, %-30s, CTAs per row %-4s: %8.1f us\n", vocab,
+                    n_rows, cfg.name, max_ctas == 1 ? "1" : "auto",
+                    1000.0 * times[times.size() / 2]);
       }
-      std::sort(times.begin(), times.end());
-      std::printf("[ sampling ] vocab %d, %2d rows, %-30s: %7.1f us\n", vocab, n_rows, cfg.name,
-                  1000.0 * times[times.size() / 2]);
       cudaEventDestroy(start);
       cudaEventDestroy(stop);
     }
@@ -311,6 +338,8 @@ TEST(CudaSampling, RefusesTooManyTopLogits) {
   EXPECT_FALSE(sampling_supports(1000, kSamplingMaxTopLogits + 1));
   EXPECT_FALSE(sampling_supports(10, 11));
   EXPECT_TRUE(sampling_supports(1000, kSamplingMaxTopLogits));
+  EXPECT_TRUE(sampling_supports(kSamplingMaxVocab, 0));
+  EXPECT_FALSE(sampling_supports(kSamplingMaxVocab + 1, 0));
 }
 
 }  // namespace

@@ -615,7 +615,8 @@ TEST(LauncherIntegration, ChatStartsTheServicesAnswersAndStops) {
 }
 
 // `litellama bench --sweep`: one run per (concurrency, requests) pair against one server, one
-// table row each, every request completed; a malformed sweep is refused before connecting.
+// table row each, every request completed; sampled requests (--temperature, --top-k, --top-p)
+// complete too; a malformed sweep is refused before connecting.
 TEST(LauncherIntegration, BenchSweepPrintsOneRowPerRun) {
   ServiceCluster cluster;
   ASSERT_NO_FATAL_FAILURE(cluster.start_all());
@@ -630,12 +631,20 @@ TEST(LauncherIntegration, BenchSweepPrintsOneRowPerRun) {
   EXPECT_TRUE(
       cluster.wait_metric("litellama_scheduler_requests_finished_total{reason=\"length\"}", 8));
 
-  const CliRun json = run_cli(bench + " --sweep 2:2 --json");
+  const CliRun json =
+      run_cli(bench + " --sweep 2:2 --json --temperature 0.8 --top-k 40 --top-p 0.9");
   ASSERT_EQ(json.exit_code, 0) << json.output;
   const auto arr = nlohmann::json::parse(json.output.substr(json.output.find('[')));
   ASSERT_EQ(arr.size(), 1u);
   EXPECT_EQ(arr[0]["n_completed"], 2);
   EXPECT_EQ(arr[0]["output_tokens"], 8);
+  EXPECT_FLOAT_EQ(arr[0]["temperature"].get<float>(), 0.8f);
+  EXPECT_EQ(arr[0]["top_k"], 40);
+  EXPECT_FLOAT_EQ(arr[0]["top_p"].get<float>(), 0.9f);
+
+  const CliRun bad_p = run_cli(bench + " -n 1 --top-p 1.5");
+  EXPECT_NE(bad_p.exit_code, 0);
+  EXPECT_NE(bad_p.output.find("--top-p"), std::string::npos) << bad_p.output;
 
   const CliRun bad = run_cli(bench + " --sweep 1:0");
   EXPECT_NE(bad.exit_code, 0);

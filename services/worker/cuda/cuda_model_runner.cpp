@@ -602,6 +602,7 @@ Status CudaModelRunner::run_forward(const StepBatch& batch, const StepPlan& plan
                  : attention_decode_n_splits(plan.n_decode, c.n_heads, c.n_kv_heads, c.head_dim,
                                              plan.max_decode_kv_len, n_sms_);
   const uint64_t key = (static_cast<uint64_t>(persistent) << 62) |
+                       (static_cast<uint64_t>(plan.greedy_only) << 61) |
                        (static_cast<uint64_t>(plan.n_seqs) << 40) |
                        (static_cast<uint64_t>(n_top) << 20) | static_cast<uint64_t>(n_splits);
   auto it = decode_graphs_.find(key);
@@ -850,7 +851,7 @@ Status CudaModelRunner::run_sampling(const StepPlan& plan, int32_t n_top) {
   return launch_sampling(sampled, top_ids, top_values, logits_.as<float>(),
                          staging_device_.as<const SamplingRow>(L.sampling_rows),
                          staging_device_.as<const int32_t>(L.history_ids), R, c.vocab_size, n_top,
-                         token_marks_.as<int32_t>(), ctx_.stream());
+                         token_marks_.as<int32_t>(), ctx_.stream(), plan.greedy_only);
 }
 
 Status check_supported(const ModelConfig& c, const RunnerOptions& options) {
@@ -873,10 +874,14 @@ Status check_supported(const ModelConfig& c, const RunnerOptions& options) {
                       c.head_dim, c.n_heads, c.n_kv_heads, dtype_torch_name(dt));
   }
   if (!embedding_supports(dt) || !add_rmsnorm_supports(dt) || !silu_mul_supports(dt) ||
-      !gather_rows_supports(dt) || !linear_supports(dt, dt) || !linear_supports(dt, DType::kF32) ||
-      !sampling_supports(c.vocab_size, 0)) {
+      !gather_rows_supports(dt) || !linear_supports(dt, dt) || !linear_supports(dt, DType::kF32)) {
     return make_error(StatusCode::kUnsupported, "the CUDA backend does not support {} here",
                       dtype_torch_name(dt));
+  }
+  if (!sampling_supports(c.vocab_size, 0)) {
+    return make_error(StatusCode::kUnsupported,
+                      "the CUDA sampler takes vocabularies of up to {} entries (the model has {})",
+                      kSamplingMaxVocab, c.vocab_size);
   }
   if (options.max_batch_tokens <= 0 || options.max_batch_seqs <= 0) {
     return make_error(StatusCode::kInvalidArgument,

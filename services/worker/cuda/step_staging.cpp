@@ -61,7 +61,11 @@ StepPlan plan_step(const StepBatch& batch, const ModelConfig& config) {
       ++plan.n_prefill;
       plan.max_prefill_n_new = std::max(plan.max_prefill_n_new, n_new);
     }
-    if (batch.sample[s]) plan.sampled_seqs.push_back(s);
+    if (batch.sample[s]) {
+      plan.sampled_seqs.push_back(s);
+      const SamplingParams& sp = batch.sampling[static_cast<size_t>(s)];
+      plan.greedy_only = plan.greedy_only && sp.is_greedy() && !sp.has_penalties();
+    }
   }
 
   const size_t n_tok = static_cast<size_t>(plan.n_tokens);

@@ -46,6 +46,7 @@ struct StepPlan {
   int32_t max_prefill_n_new = 0;
   bool dynamic_rope = false;
   std::vector<int32_t> sampled_seqs;  // [n_sampled] sequence of each sampled row
+  bool greedy_only = true;            // every sampled row greedy (temperature 0) without penalties
 };
 
 StepPlan plan_step(const StepBatch& batch, const ModelConfig& config);
