@@ -695,6 +695,59 @@ TEST(CudaModelRunner, ReportsTheDeviceTimeOfEachStep) {
   EXPECT_EQ(*(*runner)->last_step_device_seconds(), before);
 }
 
+// Decode graphs are keyed on whether every row is greedy: an all-greedy step runs the argmax
+// kernel, a step with a sampled row the general sampler. Three sequences decode 12 steps, the
+// second one sampled (T 1, top-p 0.9) on every other step, so both kinds of step have the same
+// batch size; the graph runner must draw what direct launches draw (the same kernels run in both),
+// from 2 captures and 8 replays.
+TEST(CudaModelRunner, GraphsTellGreedyFromSampledSteps) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  TempDir dir("graphs_sampled");
+  auto ckpt = make_checkpoint(dir, kModels[0], DType::kBF16, 12);
+  LITELLAMA_ASSERT_OK(ckpt.status());
+  RunnerOptions direct_options = runner_options(Device::kCuda, DType::kBF16);
+  direct_options.use_cuda_graphs = false;
+  auto direct = create_cuda_model_runner(*ckpt, direct_options);
+  LITELLAMA_ASSERT_OK(direct.status());
+  auto graphs = create_cuda_model_runner(*ckpt, runner_options(Device::kCuda, DType::kBF16));
+  LITELLAMA_ASSERT_OK(graphs.status());
+  const int32_t vocab = ckpt->config().vocab_size;
+  constexpr int32_t kSeqs = 3;
+  constexpr int32_t kPrompt = 5;
+  std::vector<std::vector<int32_t>> tokens(kSeqs), slots(kSeqs);
+  for (int32_t s = 0; s < kSeqs; ++s) {
+    for (int32_t i = 0; i < kPrompt; ++i) {
+      tokens[s].push_back((17 * s + 5 * i + 1) % vocab);
+      slots[s].push_back(64 * s + i);
+    }
+  }
+  SamplingParams sampled;
+  sampled.temperature = 1.0f;
+  sampled.top_p = 0.9f;
+  sampled.seed = 7;
+  StepBatch batch;
+  StepOutput want, got;
+  for (int32_t step = 0; step <= 12; ++step) {  // step 0: the prefills
+    batch.clear();
+    for (int32_t s = 0; s < kSeqs; ++s) {
+      const SamplingParams params = s == 1 && step % 2 == 1 ? sampled : SamplingParams{};
+      const std::span<const int32_t> fresh =
+          step == 0 ? std::span<const int32_t>(tokens[s]) : std::span(&tokens[s].back(), 1);
+      batch.add_sequence(fresh, slots[s], true, params, step);
+    }
+    LITELLAMA_ASSERT_OK((*direct)->step(batch, &want));
+    LITELLAMA_ASSERT_OK((*graphs)->step(batch, &got));
+    EXPECT_EQ(got.sampled_ids, want.sampled_ids) << "step " << step;
+    for (int32_t s = 0; s < kSeqs; ++s) {  // the same next input for both runners
+      tokens[s].push_back(want.sampled_ids[s]);
+      slots[s].push_back(64 * s + static_cast<int32_t>(slots[s].size()));
+    }
+  }
+  // Two kinds of 3-sequence decode step, 6 each: eager at first sight, captured, then replayed.
+  EXPECT_EQ((*graphs)->graph_captures(), 2);
+  EXPECT_EQ((*graphs)->graph_replays(), 8);
+}
+
 TEST(CudaModelRunner, SizesThePoolFromFreeMemory) {
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   TempDir dir("pool_fraction");
