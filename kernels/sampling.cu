@@ -138,6 +138,9 @@ struct Shared {
   // The group's histogram of the current pass, summed over its CTAs.
   uint32_t bin_count[kBins];
   double bin_mass[kBins];
+  // The top-p selection's first-pass histogram, which the draw reuses (FirstPass).
+  uint32_t first_count[kBins];
+  double first_mass[kBins];
   // Result of the bin choice made by warp 0.
   int32_t chosen_bin;
   int32_t chosen_before_count;
@@ -369,47 +372,73 @@ __device__ __forceinline__ double weight_of(float logit, double inv_t, double ma
   return exp(static_cast<double>(logit) * inv_t - max_scaled);
 }
 
+// How radix_select uses the group's first-pass histogram (sh.first_count / first_mass).
+struct FirstPass {
+  bool save = false;   // keep this selection's first-pass histogram there
+  bool reuse = false;  // take the one kept there instead of streaming the row
+  // With reuse: bins below this one hold no eligible key and are taken as empty. The kept
+  // histogram must then be of a superset of this selection's eligible keys, every bin from
+  // floor_bin up equal to this selection's except floor_bin itself, which may hold more: the
+  // first non-empty bin at which the walk reaches the target (or the last non-empty one) is then
+  // the same, and so is the mass before it.
+  int floor_bin = 0;
+};
+
 // Radix select over keys >= min_key. by_mass: finds the key of the element at which the cumulative
 // weight in descending order reaches target_mass; else the key of the target_count-th largest.
-// Returns the key; *mass_above gets the weight of eligible elements with larger keys.
+// Returns the key; *mass_above gets the weight of eligible elements with larger keys and, when
+// given, *mass_at the weight of those with the returned key.
 template <bool kCluster>
 __device__ uint32_t radix_select(const float* logits, const Slice& slice, uint32_t min_key,
                                  bool by_mass, bool strict, double target_mass,
                                  int32_t target_count, double inv_t, double max_scaled, Shared& sh,
-                                 RowGroup<kCluster>& g, double* mass_above) {
+                                 RowGroup<kCluster>& g, double* mass_above,
+                                 double* mass_at = nullptr, FirstPass first = FirstPass{}) {
   uint32_t prefix = 0, mask = 0;
   double before_mass = 0;
   int32_t before_count = 0;
   for (int shift = 24; shift >= 0; shift -= 8) {
-    uint32_t* count = sh.hist_count[g.phase];
-    uint32_t* mass_lo = sh.hist_mass_lo[g.phase];
-    uint32_t* mass_hi = sh.hist_mass_hi[g.phase];
-    for (int b = threadIdx.x; b < kBins; b += kThreads) {
-      count[b] = 0;
-      mass_lo[b] = 0;
-      mass_hi[b] = 0;
-    }
-    __syncthreads();
-    for_each_logit(logits, slice, [&](float l, int) {
-      const uint32_t key = order_key(l);
-      if (key < min_key || (key & mask) != prefix) return;
-      const double w = by_mass ? weight_of(l, inv_t, max_scaled) : 0.0;
-      histogram_add(count, mass_lo, mass_hi, by_mass, static_cast<int>((key >> shift) & 0xff), w);
-    });
-    // The group's histogram, summed over its CTAs.
-    g.sync();
-    for (int b = threadIdx.x; b < kBins; b += kThreads) {
-      uint32_t c = 0;
-      unsigned long long m = 0;
-      for (int r = 0; r < g.size; ++r) {
-        c += *g.peer(&count[b], r);
-        m += (static_cast<unsigned long long>(*g.peer(&mass_hi[b], r)) << 32) +
-             *g.peer(&mass_lo[b], r);
+    if (shift == 24 && first.reuse) {
+      for (int b = threadIdx.x; b < kBins; b += kThreads) {
+        const bool below = b < first.floor_bin;
+        sh.bin_count[b] = below ? 0u : sh.first_count[b];
+        sh.bin_mass[b] = below ? 0.0 : sh.first_mass[b];
       }
-      sh.bin_count[b] = c;
-      sh.bin_mass[b] = static_cast<double>(m) * (1.0 / kMassScale);
+    } else {
+      uint32_t* count = sh.hist_count[g.phase];
+      uint32_t* mass_lo = sh.hist_mass_lo[g.phase];
+      uint32_t* mass_hi = sh.hist_mass_hi[g.phase];
+      for (int b = threadIdx.x; b < kBins; b += kThreads) {
+        count[b] = 0;
+        mass_lo[b] = 0;
+        mass_hi[b] = 0;
+      }
+      __syncthreads();
+      for_each_logit(logits, slice, [&](float l, int) {
+        const uint32_t key = order_key(l);
+        if (key < min_key || (key & mask) != prefix) return;
+        const double w = by_mass ? weight_of(l, inv_t, max_scaled) : 0.0;
+        histogram_add(count, mass_lo, mass_hi, by_mass, static_cast<int>((key >> shift) & 0xff), w);
+      });
+      // The group's histogram, summed over its CTAs.
+      g.sync();
+      for (int b = threadIdx.x; b < kBins; b += kThreads) {
+        uint32_t c = 0;
+        unsigned long long m = 0;
+        for (int r = 0; r < g.size; ++r) {
+          c += *g.peer(&count[b], r);
+          m += (static_cast<unsigned long long>(*g.peer(&mass_hi[b], r)) << 32) +
+               *g.peer(&mass_lo[b], r);
+        }
+        sh.bin_count[b] = c;
+        sh.bin_mass[b] = static_cast<double>(m) * (1.0 / kMassScale);
+        if (shift == 24 && first.save) {
+          sh.first_count[b] = c;
+          sh.first_mass[b] = sh.bin_mass[b];
+        }
+      }
+      g.phase ^= 1;
     }
-    g.phase ^= 1;
     __syncthreads();
     if (threadIdx.x < 32) {
       choose_bin(sh, by_mass, strict, target_mass, target_count, before_mass, before_count);
@@ -419,6 +448,7 @@ __device__ uint32_t radix_select(const float* logits, const Slice& slice, uint32
     mask |= 0xffu << shift;
     before_mass = sh.chosen_before_mass;
     before_count = sh.chosen_before_count;
+    if (shift == 0 && mass_at != nullptr) *mass_at = sh.bin_mass[sh.chosen_bin];
     __syncthreads();
   }
   *mass_above = before_mass;
@@ -515,13 +545,21 @@ __device__ int32_t sample_row(int r, int32_t* __restrict__ top_ids, float* __res
   });
   total = row_sum(total, sh, g);
 
-  // Top-p: the element at which the cumulative probability first reaches top_p.
+  // Top-p: the element at which the cumulative probability first reaches top_p. Its selection
+  // also gives the kept mass (the weights above and at its key) unless min-p narrows the set.
   uint32_t keep_key = min_key;
-  if (p.top_p < 1.0f) {
-    const uint32_t k =
+  const bool top_p = p.top_p < 1.0f;
+  double kept = 0;
+  bool kept_known = false;
+  if (top_p) {
+    double above = 0, at = 0;
+    FirstPass save;
+    save.save = true;
+    keep_key =
         radix_select(logits, slice, min_key, true, false, static_cast<double>(p.top_p) * total, 0,
-                     inv_t, max_scaled, sh, g, &unused_mass);
-    keep_key = max(keep_key, k);
+                     inv_t, max_scaled, sh, g, &above, &at, save);
+    kept = above + at;
+    kept_known = p.min_p <= 0.0f;
   }
   // Min-p: probabilities >= min_p * the largest one (whose weight is exactly 1).
   if (p.min_p > 0.0f) {
@@ -537,15 +575,22 @@ __device__ int32_t sample_row(int r, int32_t* __restrict__ top_ids, float* __res
     keep_key = max(keep_key, k);
   }
 
-  double kept = 0;
-  for_each_logit(logits, slice, [&](float l, int) {
-    if (order_key(l) >= keep_key) kept += weight_of(l, inv_t, max_scaled);
-  });
-  kept = row_sum(kept, sh, g);
+  if (!kept_known) {
+    kept = 0;
+    for_each_logit(logits, slice, [&](float l, int) {
+      if (order_key(l) >= keep_key) kept += weight_of(l, inv_t, max_scaled);
+    });
+    kept = row_sum(kept, sh, g);
+  }
   const double u = sampling_uniform(p.seed, p.n_generated) * kept;
+  // The draw's first pass: the top-p selection's (keys >= min_key, a superset of keys >=
+  // keep_key that differs only in keep_key's own top-byte bin and below).
+  FirstPass reuse;
+  reuse.reuse = top_p;
+  reuse.floor_bin = static_cast<int>(keep_key >> 24);
   double mass_above = 0;
   const uint32_t key = radix_select(logits, slice, keep_key, true, true, u, 0, inv_t, max_scaled,
-                                    sh, g, &mass_above);
+                                    sh, g, &mass_above, nullptr, reuse);
 
   // Ties at the drawn key are walked by ascending id: take the r-th of them (r = 1 unless the
   // drawn key is shared).

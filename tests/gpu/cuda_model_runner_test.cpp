@@ -696,11 +696,13 @@ TEST(CudaModelRunner, ReportsTheDeviceTimeOfEachStep) {
 }
 
 // Decode graphs are keyed on whether every row is greedy: an all-greedy step runs the argmax
-// kernel, a step with a sampled row the general sampler. Three sequences decode 12 steps, the
-// second one sampled (T 1, top-p 0.9) on every other step, so both kinds of step have the same
-// batch size; the graph runner must draw what direct launches draw (the same kernels run in both),
-// from 2 captures and 8 replays.
-TEST(CudaModelRunner, GraphsTellGreedyFromSampledSteps) {
+// kernel, any other the general sampler, which also applies penalties from the history's own
+// staging buffer. Three sequences decode 12 steps: the second sampled (T 1, top-p 0.9) on odd
+// steps, the third greedy with repetition/frequency/presence penalties on every third, so greedy
+// and non-greedy steps have the same batch size. The graph runner must produce what direct
+// launches produce (the same kernels run in both), from 2 captures and 8 replays: penalized steps
+// replay graphs too.
+TEST(CudaModelRunner, GraphsServeGreedySampledAndPenalizedSteps) {
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   TempDir dir("graphs_sampled");
   auto ckpt = make_checkpoint(dir, kModels[0], DType::kBF16, 12);
@@ -725,15 +727,25 @@ TEST(CudaModelRunner, GraphsTellGreedyFromSampledSteps) {
   sampled.temperature = 1.0f;
   sampled.top_p = 0.9f;
   sampled.seed = 7;
+  SamplingParams penalized;
+  penalized.repetition_penalty = 1.3f;
+  penalized.frequency_penalty = 0.5f;
+  penalized.presence_penalty = 0.2f;
   StepBatch batch;
   StepOutput want, got;
   for (int32_t step = 0; step <= 12; ++step) {  // step 0: the prefills
     batch.clear();
     for (int32_t s = 0; s < kSeqs; ++s) {
-      const SamplingParams params = s == 1 && step % 2 == 1 ? sampled : SamplingParams{};
+      const bool penalize = s == 2 && step % 3 == 2;
+      const SamplingParams params =
+          s == 1 && step % 2 == 1 ? sampled : (penalize ? penalized : SamplingParams{});
       const std::span<const int32_t> fresh =
           step == 0 ? std::span<const int32_t>(tokens[s]) : std::span(&tokens[s].back(), 1);
       batch.add_sequence(fresh, slots[s], true, params, step);
+      if (penalize) {
+        const std::span<const int32_t> all(tokens[s]);
+        batch.set_history(all.first(kPrompt), all.subspan(kPrompt));
+      }
     }
     LITELLAMA_ASSERT_OK((*direct)->step(batch, &want));
     LITELLAMA_ASSERT_OK((*graphs)->step(batch, &got));
@@ -743,7 +755,8 @@ TEST(CudaModelRunner, GraphsTellGreedyFromSampledSteps) {
       slots[s].push_back(64 * s + static_cast<int32_t>(slots[s].size()));
     }
   }
-  // Two kinds of 3-sequence decode step, 6 each: eager at first sight, captured, then replayed.
+  // Two kinds of 3-sequence decode step (8 non-greedy, 4 greedy): eager at first sight, captured,
+  // then replayed.
   EXPECT_EQ((*graphs)->graph_captures(), 2);
   EXPECT_EQ((*graphs)->graph_replays(), 8);
 }

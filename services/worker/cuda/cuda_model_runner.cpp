@@ -35,19 +35,20 @@
 // the newest key). That last one relies on no sequence reading, as an earlier key, a slot that the
 // same step writes (each new token gets a slot that no cached key occupies).
 //
-// CUDA graphs: a pure decode step (every sequence brings one token and is sampled, no penalty
-// history) is launched as one graph captured per (batch size, top-logit count, attention split
-// count), from after the staging copy through sampling. What must stay true for a replay to be
-// right: every array the kernels read lives at an offset of the staging buffer that depends only
-// on the batch size (StepLayout puts the variable-length slot table last), the kernels read
-// kv_len and the slot table from there rather than from launch arguments, and no launch
-// configuration depends on anything but the key (attention_decode's split count is part of the
-// key, so a graph is recaptured when growing contexts change it). The first step of a new key
-// runs eagerly (lazy module loading and cuBLAS heuristics happen outside capture); the second
-// captures. Growing the staging buffer moves it, which drops every graph.
+// CUDA graphs: a pure decode step (every sequence brings one token and is sampled) is launched as
+// one graph captured per (batch size, top-logit count, attention split count, whether every row
+// is greedy), from after the staging copies through sampling. What must stay true for a replay to
+// be right: every array the kernels read lives at an offset of the staging buffer that depends
+// only on the batch size (StepLayout puts the variable-length slot table last; the penalty
+// history, the other variable-length array, has a staging buffer of its own), the kernels read
+// kv_len, the slot table and the history from there rather than from launch arguments, and no
+// launch configuration depends on anything but the key (attention_decode's split count is part
+// of the key, so a graph is recaptured when growing contexts change it). The first step of a new
+// key runs eagerly (lazy module loading and cuBLAS heuristics happen outside capture); the second
+// captures. Growing a staging buffer moves it, which drops every graph.
 //
 // Every buffer is allocated once in create(); a step allocates nothing unless its slot table or
-// penalty history outgrows the staging buffers (they then grow geometrically, once).
+// penalty history outgrows its staging buffers (they then grow geometrically, once).
 #include "services/worker/cuda/cuda_model_runner.h"
 
 #include <cuda_runtime.h>
@@ -180,6 +181,7 @@ class CudaModelRunner final : public ModelRunner {
   Status allocate_workspaces();
   Status allocate_kv_pool();
   Status ensure_staging(size_t bytes);
+  Status ensure_history_staging(size_t bytes);
   Status run_layers(const StepPlan& plan);
   // One layer of a step of n_tokens <= gemv_max_tokens tokens through the fused GEMV variants.
   Status run_layer_fused(const StepPlan& plan, int32_t l);
@@ -252,6 +254,9 @@ class CudaModelRunner final : public ModelRunner {
   // Step metadata: the same layout on both sides (StepLayout).
   PinnedBuffer staging_host_;
   DeviceBuffer staging_device_;
+  // The penalty history of a step (StepBatch::history_ids), int32.
+  PinnedBuffer history_host_;
+  DeviceBuffer history_device_;
   // Decode graphs by key (n_seqs, n_top, attention split count); see the top of this file.
   std::unordered_map<uint64_t, DecodeGraph> decode_graphs_;
   uint64_t graph_clock_ = 0;
@@ -358,11 +363,12 @@ Status CudaModelRunner::allocate_workspaces() {
   LITELLAMA_CUBLAS_RETURN_IF_ERROR(
       cublasSetWorkspace(ctx_.cublas(), cublas_workspace_.data(), kCublasWorkspaceBytes));
 
-  // Staging for a full batch whose slot tables hold 4 max_batch_tokens positions (longer tables
-  // or penalty histories grow it on first use).
+  // Staging for a full batch whose slot tables hold 4 max_batch_tokens positions, and for a
+  // penalty history of as many ids (longer ones grow them on first use).
   const size_t per_token = 4 * sizeof(int32_t);
   const size_t per_seq = 8 * sizeof(int32_t) + sizeof(SamplingRow) +
                          static_cast<size_t>(c.head_dim / 2) * sizeof(float);
+  LITELLAMA_RETURN_IF_ERROR(ensure_history_staging(T * 4 * sizeof(int32_t)));
   return ensure_staging(T * (per_token + 4 * sizeof(int32_t)) + (S + 1) * per_seq + 4096);
 }
 
@@ -510,6 +516,18 @@ Status CudaModelRunner::ensure_staging(size_t bytes) {
   return Status::ok();
 }
 
+Status CudaModelRunner::ensure_history_staging(size_t bytes) {
+  if (history_host_.size_bytes() >= bytes) return Status::ok();
+  LITELLAMA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx_.stream()));
+  const size_t grown = std::max({bytes, history_host_.size_bytes() * 2, size_t{4096}});
+  decode_graphs_.clear();  // they read the old buffer
+  history_host_ = PinnedBuffer();
+  history_device_ = DeviceBuffer();
+  LITELLAMA_ASSIGN_OR_RETURN(history_host_, PinnedBuffer::allocate(grown));
+  LITELLAMA_ASSIGN_OR_RETURN(history_device_, DeviceBuffer::allocate(grown));
+  return Status::ok();
+}
+
 Status CudaModelRunner::step(const StepBatch& batch, StepOutput* out) {
   // The slot table is range-checked as fill_step copies it (one pass over it instead of two).
   LITELLAMA_RETURN_IF_ERROR(batch.validate(n_slots_, config_.vocab_size, /*check_slots=*/false));
@@ -529,11 +547,20 @@ Status CudaModelRunner::step(const StepBatch& batch, StepOutput* out) {
   const StepPlan plan = plan_step(batch, config_);
   LITELLAMA_RETURN_IF_ERROR(ensure_staging(plan.layout.total_bytes));
   LITELLAMA_RETURN_IF_ERROR(fill_step(batch, config_, plan, n_slots_, staging_host_.data()));
+  const size_t history_bytes = batch.history_ids.size() * sizeof(int32_t);
+  if (history_bytes > 0) {
+    LITELLAMA_RETURN_IF_ERROR(ensure_history_staging(history_bytes));
+    std::memcpy(history_host_.data(), batch.history_ids.data(), history_bytes);
+  }
   cudaStream_t stream = ctx_.stream();
   LITELLAMA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ctx_.step_start(), stream));
   LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging_device_.data(), staging_host_.data(),
                                                  plan.layout.total_bytes, cudaMemcpyHostToDevice,
                                                  stream));
+  if (history_bytes > 0) {
+    LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(history_device_.data(), history_host_.data(),
+                                                   history_bytes, cudaMemcpyHostToDevice, stream));
+  }
   LITELLAMA_RETURN_IF_ERROR(run_forward(batch, plan));
 
   const auto n_sampled = static_cast<int32_t>(plan.sampled_seqs.size());
@@ -589,7 +616,7 @@ Status CudaModelRunner::run_forward(const StepBatch& batch, const StepPlan& plan
   const auto n_sampled = static_cast<int32_t>(plan.sampled_seqs.size());
   const int32_t n_top = batch.n_top_logits;
   const bool graphable = options_.use_cuda_graphs && !graphs_failed_ && plan.n_prefill == 0 &&
-                         n_sampled == plan.n_seqs && batch.history_ids.empty();
+                         n_sampled == plan.n_seqs;
   if (!graphable) {
     persistent_steps_ += persistent_step(plan) ? 1 : 0;
     return run_kernels(plan, n_top);
@@ -850,7 +877,7 @@ Status CudaModelRunner::run_sampling(const StepPlan& plan, int32_t n_top) {
   auto* top_values = reinterpret_cast<float*>(top_ids + R * n_top);
   return launch_sampling(sampled, top_ids, top_values, logits_.as<float>(),
                          staging_device_.as<const SamplingRow>(L.sampling_rows),
-                         staging_device_.as<const int32_t>(L.history_ids), R, c.vocab_size, n_top,
+                         history_device_.as<const int32_t>(), R, c.vocab_size, n_top,
                          token_marks_.as<int32_t>(), ctx_.stream(), plan.greedy_only);
 }
 

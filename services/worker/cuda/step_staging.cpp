@@ -87,7 +87,6 @@ StepPlan plan_step(const StepBatch& batch, const ModelConfig& config) {
                             ? (n_seq + 1) * static_cast<size_t>(config.head_dim / 2) * sizeof(float)
                             : 0);
   l.slot_table = p.take(batch.slot_table.size() * i32);
-  l.history_ids = p.take(batch.history_ids.size() * i32);
   l.total_bytes = p.total();
   return plan;
 }
@@ -106,7 +105,6 @@ Status fill_step(const StepBatch& batch, const ModelConfig& config, const StepPl
   copy(l.token_start, batch.token_start);
   copy(l.kv_len, batch.kv_len);
   copy(l.slot_start, batch.slot_start);
-  copy(l.history_ids, batch.history_ids);
 
   auto* token_slot = at<int32_t>(host, l.token_slot);
   auto* work = at<int32_t>(host, l.work_seqs);

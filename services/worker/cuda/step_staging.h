@@ -1,11 +1,12 @@
 // Host side of one CUDA step: every small array the kernels read, derived from the StepBatch and
 // packed into one pinned staging buffer so a single cudaMemcpyAsync moves it to the device buffer
-// of the same layout.
+// of the same layout (the penalty history, StepBatch::history_ids, travels in a buffer of its
+// own: see the runner).
 //
 // Layout: the arrays whose sizes depend only on (n_tokens, n_seqs) come first, at offsets that are
-// a function of those two counts alone, then the variable-length slot table and penalty history.
-// A decode step of a given batch size therefore always finds its arrays at the same device
-// addresses, which is what a captured CUDA graph needs.
+// a function of those two counts alone, then the variable-length slot table. A decode step of a
+// given batch size therefore always finds its arrays at the same device addresses, which is what
+// a captured CUDA graph needs.
 #pragma once
 
 #include <cstddef>
@@ -32,7 +33,6 @@ struct StepLayout {
   size_t sampling_rows = 0;   // SamplingRow [n_seqs]
   size_t freq_table = 0;      // float [n_seqs + 1, head_dim / 2] (dynamic NTK only)
   size_t slot_table = 0;      // int32 [sum kv_len]
-  size_t history_ids = 0;     // int32 [n_history]
   size_t total_bytes = 0;
 };
 
