@@ -180,6 +180,8 @@ class CudaModelRunner final : public ModelRunner {
  private:
   Status allocate_workspaces();
   Status allocate_kv_pool();
+  // Grows a pinned/device staging pair to at least `bytes` (geometrically), dropping the graphs.
+  Status grow_staging(size_t bytes, PinnedBuffer* host, DeviceBuffer* device);
   Status ensure_staging(size_t bytes);
   Status ensure_history_staging(size_t bytes);
   Status run_layers(const StepPlan& plan);
@@ -503,29 +505,25 @@ Status CudaModelRunner::run_kernels(const StepPlan& plan, int32_t n_top) {
   return plan.sampled_seqs.empty() ? Status::ok() : run_head(plan, n_top);
 }
 
-Status CudaModelRunner::ensure_staging(size_t bytes) {
-  if (staging_host_.size_bytes() >= bytes) return Status::ok();
+Status CudaModelRunner::grow_staging(size_t bytes, PinnedBuffer* host, DeviceBuffer* device) {
+  if (host->size_bytes() >= bytes) return Status::ok();
   // Rare (a longer slot table or history than ever before): wait until no copy uses them.
   LITELLAMA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx_.stream()));
-  const size_t grown = std::max(bytes, staging_host_.size_bytes() * 2);
+  const size_t grown = std::max(bytes, host->size_bytes() * 2);
   decode_graphs_.clear();  // they read the old buffer
-  staging_host_ = PinnedBuffer();
-  staging_device_ = DeviceBuffer();
-  LITELLAMA_ASSIGN_OR_RETURN(staging_host_, PinnedBuffer::allocate(grown));
-  LITELLAMA_ASSIGN_OR_RETURN(staging_device_, DeviceBuffer::allocate(grown));
+  *host = PinnedBuffer();
+  *device = DeviceBuffer();
+  LITELLAMA_ASSIGN_OR_RETURN(*host, PinnedBuffer::allocate(grown));
+  LITELLAMA_ASSIGN_OR_RETURN(*device, DeviceBuffer::allocate(grown));
   return Status::ok();
 }
 
+Status CudaModelRunner::ensure_staging(size_t bytes) {
+  return grow_staging(bytes, &staging_host_, &staging_device_);
+}
+
 Status CudaModelRunner::ensure_history_staging(size_t bytes) {
-  if (history_host_.size_bytes() >= bytes) return Status::ok();
-  LITELLAMA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx_.stream()));
-  const size_t grown = std::max({bytes, history_host_.size_bytes() * 2, size_t{4096}});
-  decode_graphs_.clear();  // they read the old buffer
-  history_host_ = PinnedBuffer();
-  history_device_ = DeviceBuffer();
-  LITELLAMA_ASSIGN_OR_RETURN(history_host_, PinnedBuffer::allocate(grown));
-  LITELLAMA_ASSIGN_OR_RETURN(history_device_, DeviceBuffer::allocate(grown));
-  return Status::ok();
+  return grow_staging(bytes, &history_host_, &history_device_);
 }
 
 Status CudaModelRunner::step(const StepBatch& batch, StepOutput* out) {
