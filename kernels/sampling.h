@@ -8,10 +8,13 @@
 // The trick: every filter keeps a prefix of the descending order, so the kept set is "key >= k*"
 // for one ordered 32-bit key of the float logit; each prefix boundary (k-th value, top-p crossing,
 // the drawn token) is found by a 4-pass radix select over key bytes with per-bin counts or
-// probability mass, with no sort. Known difference from the CPU: a tie group that straddles the
+// probability mass, with no sort. Known differences from the CPU: a tie group that straddles the
 // top-p boundary survives whole (the CPU may cut it by id). Masses are summed in fixed point per
-// histogram bin (exact, order-independent) and in double elsewhere, so the CPU's sequential sums
-// differ from them in the last bits.
+// histogram bin (each weight rounded to a multiple of 2^-44: exact, order-independent sums) and
+// in double elsewhere, so they differ from the CPU's sequential double sums in their last bits;
+// and where the kept mass is a double sum (no top-p, or min-p on), the histograms miss the
+// weights that round to zero (at most vocab x 2^-45 of it, about 4e-9 for 128k ids): a draw that
+// lands there takes the lowest kept logit, where the CPU takes another token of that tail.
 //
 // Each row is sampled by a group of CTAs that split its logits (kernels/sampling.cu): on compute
 // capability 9.0+ a thread-block cluster of up to 8 CTAs that meet in distributed shared memory.
@@ -62,7 +65,8 @@ struct SamplingRow {
 bool sampling_supports(int32_t vocab_size, int32_t n_top);
 
 // Bytes of the `token_marks` workspace for n_rows rows: an int32 per (row, vocab id) and 16 bytes
-// per row. It must be all zero before the first call; every call leaves it all zero again.
+// per row (20 for an odd vocabulary). It must be all zero before the first call; every call
+// leaves it all zero again.
 size_t sampling_workspace_size_bytes(int32_t n_rows, int32_t vocab_size);
 
 Status launch_sampling(int32_t* sampled_ids,     // [n_rows]
