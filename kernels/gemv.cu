@@ -49,9 +49,9 @@ cudaError_t launch_single(const Params& p, cudaStream_t stream) {
   return launch<T, OutT, 1, E, 16, 1, 4>(p, stream);
 }
 
-template <typename T, Epilogue E>
+template <typename T, Epilogue E, bool kNorm = false>
 cudaError_t launch_paired(const Params& p, cudaStream_t stream) {
-  return gemv_detail::launch<T, T, 2, E, 8, 1, 4>(p, stream);
+  return gemv_detail::launch<T, T, 2, E, 8, 1, 4, kNorm>(p, stream);
 }
 
 Status unsupported(const char* what, DType dtype, DType out_dtype, int32_t m, int32_t n,
@@ -119,7 +119,8 @@ Status launch_gemv_silu_mul(void* act, const void* x, const void* w_gate_up, int
 }
 
 Status launch_gemv_qkv_rope(const GemvRope& rope, const void* x, const void* w_qkv, int32_t m,
-                            int32_t k, DType dtype, cudaStream_t stream) {
+                            int32_t k, DType dtype, cudaStream_t stream,
+                            std::optional<GemvRmsNorm> norm) {
   const int32_t n = (rope.n_heads + 2 * rope.n_kv_heads) * rope.head_dim;
   if (!gemv_supports(dtype, dtype, m, k) || !gemv_rope_supports(rope.head_dim) ||
       rope.n_heads <= 0 || rope.n_kv_heads <= 0) {
@@ -127,9 +128,16 @@ Status launch_gemv_qkv_rope(const GemvRope& rope, const void* x, const void* w_q
   }
   Params p = make_params(x, w_qkv, nullptr, m, n, k, 0);
   p.rope = rope;
-  const cudaError_t err = dtype == DType::kBF16
-                              ? launch_paired<__nv_bfloat16, Epilogue::kRope>(p, stream)
-                              : launch_paired<__half, Epilogue::kRope>(p, stream);
+  const bool bf16 = dtype == DType::kBF16;
+  cudaError_t err;
+  if (norm) {
+    p.norm_eps = norm->eps;
+    err = bf16 ? launch_paired<__nv_bfloat16, Epilogue::kRope, true>(p, stream)
+               : launch_paired<__half, Epilogue::kRope, true>(p, stream);
+  } else {
+    err = bf16 ? launch_paired<__nv_bfloat16, Epilogue::kRope>(p, stream)
+               : launch_paired<__half, Epilogue::kRope>(p, stream);
+  }
   LITELLAMA_CUDA_RETURN_IF_ERROR(err);
   return Status::ok();
 }

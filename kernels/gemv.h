@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <optional>
 
 #include "common/dtype.h"
 #include "common/status.h"
@@ -47,9 +48,20 @@ Status launch_gemv_residual_add(void* residual, const void* x, const void* w, in
 Status launch_gemv_silu_mul(void* act, const void* x, const void* w_gate_up, int32_t m,
                             int32_t inter, int32_t k, DType dtype, cudaStream_t stream);
 
+// The RMSNorm before a projection, folded into it. The caller has multiplied every column j of
+// w by the norm's weight[j] (the CUDA runner loads its q/k/v weights that way); x is the
+// un-normalized residual stream, and the kernel scales each row's sums by
+// 1 / sqrt(mean(x_row^2) + eps), with the sums of squares taken from the x it reads anyway. Equal
+// to rmsnorm(x) @ w^T up to rounding: the norm's output is not rounded to dtype, the folded
+// weights are.
+struct GemvRmsNorm {
+  float eps = 1e-5f;
+};
+
 // The QKV projection with qkv_rope's epilogue (kernels/qkv_rope.h, without q/k RMSNorm): rows of
 // w_qkv are [n_heads + 2 n_kv_heads] heads of head_dim; q goes to q_out, k (rotated) and v to the
-// token's slot of the pools.
+// token's slot of the pools. With `norm`, x is the residual stream before the layer's input
+// RMSNorm (see GemvRmsNorm), which then needs no kernel of its own.
 struct GemvRope {
   void* q_out;                    // [m, n_heads, head_dim]
   void* k_pool;                   // [n_slots, n_kv_heads, head_dim]
@@ -66,6 +78,7 @@ struct GemvRope {
 };
 bool gemv_rope_supports(int32_t head_dim);
 Status launch_gemv_qkv_rope(const GemvRope& rope, const void* x, const void* w_qkv, int32_t m,
-                            int32_t k, DType dtype, cudaStream_t stream);
+                            int32_t k, DType dtype, cudaStream_t stream,
+                            std::optional<GemvRmsNorm> norm = std::nullopt);
 
 }  // namespace litellama

@@ -23,6 +23,9 @@
 //   kRope         tiles 0 / 1 = first / second half of one head's rows: qkv_rope's bias, rotate-
 //                 half RoPE and the Q / K-pool / V-pool stores (no q/k RMSNorm)
 // Rounding follows the unfused kernels, so outputs match them up to the order of float32 sums.
+// With kNorm (gemv.h's GemvRmsNorm), x is the residual stream before an RMSNorm whose weight is
+// folded into w: each lane also sums the squares of the x vectors it loads, off the mma's
+// dependency chain, and the epilogue scales the sums by the row's 1 / rms before its rounding.
 //
 // Measured on an H200 and given up (bench/RESULTS.md has the figures): splitting k over the blocks
 // of a thread-block cluster (partial sums met in distributed shared memory) was at best 3% faster
@@ -34,7 +37,11 @@
 // SiLU(gate) * up for the down projection (Llama-3.2-1B batch 1: 0.976 to 1.119 ms per step) and
 // RMSNorm from per-block sums of squares that the previous residual-add GEMV wrote (a further
 // 1.119 to 1.145 ms). At batch 1 only the 4 lanes of token 0 in each warp read x, so the extra
-// arithmetic lengthens every chunk's critical path.
+// arithmetic lengthens every chunk's critical path. The norm as a scale of the sums (kNorm) keeps
+// x untransformed and pays: QKV with the input norm folded in took Llama-3.2-1B batch 1 from
+// 0.906 to 0.884 ms. The same for gate/up (after the o projection, without the post-attention
+// norm kernel between them) made it 1.06 ms, whether the o projection let it launch after its
+// wait or after its main loop: gate/up keeps its norm kernel.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -68,7 +75,23 @@ struct Params {
   int32_t tile_stride;
   int32_t ldy;    // elements between rows of y
   GemvRope rope;  // kRope
+  // kNorm: x holds un-normalized rows and w the norm's weight folded into its columns; every sum is
+  // scaled by 1 / sqrt(mean(x_row^2) + norm_eps) before its epilogue.
+  float norm_eps;
 };
+
+// Sum of the squares of the 8 elements of v, in float32.
+template <typename T>
+__device__ __forceinline__ float sum_squares(const uint4& v) {
+  const T* e = reinterpret_cast<const T*>(&v);
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float f = to_float(e[i]);
+    s = fmaf(f, f, s);
+  }
+  return s;
+}
 
 __device__ __forceinline__ uint4 load_weights(const void* p) {
   uint4 v;
@@ -78,10 +101,12 @@ __device__ __forceinline__ uint4 load_weights(const void* p) {
   return v;
 }
 
-template <typename T, typename OutT, int kTiles, Epilogue E, int kWarps, int kVecs, int kPipe>
+template <typename T, typename OutT, int kTiles, Epilogue E, int kWarps, int kVecs, int kPipe,
+          bool kNorm>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const Params p) {
   constexpr int kChunk = 32 * kVecs;
   __shared__ __align__(16) float partial[kWarps][kTiles][32][4];
+  __shared__ float row_squares[kNorm ? kWarps : 1][8];  // kNorm: per warp, per token
 
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
@@ -131,6 +156,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const Params p) {
   const T* x_row = static_cast<const T*>(p.x) + static_cast<int64_t>(g) * p.k + 8 * kVecs * t;
   const bool token_ok = g < p.m;
   float acc[kTiles][4] = {};
+  float squares = 0.0f;  // kNorm: of this lane's elements of token g
   for (int base = warp; base < n_chunks; base += kPipe * kWarps) {
     uint4 xv[kPipe][kVecs];
 #pragma unroll
@@ -161,8 +187,18 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const Params p) {
         }
         const int next = chunk + kPipe * kWarps;
         if (next < n_chunks) load_chunk(a[u], next);
+        if constexpr (kNorm) {
+#pragma unroll
+          for (int v = 0; v < kVecs; ++v) squares += sum_squares<T>(xv[u][v]);
+        }
       }
     }
+  }
+  if constexpr (kNorm) {
+    // The 4 lanes of a token group cover each chunk of the warp; the warps cover all chunks.
+    squares += __shfl_xor_sync(0xffffffffu, squares, 1);
+    squares += __shfl_xor_sync(0xffffffffu, squares, 2);
+    if (t == 0) row_squares[warp][g] = squares;
   }
 
 #pragma unroll
@@ -183,6 +219,15 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const Params p) {
   for (int r = 0; r < kTiles; ++r) {
 #pragma unroll
     for (int v = 0; v < kWarps; ++v) sum[r] += partial[v][r][i >> 2][i & 3];
+  }
+  if constexpr (kNorm) {
+    float total = 0.0f;
+#pragma unroll
+    for (int v = 0; v < kWarps; ++v) total += row_squares[v][token];
+    // Correctly rounded 1 / sqrt, as add_rmsnorm computes it.
+    const float inv_rms = __frcp_rn(__fsqrt_rn(total / static_cast<float>(p.k) + p.norm_eps));
+#pragma unroll
+    for (int r = 0; r < kTiles; ++r) sum[r] *= inv_rms;
   }
   auto* y = static_cast<OutT*>(p.y) + static_cast<int64_t>(token) * p.ldy;
   if constexpr (E == Epilogue::kStore || E == Epilogue::kResidualAdd) {
@@ -243,7 +288,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const Params p) {
 // mapping is set here: kStore / kResidualAdd: consecutive tiles over n rows;
 // kSiluMul: gate rows [0, n / 2) paired with up rows [n / 2, n); kRope: the two halves of each
 // head of rope.head_dim rows. Returns the launch's error.
-template <typename T, typename OutT, int kTiles, Epilogue E, int kWarps, int kVecs, int kPipe>
+template <typename T, typename OutT, int kTiles, Epilogue E, int kWarps, int kVecs, int kPipe,
+          bool kNorm = false>
 cudaError_t launch(Params p, cudaStream_t stream) {
   int64_t blocks = 0;
   if constexpr (E == Epilogue::kSiluMul || E == Epilogue::kRope) {
@@ -266,7 +312,7 @@ cudaError_t launch(Params p, cudaStream_t stream) {
     p.tile_stride = kTileRows;
     blocks = (static_cast<int64_t>(p.n) + p.group_rows - 1) / p.group_rows;
   }
-  auto* kernel = gemv_kernel<T, OutT, kTiles, E, kWarps, kVecs, kPipe>;
+  auto* kernel = gemv_kernel<T, OutT, kTiles, E, kWarps, kVecs, kPipe, kNorm>;
   return launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32), 0, stream,
                        p);
 }

@@ -1,7 +1,8 @@
 // The small-batch tensor-core GEMV (kernels/gemv.h) against a double-precision reference on
 // shapes that take every configuration of its launch policy, its
 // fused SiLU * up epilogue against the unfused reference, the residual-add and QKV RoPE variants
-// against the unfused kernels they replace, and programmatic dependent launch
+// against the unfused kernels they replace, the RMSNorm folded into the QKV variant against
+// add_rmsnorm then the GEMV, and programmatic dependent launch
 // (kernels/launch.h): a chain of dependent kernels gives bit-identical results with and without
 // it, launched directly and replayed from a CUDA graph, and so does decode attention, which loads
 // K/V before its wait, right after the kernel that writes the newest key.
@@ -273,6 +274,107 @@ TEST(CudaGemv, QkvRopeMatchesGemvThenQkvRope) {
         EXPECT_FALSE(wk_w.empty());
         EXPECT_TRUE(gpu_test::all_close(gk_w, wk_w, dtype));
         EXPECT_TRUE(gpu_test::all_close(gv_w, wv_w, dtype));
+      }
+    }
+  }
+}
+
+// Multiplies column j of the [rows, k] matrix w by gamma[j], rounding each product to dtype once:
+// how the CUDA runner folds a norm's weight into the projection after it.
+Tensor fold_columns(const Tensor& w, const std::vector<float>& gamma, DType dtype) {
+  std::vector<float> f(w.values.size());
+  for (size_t i = 0; i < f.size(); ++i) f[i] = w.values[i] * gamma[i % gamma.size()];
+  Tensor t;
+  t.bytes.resize(f.size() * dtype_size_bytes(dtype));
+  convert_from_f32(t.bytes.data(), dtype, f.data(), f.size());
+  t.values.resize(f.size());
+  convert_to_f32(t.values.data(), t.bytes.data(), dtype, f.size());
+  return t;
+}
+
+// The RMSNorm folded into the QKV RoPE GEMV (GemvRmsNorm): from the un-normalized residual rows
+// and the weights with the norm's weight folded in, the same Q, K and V as add_rmsnorm and then
+// the GEMV on the checkpoint's weights, within the dtype's tolerance (the normalized rows and the
+// folded weights round differently). Rows of several magnitudes, so that a missing or wrong
+// scale would be far outside it.
+TEST(CudaGemv, FoldedRmsNormMatchesNormThenGemv) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  std::mt19937 rng(37);
+  constexpr float kEps = 1e-5f;
+  auto residual_rows = [&](int32_t m, int32_t k, DType dtype) {
+    std::vector<float> v = random_floats(static_cast<size_t>(m) * k, -1, 1, rng);
+    for (int32_t t = 0; t < m; ++t) {
+      const float magnitude = 0.25f * static_cast<float>(1 << (t % 5));  // 0.25 to 4
+      for (int32_t j = 0; j < k; ++j) v[static_cast<size_t>(t) * k + j] *= magnitude;
+    }
+    Tensor x;
+    x.bytes.resize(v.size() * dtype_size_bytes(dtype));
+    convert_from_f32(x.bytes.data(), dtype, v.data(), v.size());
+    return x;
+  };
+  for (DType dtype : kHalfDtypes) {
+    const size_t e = dtype_size_bytes(dtype);
+    for (int32_t m : {1, 3, 8}) {
+      // QKV + RoPE: Llama-3.2-1B's heads, and Qwen2.5-1.5B's with the QKV bias.
+      struct Heads {
+        int32_t n_heads, n_kv_heads, head_dim, k;
+        bool bias;
+      };
+      for (const Heads& c : {Heads{32, 8, 64, 2048, false}, Heads{12, 2, 128, 1536, true}}) {
+        SCOPED_TRACE(testing::Message() << gpu_test::dtype_label(dtype) << " qkv m " << m
+                                        << " heads " << c.n_heads << " k " << c.k);
+        const int32_t n = (c.n_heads + 2 * c.n_kv_heads) * c.head_dim;
+        const int32_t half = c.head_dim / 2;
+        const float amp = 1.0f / std::sqrt(static_cast<float>(c.k));
+        const Tensor x = residual_rows(m, c.k, dtype);
+        const Tensor w = random_tensor(static_cast<size_t>(n) * c.k, dtype, -amp, amp, rng);
+        const std::vector<float> gamma = random_floats(static_cast<size_t>(c.k), 0.2f, 2.0f, rng);
+        const Tensor folded = fold_columns(w, gamma, dtype);
+        const std::vector<float> bias = random_floats(static_cast<size_t>(n), -0.5f, 0.5f, rng);
+        std::vector<float> inv_freq(static_cast<size_t>(half));
+        for (int32_t i = 0; i < half; ++i) inv_freq[i] = std::pow(10000.0f, -1.0f * i / half);
+        std::vector<int32_t> positions, slots;
+        for (int32_t t = 0; t < m; ++t) {
+          positions.push_back(29 * t + 7);
+          slots.push_back(t);  // m slots, each written by one token
+        }
+        DevBuf d_x = upload(x.bytes), d_res = upload(x.bytes), d_w = upload(w.bytes);
+        DevBuf d_folded = upload(folded.bytes), d_gamma = upload(gamma), d_bias = upload(bias);
+        DevBuf d_freq = upload(inv_freq), d_pos = upload(positions), d_slots = upload(slots);
+        DevBuf d_normed(x.bytes.size());
+        const size_t q_numel = static_cast<size_t>(m) * c.n_heads * c.head_dim;
+        const size_t kv_numel = static_cast<size_t>(m) * c.n_kv_heads * c.head_dim;
+        DevBuf want_q(q_numel * e), want_k(kv_numel * e), want_v(kv_numel * e);
+        DevBuf got_q(q_numel * e), got_k(kv_numel * e), got_v(kv_numel * e);
+        const float* bias_ptr = c.bias ? d_bias.as<float>() : nullptr;
+        auto rope = [&](DevBuf& q, DevBuf& k, DevBuf& v) {
+          return GemvRope{q.get(),
+                          k.get(),
+                          v.get(),
+                          bias_ptr,
+                          d_freq.as<float>(),
+                          d_pos.as<int32_t>(),
+                          d_slots.as<int32_t>(),
+                          nullptr,
+                          c.n_heads,
+                          c.n_kv_heads,
+                          c.head_dim,
+                          1.0f};
+        };
+        LITELLAMA_ASSERT_OK(launch_add_rmsnorm(d_normed.get(), d_res.get(), nullptr,
+                                               d_gamma.as<float>(), m, c.k, kEps, dtype, nullptr));
+        LITELLAMA_ASSERT_OK(launch_gemv_qkv_rope(rope(want_q, want_k, want_v), d_normed.get(),
+                                                 d_w.get(), m, c.k, dtype, nullptr));
+        LITELLAMA_ASSERT_OK(launch_gemv_qkv_rope(rope(got_q, got_k, got_v), d_x.get(),
+                                                 d_folded.get(), m, c.k, dtype, nullptr,
+                                                 GemvRmsNorm{kEps}));
+        LITELLAMA_ASSERT_CUDA(cudaDeviceSynchronize());
+        EXPECT_TRUE(gpu_test::all_close(download_as_f32(got_q, q_numel, dtype),
+                                        download_as_f32(want_q, q_numel, dtype), dtype));
+        EXPECT_TRUE(gpu_test::all_close(download_as_f32(got_k, kv_numel, dtype),
+                                        download_as_f32(want_k, kv_numel, dtype), dtype));
+        EXPECT_TRUE(gpu_test::all_close(download_as_f32(got_v, kv_numel, dtype),
+                                        download_as_f32(want_v, kv_numel, dtype), dtype));
       }
     }
   }

@@ -10,8 +10,10 @@
 //     linear(gate_up = normed @ [Wgate; Wup]^T) -> silu_mul -> linear(delta = act @ Wdown^T)
 //   per layer, smaller steps (bf16/fp16, up to RunnerOptions::gemv_max_tokens tokens): the
 //   small-batch GEMV variants (kernels/gemv.h), whose epilogues do the element-wise work:
-//     add_rmsnorm(normed = RMSNorm(residual)) -> gemv_qkv_rope(bias, RoPE, Q and the pool)
-//         (q/k-norm models: gemv(qkv) -> qkv_rope)
+//     gemv_qkv_rope(RMSNorm as a scale of the sums of residual @ Wqkv'^T, where Wqkv' has the
+//         input norm's weight folded in at load; bias, RoPE, Q and the pool)
+//         (bf16 only, see fold_input_norms(); fp16: add_rmsnorm(normed) -> gemv_qkv_rope;
+//         q/k-norm models: add_rmsnorm(normed) -> gemv(qkv) -> qkv_rope)
 //     attention_decode / attention_prefill
 //     gemv_residual_add(residual += attn @ Wo^T)
 //     add_rmsnorm(normed = RMSNorm(residual)) -> linear(gate_up) -> silu_mul
@@ -200,6 +202,11 @@ class CudaModelRunner final : public ModelRunner {
   bool use_gemv(int32_t n_rows, int32_t k, DType out_dtype) const;
   // Whether a step of n_tokens runs its layers through the fused GEMV variants.
   bool fused_layers(int32_t n_tokens) const;
+  // Whether the layers' input norm weights are folded into W.qkv at load, so that the QKV GEMV
+  // takes the norm in (kernels/gemv.h, GemvRmsNorm): models whose small steps use the QKV RoPE
+  // GEMV, in bfloat16. In fp16, products of small weights and norm weights could fall into the
+  // subnormal range.
+  bool fold_input_norms() const;
 
   Status run_head(const StepPlan& plan, int32_t n_top);
   Status run_sampling(const StepPlan& plan, int32_t n_top);
@@ -313,7 +320,7 @@ Status CudaModelRunner::init(const Checkpoint& checkpoint) {
   LITELLAMA_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&n_sms_, cudaDevAttrMultiProcessorCount, device));
   LITELLAMA_RETURN_IF_ERROR(ctx_.init());
-  LITELLAMA_ASSIGN_OR_RETURN(weights_, CudaWeights::upload(checkpoint, dtype_));
+  LITELLAMA_ASSIGN_OR_RETURN(weights_, CudaWeights::upload(checkpoint, dtype_, fold_input_norms()));
   LITELLAMA_RETURN_IF_ERROR(allocate_workspaces());
   LITELLAMA_RETURN_IF_ERROR(allocate_kv_pool());
   LITELLAMA_RETURN_IF_ERROR(init_persistent_decode());
@@ -698,6 +705,12 @@ bool CudaModelRunner::fused_layers(int32_t n_tokens) const {
          gemv_supports(dtype_, dtype_, n_tokens, c.intermediate_size);
 }
 
+bool CudaModelRunner::fold_input_norms() const {
+  const ModelConfig& c = config_;
+  return dtype_ == DType::kBF16 && options_.gemv_max_tokens > 0 && !c.qk_norm &&
+         gemv_rope_supports(c.head_dim);
+}
+
 Status CudaModelRunner::run_layer_fused(const StepPlan& plan, int32_t l) {
   const ModelConfig& c = config_;
   const StepLayout& L = plan.layout;
@@ -707,15 +720,22 @@ Status CudaModelRunner::run_layer_fused(const StepPlan& plan, int32_t l) {
   const int32_t T = plan.n_tokens;
   const int32_t H = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  LITELLAMA_RETURN_IF_ERROR(launch_add_rmsnorm(normed_.data(), residual_.data(), nullptr,
-                                               W.input_norm, T, H, eps, dtype_, stream));
-  if (W.q_norm == nullptr && W.k_norm == nullptr && gemv_rope_supports(c.head_dim)) {
+  const bool rope_gemv =
+      W.q_norm == nullptr && W.k_norm == nullptr && gemv_rope_supports(c.head_dim);
+  // The input norm inside the QKV GEMV (its weight folded into W.qkv at load).
+  const bool qkv_norm_in_gemv = rope_gemv && weights_.input_norms_folded;
+  if (!qkv_norm_in_gemv) {
+    LITELLAMA_RETURN_IF_ERROR(launch_add_rmsnorm(normed_.data(), residual_.data(), nullptr,
+                                                 W.input_norm, T, H, eps, dtype_, stream));
+  }
+  if (rope_gemv) {
     const GemvRope rope{
         q_.data(),        k_pool(l),        v_pool(l),         W.qkv_bias,
         rope_table(plan), i32(L.positions), i32(L.token_slot), rope_table_rows(plan),
         c.n_heads,        c.n_kv_heads,     c.head_dim,        rope_attention_scaling_};
-    LITELLAMA_RETURN_IF_ERROR(
-        launch_gemv_qkv_rope(rope, normed_.data(), W.qkv, T, H, dtype_, stream));
+    LITELLAMA_RETURN_IF_ERROR(launch_gemv_qkv_rope(
+        rope, qkv_norm_in_gemv ? residual_.data() : normed_.data(), W.qkv, T, H, dtype_, stream,
+        qkv_norm_in_gemv ? std::optional(GemvRmsNorm{eps}) : std::nullopt));
   } else {
     LITELLAMA_RETURN_IF_ERROR(
         launch_gemv(wide_.data(), normed_.data(), W.qkv, T, qkv_dim_, H, dtype_, dtype_, stream));

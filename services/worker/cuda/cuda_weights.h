@@ -3,6 +3,12 @@
 // row-major [out_features, in_features] as in the checkpoint; q/k/v and gate/up are concatenated
 // along out_features so each pair or triple is one GEMM. Norm weights and biases are float32 (the
 // kernels add and scale in float32).
+//
+// With fold_input_norms, each layer's input RMSNorm weight g is multiplied into the columns of
+// its q/k/v projection, each product rounded once to the compute dtype, and the norm's weight
+// becomes ones: (rmsnorm(x) * g) @ W^T = rmsnorm(x) @ (W diag(g))^T. The norm kernel then
+// computes what it did (times ones), and the small-batch QKV GEMV can take the whole norm in
+// (kernels/gemv.h, GemvRmsNorm), since no per-column weight is left to apply to its input.
 #pragma once
 
 #include <cstdint>
@@ -33,9 +39,11 @@ struct CudaWeights {
   const void* embed = nullptr;        // [vocab, hidden]
   const void* lm_head = nullptr;      // [vocab, hidden] (== embed when tied)
   const float* final_norm = nullptr;  // [hidden]
+  bool input_norms_folded = false;    // layers' input_norm are ones, folded into qkv
 
   // Converts and uploads every weight of `checkpoint` (synchronously, at load time).
-  static Result<CudaWeights> upload(const Checkpoint& checkpoint, DType compute_dtype);
+  static Result<CudaWeights> upload(const Checkpoint& checkpoint, DType compute_dtype,
+                                    bool fold_input_norms = false);
 };
 
 }  // namespace litellama
