@@ -379,12 +379,13 @@ TEST_P(CudaModelRunnerTest, CudaGraphsMatchDirectLaunches) {
 }
 
 // The small-batch decode path in bf16 and fp16 (tensor-core GEMV variants with the residual add
-// and RoPE in their epilogues, in bf16 the input RMSNorm folded into the QKV GEMV; gate/up through cuBLAS + silu_mul, through the GEMV with SiLU * up
-// in its epilogue, or the default mix; programmatic dependent launch, graphs) against the
-// reference path (cuBLAS, separate kernels, plain launches, no graphs) over mixed prefill + decode
-// steps of 1 to 5 sequences: top logits within the dtype's tolerance; greedy ids equal until a step
-// where the reference's top two are a near tie (after that the sequences legitimately diverge). The
-// fast path with and without graphs must agree exactly: the same kernels run in both.
+// and RoPE in their epilogues, in bf16 the input RMSNorm folded into the QKV GEMV; gate/up through
+// cuBLAS + silu_mul, through the GEMV with SiLU * up in its epilogue, or the default mix;
+// programmatic dependent launch, graphs) against the reference path (cuBLAS, separate kernels,
+// plain launches, no graphs) over mixed prefill + decode steps of 1 to 5 sequences: top logits
+// within the dtype's tolerance; greedy ids equal until a step where the reference's top two are a
+// near tie (after that the sequences legitimately diverge). The fast path with and without graphs
+// must agree exactly: the same kernels run in both.
 TEST_P(CudaModelRunnerTest, HalfPrecisionDecodeKernelsMatchReferencePath) {
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   const ModelCase& m = GetParam();
