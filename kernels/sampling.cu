@@ -37,6 +37,16 @@ constexpr int kMassFracBits = 44;
 constexpr double kMassScale = static_cast<double>(1ull << kMassFracBits);
 static_assert(kSamplingMaxVocab <= (1 << (63 - kMassFracBits)));
 
+// A weight (0 <= w <= 1) in the masses' fixed point: a multiple of 2^-kMassFracBits. Every mass
+// of a draw (histogram bins, the total, the kept mass) is a sum of these, so that a draw below
+// the kept mass always lands in a bin: weights below 2^-45 are 0 and never drawn.
+__device__ __forceinline__ unsigned long long mass_units(double w) {
+  return __double2ull_rn(fmin(w, 1.0) * kMassScale);
+}
+__device__ __forceinline__ double quantized(double w) {
+  return static_cast<double>(mass_units(w)) * (1.0 / kMassScale);
+}
+
 // Order-preserving map of a float to uint32: a < b (as floats, no NaN) iff key(a) < key(b), and
 // a == b iff key(a) == key(b): -0 takes the key of +0, as the CPU sampler's comparisons tie them.
 __device__ __forceinline__ uint32_t order_key(float f) {
@@ -286,7 +296,7 @@ __device__ __forceinline__ void histogram_add(uint32_t* count, uint32_t* mass_lo
                                               bool by_mass, int b, double w) {
   atomicAdd(&count[b], 1u);
   if (!by_mass) return;
-  const unsigned long long q = __double2ull_rn(fmin(w, 1.0) * kMassScale);
+  const unsigned long long q = mass_units(w);
   const auto lo = static_cast<uint32_t>(q);
   const uint32_t old = atomicAdd(&mass_lo[b], lo);
   const uint32_t hi = static_cast<uint32_t>(q >> 32) + (old > 0xffffffffu - lo ? 1u : 0u);
@@ -539,18 +549,22 @@ __device__ int32_t sample_row(int r, int32_t* __restrict__ top_ids, float* __res
     min_key = radix_select(logits, slice, 0, false, false, 0.0, p.top_k, inv_t, max_scaled, sh, g,
                            &unused_mass);
   }
-  double total = 0;
-  for_each_logit(logits, slice, [&](float l, int) {
-    if (order_key(l) >= min_key) total += weight_of(l, inv_t, max_scaled);
-  });
-  total = row_sum(total, sh, g);
-
   // Top-p: the element at which the cumulative probability first reaches top_p. Its selection
   // also gives the kept mass (the weights above and at its key) unless min-p narrows the set.
+  // Without either, the kept set is top-k's, whose mass is the total: it is then summed in the
+  // masses' fixed point (otherwise only the top-p target and the min-p bound read it).
   uint32_t keep_key = min_key;
   const bool top_p = p.top_p < 1.0f;
-  double kept = 0;
-  bool kept_known = false;
+  const bool kept_is_total = !top_p && p.min_p <= 0.0f;
+  double total = 0;
+  for_each_logit(logits, slice, [&](float l, int) {
+    if (order_key(l) < min_key) return;
+    const double w = weight_of(l, inv_t, max_scaled);
+    total += kept_is_total ? quantized(w) : w;
+  });
+  total = row_sum(total, sh, g);
+  double kept = total;
+  bool kept_known = kept_is_total;
   if (top_p) {
     double above = 0, at = 0;
     FirstPass save;
@@ -578,7 +592,7 @@ __device__ int32_t sample_row(int r, int32_t* __restrict__ top_ids, float* __res
   if (!kept_known) {
     kept = 0;
     for_each_logit(logits, slice, [&](float l, int) {
-      if (order_key(l) >= keep_key) kept += weight_of(l, inv_t, max_scaled);
+      if (order_key(l) >= keep_key) kept += quantized(weight_of(l, inv_t, max_scaled));
     });
     kept = row_sum(kept, sh, g);
   }
@@ -604,7 +618,7 @@ __device__ int32_t sample_row(int r, int32_t* __restrict__ top_ids, float* __res
   n_ties = row_count(n_ties, sh, g);
   int32_t id = row_argmax(first, sh, g).id;
   if (n_ties > 1) {
-    const double w = weight_of(key_value(key), inv_t, max_scaled);
+    const double w = quantized(weight_of(key_value(key), inv_t, max_scaled));
     int32_t take = n_ties;
     double cum = mass_above;
     for (int32_t j = 1; j <= n_ties; ++j) {

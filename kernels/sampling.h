@@ -9,12 +9,12 @@
 // for one ordered 32-bit key of the float logit; each prefix boundary (k-th value, top-p crossing,
 // the drawn token) is found by a 4-pass radix select over key bytes with per-bin counts or
 // probability mass, with no sort. Known differences from the CPU: a tie group that straddles the
-// top-p boundary survives whole (the CPU may cut it by id). Masses are summed in fixed point per
-// histogram bin (each weight rounded to a multiple of 2^-44: exact, order-independent sums) and
-// in double elsewhere, so they differ from the CPU's sequential double sums in their last bits;
-// and where the kept mass is a double sum (no top-p, or min-p on), the histograms miss the
-// weights that round to zero (at most vocab x 2^-45 of it, about 4e-9 for 128k ids): a draw that
-// lands there takes the lowest kept logit, where the CPU takes another token of that tail.
+// top-p boundary survives whole (the CPU may cut it by id). Every mass of a draw (the total, the
+// kept mass, the histogram bins) is a sum of weights rounded to multiples of 2^-44 (fixed point:
+// the bins' sums are exact and order-independent), so masses differ from the CPU's sequential
+// double sums in their last bits, and a token whose weight (its probability over the most likely
+// one's) is below 2^-45 is never drawn, where the CPU draws one of those with a probability of at
+// most vocab x 2^-45 (about 4e-9 for 128k ids).
 //
 // Each row is sampled by a group of CTAs that split its logits (kernels/sampling.cu): on compute
 // capability 9.0+ a thread-block cluster of up to 8 CTAs that meet in distributed shared memory.

@@ -273,12 +273,17 @@ TEST(CudaSamplingTiming, DISABLED_LaunchTime) {
   SamplingParams top_p_only;
   top_p_only.temperature = 1.0f;
   top_p_only.top_p = 0.9f;
+  SamplingParams top_k_only = top_k_p;
+  top_k_only.top_p = 1.0f;
+  SamplingParams temperature_only;
+  temperature_only.temperature = 1.0f;
   SamplingParams penalties = top_k_p;
   penalties.repetition_penalty = 1.1f;
   penalties.frequency_penalty = 0.2f;
   const Config configs[] = {
       {"greedy (argmax kernel)", greedy, 0}, {"greedy", greedy, 0},
       {"greedy + 8 top logits", greedy, 8},  {"T 0.8, top-k 50, top-p 0.9", top_k_p, 0},
+      {"T 0.8, top-k 50", top_k_only, 0},    {"T 1", temperature_only, 0},
       {"T 1, top-p 0.9", top_p_only, 0},     {"penalties (1000 ids), top-k/p", penalties, 0}};
   for (int32_t n_rows : {1, 8, 32, 256}) {
     for (const Config& cfg : configs) {
