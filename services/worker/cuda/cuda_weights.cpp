@@ -55,12 +55,6 @@ class UploadPlan {
   }
 
   size_t total_bytes() const { return total_bytes_; }
-  size_t place(Placement p) {
-    p.offset = total_bytes_;
-    total_bytes_ = align_up(total_bytes_ + p.size_bytes, 256);
-    placements_.push_back(std::move(p));
-    return placements_.size() - 1;
-  }
   size_t offset(size_t index) const { return placements_[index].offset; }
 
   Status upload(const DeviceBuffer& storage) const {
@@ -106,6 +100,13 @@ class UploadPlan {
   }
 
  private:
+  size_t place(Placement p) {
+    p.offset = total_bytes_;
+    total_bytes_ = align_up(total_bytes_ + p.size_bytes, 256);
+    placements_.push_back(std::move(p));
+    return placements_.size() - 1;
+  }
+
   const Checkpoint& checkpoint_;
   std::vector<Placement> placements_;
   size_t total_bytes_ = 0;
