@@ -108,11 +108,12 @@ struct Cfg {
   static constexpr int kWarps = W, kVecs = V, kPipe = P;
 };
 // (warps per block, 16-byte vectors per row per lane and chunk, chunks in registers)
-using PlainConfigs =
-    std::tuple<Cfg<4, 1, 4>, Cfg<4, 1, 8>, Cfg<4, 2, 4>, Cfg<8, 1, 2>, Cfg<8, 1, 4>, Cfg<8, 1, 8>,
-               Cfg<8, 2, 2>, Cfg<8, 2, 4>, Cfg<16, 1, 2>, Cfg<16, 1, 4>, Cfg<16, 2, 2>>;
-using SiluConfigs = std::tuple<Cfg<4, 1, 4>, Cfg<8, 1, 2>, Cfg<8, 1, 4>, Cfg<8, 2, 2>,
-                               Cfg<16, 1, 2>, Cfg<16, 2, 1>>;
+using PlainConfigs = std::tuple<Cfg<4, 1, 4>, Cfg<4, 1, 8>, Cfg<4, 2, 4>, Cfg<8, 1, 2>,
+                                Cfg<8, 1, 4>, Cfg<8, 1, 8>, Cfg<8, 2, 2>, Cfg<8, 2, 4>,
+                                Cfg<16, 1, 2>, Cfg<16, 1, 4>, Cfg<16, 2, 2>, Cfg<32, 1, 2>>;
+using SiluConfigs =
+    std::tuple<Cfg<4, 1, 4>, Cfg<4, 1, 6>, Cfg<4, 2, 2>, Cfg<8, 1, 2>, Cfg<8, 1, 3>, Cfg<8, 1, 4>,
+               Cfg<8, 1, 6>, Cfg<8, 2, 2>, Cfg<16, 1, 2>, Cfg<16, 2, 1>>;
 
 int run(int argc, char** argv) {
   int m = 1, reps = 20;
@@ -126,7 +127,10 @@ int run(int argc, char** argv) {
       {"1b.qkv", 3072, 2048, false},         {"1b.o", 2048, 2048, false},
       {"1b.gate_up+silu", 8192, 2048, true}, {"1b.down", 2048, 8192, false},
       {"1b.lm_head", 128256, 2048, false},   {"8b.qkv", 6144, 4096, false},
-      {"8b.down", 4096, 14336, false},
+      {"8b.o", 4096, 4096, false},           {"8b.gate_up+silu", 14336, 4096, true},
+      {"8b.down", 4096, 14336, false},       {"qwen.qkv", 2048, 1536, false},
+      {"qwen.o", 1536, 1536, false},         {"qwen.gate_up+silu", 8960, 1536, true},
+      {"qwen.down", 1536, 8960, false},
   };
   cudaStream_t stream = nullptr;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -193,31 +197,36 @@ int run(int argc, char** argv) {
       using C = decltype(cfg);
       constexpr bool kSilu = decltype(silu_c)::value;
       using gemv_detail::Epilogue;
-      auto body = [&](int i) {
-        gemv_detail::Params p{};
-        p.x = x;
-        p.w = weights(i);
-        p.y = y;
-        p.m = m;
-        p.n = kSilu ? 2 * s.n : s.n;
-        p.k = s.k;
-        p.ldy = s.n;
-        cudaError_t e;
-        if constexpr (kSilu) {
-          e = gemv_detail::launch<__nv_bfloat16, __nv_bfloat16, 2, Epilogue::kSiluMul, C::kWarps,
-                                  C::kVecs, C::kPipe>(p, stream);
-        } else if (out == DType::kF32) {
-          e = gemv_detail::launch<__nv_bfloat16, float, 1, Epilogue::kStore, C::kWarps, C::kVecs,
-                                  C::kPipe>(p, stream);
-        } else {
-          e = gemv_detail::launch<__nv_bfloat16, __nv_bfloat16, 1, Epilogue::kStore, C::kWarps,
-                                  C::kVecs, C::kPipe>(p, stream);
-        }
-        CHECK(e);
+      auto run_config = [&](auto loop_c) {
+        constexpr bool kLoop = decltype(loop_c)::value;
+        auto body = [&](int i) {
+          gemv_detail::Params p{};
+          p.x = x;
+          p.w = weights(i);
+          p.y = y;
+          p.m = m;
+          p.n = kSilu ? 2 * s.n : s.n;
+          p.k = s.k;
+          p.ldy = s.n;
+          cudaError_t e;
+          if constexpr (kSilu) {
+            e = gemv_detail::launch<__nv_bfloat16, __nv_bfloat16, 2, Epilogue::kSiluMul, C::kWarps,
+                                    C::kVecs, C::kPipe, false, kLoop>(p, stream);
+          } else if (out == DType::kF32) {
+            e = gemv_detail::launch<__nv_bfloat16, float, 1, Epilogue::kStore, C::kWarps, C::kVecs,
+                                    C::kPipe, false, kLoop>(p, stream);
+          } else {
+            e = gemv_detail::launch<__nv_bfloat16, __nv_bfloat16, 1, Epilogue::kStore, C::kWarps,
+                                    C::kVecs, C::kPipe, false, kLoop>(p, stream);
+          }
+          CHECK(e);
+        };
+        report("w" + std::to_string(C::kWarps) + ".v" + std::to_string(C::kVecs) + ".p" +
+                   std::to_string(C::kPipe) + (kLoop ? ".loop" : ".unit"),
+               time_graph(stream, launches, reps, body));
       };
-      report("w" + std::to_string(C::kWarps) + ".v" + std::to_string(C::kVecs) + ".p" +
-                 std::to_string(C::kPipe),
-             time_graph(stream, launches, reps, body));
+      run_config(std::true_type{});
+      run_config(std::false_type{});
     };
     if (s.silu) {
       std::apply([&](auto... c) { (try_config(c, std::true_type{}), ...); }, SiluConfigs{});

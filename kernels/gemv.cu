@@ -5,7 +5,8 @@
 // Llama-3.1-8B, 1 and 8 rows, back to back in a CUDA graph with PDL): matrices with many 16-row
 // tiles stream best with 8 warps per tile and 4 chunks in flight per warp; with few tiles (the
 // grid then does not fill the GPU twice) 16 warps per tile do, reading 32 bytes of each row per
-// lane and chunk when k is long. The paired epilogues (two tiles per block) take 8 warps.
+// lane and chunk when k is long. The paired epilogues (two tiles per block) take 8 warps, or the
+// looping kernel with 16 warps where that streams faster (launch_paired).
 #include "kernels/gemv.h"
 
 #include <cuda_bf16.h>
@@ -49,8 +50,15 @@ cudaError_t launch_single(const Params& p, cudaStream_t stream) {
   return launch<T, OutT, 1, E, 16, 1, 4>(p, stream);
 }
 
+// Two tiles per block (kSiluMul, kRope). Where k is a multiple of 1024 (every warp's last chunk
+// of a unit is its ring's last slot), the gate/up projection, and the QKV projection at k >= 4096
+// or from 3 rows, stream best with 16 warps reading 32 bytes of each row per lane and chunk, one
+// chunk in flight, each block looping over units; otherwise 8 warps, 16 bytes, 4 chunks, one
+// unit per block.
 template <typename T, Epilogue E, bool kNorm = false>
 cudaError_t launch_paired(const Params& p, cudaStream_t stream) {
+  const bool wide = p.k % 1024 == 0 && (E == Epilogue::kSiluMul || p.k >= 4096 || p.m >= 3);
+  if (wide) return gemv_detail::launch<T, T, 2, E, 16, 2, 1, kNorm, /*kLoop=*/true>(p, stream);
   return gemv_detail::launch<T, T, 2, E, 8, 1, 4, kNorm>(p, stream);
 }
 

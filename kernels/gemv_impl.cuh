@@ -2,9 +2,13 @@
 // configuration so that gemv.cu picks one per shape and the linear benchmark can compare them.
 // Included by gemv.cu and bench/linear_bench.cu only.
 //
-// A block owns kTiles tiles of 16 weight rows and all of k; its kWarps warps take k in interleaved
-// chunks of 32 * kVecs (warp w: chunks w, w + kWarps, ...). A chunk is 2 * kVecs mma.m16n8k16
-// steps per tile:
+// A unit is kTiles tiles of 16 weight rows and all of k. Two kernels: gemv_unit_kernel takes one
+// unit per block (the grid runs in waves of blocks); gemv_loop_kernel has no more blocks than are
+// resident at once, each taking units blockIdx.x, blockIdx.x + gridDim.x, ... in turn, and where
+// k is a multiple of kPipe * kWarps chunks its ring of weight loads runs on from the end of one
+// unit into the start of the next, so a block's weight stream does not stop between units. The
+// block's kWarps warps take k in interleaved chunks of 32 * kVecs (warp w: chunks w, w + kWarps,
+// ...). A chunk is 2 * kVecs mma.m16n8k16 steps per tile:
 //   A (16 rows x 16 k) = weights, straight from global memory into registers: lane (g, t) loads
 //     the kVecs consecutive 16-byte vectors at k0 = chunk * 32 kVecs + 8 kVecs t of rows g and
 //     g + 8 (a 4-lane group reads 64 kVecs contiguous bytes of a row). The dot product does not
@@ -14,8 +18,9 @@
 //     (tokens g >= m read nothing and hold zeros).
 // Before griddepcontrol.wait each warp loads its first kPipe chunks of weights (they do not depend
 // on the previous kernel); after it, the next kernel may launch, and x is read through L1 (every
-// block reads all of it). Weights bypass L1. Warps' partial sums meet in shared memory; 128
-// threads finish one (row, token) pair each and apply the epilogue:
+// block reads all of it). Weights bypass L1. Warps' partial sums meet in shared memory (double-
+// buffered in the loop kernel, so one barrier per unit suffices); 128 threads finish one
+// (row, token) pair each and apply the epilogue:
 //   kStore        y[t, row] = sum (rounded to OutT)
 //   kResidualAdd  y[t, row] = round(y[t, row] + round(sum)): the residual stream update that
 //                 add_rmsnorm would do, element by element (each element has one owner)
@@ -41,7 +46,12 @@
 // x untransformed and pays: QKV with the input norm folded in took Llama-3.2-1B batch 1 from
 // 0.906 to 0.884 ms. The same for gate/up (after the o projection, without the post-attention
 // norm kernel between them) made it 1.06 ms, whether the o projection let it launch after its
-// wait or after its main loop: gate/up keeps its norm kernel.
+// wait or after its main loop: gate/up keeps its norm kernel. The loop kernel came from the
+// linear benchmark, where one block per unit left the large matrices (Llama-3.1-8B's gate/up,
+// 896 units of two tiles) at 3.4 TB/s, against 4.2 for a plain read: with 16 warps, 32 bytes
+// per row per lane and chunk and one chunk in flight it reached 4.06 TB/s; with the ring's
+// state for the next unit in registers, configurations with deeper rings lost occupancy and got
+// slower, so gemv.cu uses it for those paired shapes only.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -68,10 +78,11 @@ struct Params {
   int32_t m;
   int32_t n;  // rows of w
   int32_t k;
-  // Block b covers rows (b / blocks_per_group) * group_rows + (b % blocks_per_group) * 16 + r *
+  // Unit u covers rows (u / blocks_per_group) * group_rows + (u % blocks_per_group) * 16 + r *
   // tile_stride + [0, 16) for its tiles r.
   int32_t blocks_per_group;
   int32_t group_rows;
+  int32_t n_units;  // units of kTiles tiles; block b takes units b, b + gridDim.x, ...
   int32_t tile_stride;
   int32_t ldy;    // elements between rows of y
   GemvRope rope;  // kRope
@@ -101,9 +112,140 @@ __device__ __forceinline__ uint4 load_weights(const void* p) {
   return v;
 }
 
+// The k loop of one unit for warp `warp`: its chunks warp, warp + kWarps, ... of the unit's
+// tiles, whose weights arrive in the ring a (slot u holds chunk base + u * kWarps); after a slot's
+// mma steps, refill(a[u], chunk + kPipe * kWarps) issues its next load. Accumulates into acc and,
+// with kNorm, the squares of this lane's x elements into squares.
+template <typename T, int kTiles, int kWarps, int kVecs, int kPipe, bool kNorm, typename Refill>
+__device__ __forceinline__ void accumulate_unit(uint4 (&a)[kPipe][kTiles][2][kVecs], const T* x_row,
+                                                bool token_ok, int warp, int n_chunks,
+                                                float (&acc)[kTiles][4], float& squares,
+                                                const Refill& refill) {
+  constexpr int kChunk = 32 * kVecs;
+  for (int base = warp; base < n_chunks; base += kPipe * kWarps) {
+    uint4 xv[kPipe][kVecs];
+#pragma unroll
+    for (int u = 0; u < kPipe; ++u) {
+      const int chunk = base + u * kWarps;
+#pragma unroll
+      for (int v = 0; v < kVecs; ++v) {
+        const T* src = x_row + static_cast<int64_t>(chunk) * kChunk + 8 * v;
+        xv[u][v] = token_ok && chunk < n_chunks ? __ldg(reinterpret_cast<const uint4*>(src))
+                                                : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kPipe; ++u) {
+      const int chunk = base + u * kWarps;
+      if (chunk < n_chunks) {
+#pragma unroll
+        for (int r = 0; r < kTiles; ++r) {
+#pragma unroll
+          for (int v = 0; v < kVecs; ++v) {
+            const uint4& lo = a[u][r][0][v];
+            const uint4& hi = a[u][r][1][v];
+            const uint32_t first_k[4] = {lo.x, hi.x, lo.y, hi.y};
+            const uint32_t second_k[4] = {lo.z, hi.z, lo.w, hi.w};
+            mma_16816<T>(acc[r], first_k, xv[u][v].x, xv[u][v].y);
+            mma_16816<T>(acc[r], second_k, xv[u][v].z, xv[u][v].w);
+          }
+        }
+        refill(a[u], chunk + kPipe * kWarps);
+        if constexpr (kNorm) {
+#pragma unroll
+          for (int v = 0; v < kVecs; ++v) squares += sum_squares<T>(xv[u][v]);
+        }
+      }
+    }
+  }
+}
+
+// Thread i < 128 of the block finishes accumulator j = i & 3 of lane i >> 2 of unit `unit`: row
+// g' + 8 (j >> 1) of the tile, token 2 t' + (j & 1), from the warps' partial sums.
+template <typename T, typename OutT, int kTiles, Epilogue E, int kWarps, bool kNorm>
+__device__ __forceinline__ void finish_unit(const Params& p, int unit,
+                                            const float (&partial)[kWarps][kTiles][32][4],
+                                            const float (&row_squares)[kNorm ? kWarps : 1][8]) {
+  const int i = threadIdx.x;
+  const int row_in_tile = (i >> 4) + 8 * ((i & 3) >> 1);
+  const int token = 2 * ((i >> 2) & 3) + (i & 1);
+  if (token >= p.m) return;
+  const int64_t block_row = static_cast<int64_t>(unit / p.blocks_per_group) * p.group_rows +
+                            static_cast<int64_t>(unit % p.blocks_per_group) * kTileRows;
+  float sum[kTiles] = {};
+#pragma unroll
+  for (int r = 0; r < kTiles; ++r) {
+#pragma unroll
+    for (int v = 0; v < kWarps; ++v) sum[r] += partial[v][r][i >> 2][i & 3];
+  }
+  if constexpr (kNorm) {
+    float total = 0.0f;
+#pragma unroll
+    for (int v = 0; v < kWarps; ++v) total += row_squares[v][token];
+    // Correctly rounded 1 / sqrt, as add_rmsnorm computes it.
+    const float inv_rms = __frcp_rn(__fsqrt_rn(total / static_cast<float>(p.k) + p.norm_eps));
+#pragma unroll
+    for (int r = 0; r < kTiles; ++r) sum[r] *= inv_rms;
+  }
+  auto* y = static_cast<OutT*>(p.y) + static_cast<int64_t>(token) * p.ldy;
+  if constexpr (E == Epilogue::kStore || E == Epilogue::kResidualAdd) {
+#pragma unroll
+    for (int r = 0; r < kTiles; ++r) {
+      const int64_t row = block_row + static_cast<int64_t>(r) * p.tile_stride + row_in_tile;
+      if (row >= p.n) continue;
+      if constexpr (E == Epilogue::kStore) {
+        y[row] = from_float<OutT>(sum[r]);
+      } else {
+        y[row] = from_float<OutT>(to_float(y[row]) + to_float(from_float<OutT>(sum[r])));
+      }
+    }
+  } else if constexpr (E == Epilogue::kSiluMul) {
+    const int64_t row = block_row + row_in_tile;
+    if (row < p.tile_stride) {
+      const float gate = to_float(from_float<T>(sum[0]));
+      const float up = to_float(from_float<T>(sum[1]));
+      y[row] = from_float<OutT>(gate / (1.0f + expf(-gate)) * up);
+    }
+  } else {  // kRope: as qkv_rope_kernel, element j of the first half paired with half + j
+    const GemvRope& rope = p.rope;
+    const int half = rope.head_dim / 2;
+    const int head = unit / p.blocks_per_group;
+    const int j = (unit % p.blocks_per_group) * kTileRows + row_in_tile;
+    float lo = to_float(from_float<T>(sum[0]));
+    float hi = to_float(from_float<T>(sum[1]));
+    if (rope.bias != nullptr) {
+      lo += rope.bias[static_cast<int64_t>(head) * rope.head_dim + j];
+      hi += rope.bias[static_cast<int64_t>(head) * rope.head_dim + half + j];
+    }
+    const int64_t slot = rope.token_slot[token];
+    if (head >= rope.n_heads + rope.n_kv_heads) {
+      T* dst = static_cast<T*>(rope.v_pool) +
+               (slot * rope.n_kv_heads + (head - rope.n_heads - rope.n_kv_heads)) * rope.head_dim;
+      dst[j] = from_float<T>(lo);
+      dst[half + j] = from_float<T>(hi);
+      return;
+    }
+    const float pos = static_cast<float>(rope.positions[token]);
+    const int freq_row = rope.token_freq_row != nullptr ? rope.token_freq_row[token] : 0;
+    const float angle = pos * rope.inv_freq[static_cast<int64_t>(freq_row) * half + j];
+    float s, c;
+    sincosf(angle, &s, &c);
+    c *= rope.attention_scaling;
+    s *= rope.attention_scaling;
+    T* dst = head < rope.n_heads
+                 ? static_cast<T*>(rope.q_out) +
+                       (static_cast<int64_t>(token) * rope.n_heads + head) * rope.head_dim
+                 : static_cast<T*>(rope.k_pool) +
+                       (slot * rope.n_kv_heads + (head - rope.n_heads)) * rope.head_dim;
+    dst[j] = from_float<T>(__fsub_rn(__fmul_rn(lo, c), __fmul_rn(hi, s)));
+    dst[half + j] = from_float<T>(__fadd_rn(__fmul_rn(hi, c), __fmul_rn(lo, s)));
+  }
+}
+
+// One unit per block (blockIdx.x).
 template <typename T, typename OutT, int kTiles, Epilogue E, int kWarps, int kVecs, int kPipe,
           bool kNorm>
-__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const Params p) {
+__global__ void __launch_bounds__(kWarps * 32) gemv_unit_kernel(const Params p) {
   constexpr int kChunk = 32 * kVecs;
   __shared__ __align__(16) float partial[kWarps][kTiles][32][4];
   __shared__ float row_squares[kNorm ? kWarps : 1][8];  // kNorm: per warp, per token
@@ -157,43 +299,11 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const Params p) {
   const bool token_ok = g < p.m;
   float acc[kTiles][4] = {};
   float squares = 0.0f;  // kNorm: of this lane's elements of token g
-  for (int base = warp; base < n_chunks; base += kPipe * kWarps) {
-    uint4 xv[kPipe][kVecs];
-#pragma unroll
-    for (int u = 0; u < kPipe; ++u) {
-      const int chunk = base + u * kWarps;
-#pragma unroll
-      for (int v = 0; v < kVecs; ++v) {
-        const T* src = x_row + static_cast<int64_t>(chunk) * kChunk + 8 * v;
-        xv[u][v] = token_ok && chunk < n_chunks ? __ldg(reinterpret_cast<const uint4*>(src))
-                                                : make_uint4(0, 0, 0, 0);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kPipe; ++u) {
-      const int chunk = base + u * kWarps;
-      if (chunk < n_chunks) {
-#pragma unroll
-        for (int r = 0; r < kTiles; ++r) {
-#pragma unroll
-          for (int v = 0; v < kVecs; ++v) {
-            const uint4& lo = a[u][r][0][v];
-            const uint4& hi = a[u][r][1][v];
-            const uint32_t first_k[4] = {lo.x, hi.x, lo.y, hi.y};
-            const uint32_t second_k[4] = {lo.z, hi.z, lo.w, hi.w};
-            mma_16816<T>(acc[r], first_k, xv[u][v].x, xv[u][v].y);
-            mma_16816<T>(acc[r], second_k, xv[u][v].z, xv[u][v].w);
-          }
-        }
-        const int next = chunk + kPipe * kWarps;
-        if (next < n_chunks) load_chunk(a[u], next);
-        if constexpr (kNorm) {
-#pragma unroll
-          for (int v = 0; v < kVecs; ++v) squares += sum_squares<T>(xv[u][v]);
-        }
-      }
-    }
-  }
+  accumulate_unit<T, kTiles, kWarps, kVecs, kPipe, kNorm>(
+      a, x_row, token_ok, warp, n_chunks, acc, squares,
+      [&](uint4(&dst)[kTiles][2][kVecs], int next) {
+        if (next < n_chunks) load_chunk(dst, next);
+      });
   if constexpr (kNorm) {
     // The 4 lanes of a token group cover each chunk of the warp; the warps cover all chunks.
     squares += __shfl_xor_sync(0xffffffffu, squares, 1);
@@ -207,114 +317,175 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const Params p) {
         make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
   }
   __syncthreads();
-  // Thread i < 128 finishes accumulator j = i & 3 of lane i >> 2: row g' + 8 (j >> 1) of the
-  // tile, token 2 t' + (j & 1).
-  const int i = threadIdx.x;
-  if (i >= 128) return;
-  const int row_in_tile = (i >> 4) + 8 * ((i & 3) >> 1);
-  const int token = 2 * ((i >> 2) & 3) + (i & 1);
-  if (token >= p.m) return;
-  float sum[kTiles] = {};
-#pragma unroll
-  for (int r = 0; r < kTiles; ++r) {
-#pragma unroll
-    for (int v = 0; v < kWarps; ++v) sum[r] += partial[v][r][i >> 2][i & 3];
+  if (threadIdx.x < 128) {
+    finish_unit<T, OutT, kTiles, E, kWarps, kNorm>(p, static_cast<int>(blockIdx.x), partial,
+                                                   row_squares);
   }
-  if constexpr (kNorm) {
-    float total = 0.0f;
-#pragma unroll
-    for (int v = 0; v < kWarps; ++v) total += row_squares[v][token];
-    // Correctly rounded 1 / sqrt, as add_rmsnorm computes it.
-    const float inv_rms = __frcp_rn(__fsqrt_rn(total / static_cast<float>(p.k) + p.norm_eps));
-#pragma unroll
-    for (int r = 0; r < kTiles; ++r) sum[r] *= inv_rms;
-  }
-  auto* y = static_cast<OutT*>(p.y) + static_cast<int64_t>(token) * p.ldy;
-  if constexpr (E == Epilogue::kStore || E == Epilogue::kResidualAdd) {
+}
+
+// Units blockIdx.x, blockIdx.x + gridDim.x, ... in turn.
+template <typename T, typename OutT, int kTiles, Epilogue E, int kWarps, int kVecs, int kPipe,
+          bool kNorm>
+__global__ void __launch_bounds__(kWarps * 32) gemv_loop_kernel(const Params p) {
+  constexpr int kChunk = 32 * kVecs;
+  // Double-buffered by unit, so one barrier per unit suffices: a warp writes a buffer again only
+  // after the next unit's barrier, which the epilogue threads of this unit reach after reading it.
+  __shared__ __align__(16) float partial[2][kWarps][kTiles][32][4];
+  __shared__ float row_squares[2][kNorm ? kWarps : 1][8];  // kNorm: per warp, per token
+
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int n_chunks = p.k / kChunk;
+  // The ring runs on into the next unit when every warp's last chunk slot of a unit is slot
+  // kPipe - 1 (then the next unit's chunk for slot u is the same as this unit's first).
+  const bool ring_continues = n_chunks % (kPipe * kWarps) == 0;
+  const auto* w = static_cast<const T*>(p.w);
+
+  // This lane's rows of a unit: rows g and g + 8 of each tile r (null past n: they read nothing).
+  struct UnitRows {
+    const T* ptr[kTiles][2];
+  };
+  auto unit_rows = [&](int unit) {
+    const int64_t block_row = static_cast<int64_t>(unit / p.blocks_per_group) * p.group_rows +
+                              static_cast<int64_t>(unit % p.blocks_per_group) * kTileRows;
+    UnitRows u;
 #pragma unroll
     for (int r = 0; r < kTiles; ++r) {
-      const int64_t row = block_row + static_cast<int64_t>(r) * p.tile_stride + row_in_tile;
-      if (row >= p.n) continue;
-      if constexpr (E == Epilogue::kStore) {
-        y[row] = from_float<OutT>(sum[r]);
-      } else {
-        y[row] = from_float<OutT>(to_float(y[row]) + to_float(from_float<OutT>(sum[r])));
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t row = block_row + static_cast<int64_t>(r) * p.tile_stride + g + 8 * h;
+        u.ptr[r][h] = row < p.n ? w + row * p.k + 8 * kVecs * t : nullptr;
       }
     }
-  } else if constexpr (E == Epilogue::kSiluMul) {
-    const int64_t row = block_row + row_in_tile;
-    if (row < p.tile_stride) {
-      const float gate = to_float(from_float<T>(sum[0]));
-      const float up = to_float(from_float<T>(sum[1]));
-      y[row] = from_float<OutT>(gate / (1.0f + expf(-gate)) * up);
+    return u;
+  };
+  uint4 a[kPipe][kTiles][2][kVecs];
+  auto load_chunk = [&](uint4(&dst)[kTiles][2][kVecs], const UnitRows& rows, int chunk) {
+#pragma unroll
+    for (int r = 0; r < kTiles; ++r) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v) {
+          dst[r][h][v] =
+              rows.ptr[r][h] != nullptr
+                  ? load_weights(rows.ptr[r][h] + static_cast<int64_t>(chunk) * kChunk + 8 * v)
+                  : make_uint4(0, 0, 0, 0);
+        }
+      }
     }
-  } else {  // kRope: as qkv_rope_kernel, element j of the first half paired with half + j
-    const GemvRope& rope = p.rope;
-    const int half = rope.head_dim / 2;
-    const int head = static_cast<int>(blockIdx.x / p.blocks_per_group);
-    const int j = static_cast<int>(blockIdx.x % p.blocks_per_group) * kTileRows + row_in_tile;
-    float lo = to_float(from_float<T>(sum[0]));
-    float hi = to_float(from_float<T>(sum[1]));
-    if (rope.bias != nullptr) {
-      lo += rope.bias[static_cast<int64_t>(head) * rope.head_dim + j];
-      hi += rope.bias[static_cast<int64_t>(head) * rope.head_dim + half + j];
+  };
+  auto fill_ring = [&](const UnitRows& rows) {
+#pragma unroll
+    for (int u = 0; u < kPipe; ++u) {
+      const int chunk = warp + u * kWarps;
+      if (chunk < n_chunks) load_chunk(a[u], rows, chunk);
     }
-    const int64_t slot = rope.token_slot[token];
-    if (head >= rope.n_heads + rope.n_kv_heads) {
-      T* dst = static_cast<T*>(rope.v_pool) +
-               (slot * rope.n_kv_heads + (head - rope.n_heads - rope.n_kv_heads)) * rope.head_dim;
-      dst[j] = from_float<T>(lo);
-      dst[half + j] = from_float<T>(hi);
-      return;
+  };
+
+  int unit = static_cast<int>(blockIdx.x);
+  UnitRows rows = unit_rows(unit);
+  fill_ring(rows);
+  pdl_wait();
+  // The next kernel may start its own weight loads now; it still waits for this grid to finish.
+  pdl_launch_dependents();
+
+  const T* x_row = static_cast<const T*>(p.x) + static_cast<int64_t>(g) * p.k + 8 * kVecs * t;
+  const bool token_ok = g < p.m;
+  for (int iter = 0; unit < p.n_units; ++iter, unit += static_cast<int>(gridDim.x)) {
+    const int next_unit = unit + static_cast<int>(gridDim.x);
+    const bool prefetch_next = ring_continues && next_unit < p.n_units;
+    const UnitRows next_rows = prefetch_next ? unit_rows(next_unit) : rows;
+    float acc[kTiles][4] = {};
+    float squares = 0.0f;  // kNorm: of this lane's elements of token g
+    accumulate_unit<T, kTiles, kWarps, kVecs, kPipe, kNorm>(
+        a, x_row, token_ok, warp, n_chunks, acc, squares,
+        [&](uint4(&dst)[kTiles][2][kVecs], int next) {
+          if (next < n_chunks) {
+            load_chunk(dst, rows, next);
+          } else if (prefetch_next) {
+            load_chunk(dst, next_rows, next - n_chunks);
+          }
+        });
+    const int buf = iter & 1;
+    if constexpr (kNorm) {
+      // The 4 lanes of a token group cover each chunk of the warp; the warps cover all chunks.
+      squares += __shfl_xor_sync(0xffffffffu, squares, 1);
+      squares += __shfl_xor_sync(0xffffffffu, squares, 2);
+      if (t == 0) row_squares[buf][warp][g] = squares;
     }
-    const float pos = static_cast<float>(rope.positions[token]);
-    const int freq_row = rope.token_freq_row != nullptr ? rope.token_freq_row[token] : 0;
-    const float angle = pos * rope.inv_freq[static_cast<int64_t>(freq_row) * half + j];
-    float s, c;
-    sincosf(angle, &s, &c);
-    c *= rope.attention_scaling;
-    s *= rope.attention_scaling;
-    T* dst = head < rope.n_heads
-                 ? static_cast<T*>(rope.q_out) +
-                       (static_cast<int64_t>(token) * rope.n_heads + head) * rope.head_dim
-                 : static_cast<T*>(rope.k_pool) +
-                       (slot * rope.n_kv_heads + (head - rope.n_heads)) * rope.head_dim;
-    dst[j] = from_float<T>(__fsub_rn(__fmul_rn(lo, c), __fmul_rn(hi, s)));
-    dst[half + j] = from_float<T>(__fadd_rn(__fmul_rn(hi, c), __fmul_rn(lo, s)));
+#pragma unroll
+    for (int r = 0; r < kTiles; ++r) {
+      *reinterpret_cast<float4*>(&partial[buf][warp][r][lane][0]) =
+          make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+    }
+    __syncthreads();
+    if (threadIdx.x < 128)
+      finish_unit<T, OutT, kTiles, E, kWarps, kNorm>(p, unit, partial[buf], row_squares[buf]);
+    if (next_unit < p.n_units) {
+      rows = prefetch_next ? next_rows : unit_rows(next_unit);
+      if (!prefetch_next) fill_ring(rows);
+    }
   }
 }
 
 // Launches one configuration. x, w, y / ldy and the epilogue's arguments come from p; the row
 // mapping is set here: kStore / kResidualAdd: consecutive tiles over n rows;
 // kSiluMul: gate rows [0, n / 2) paired with up rows [n / 2, n); kRope: the two halves of each
-// head of rope.head_dim rows. Returns the launch's error.
+// head of rope.head_dim rows. Without kLoop a block takes one unit (kTiles tiles): the grid runs in
+// waves, each block loading its first chunks anew. With kLoop the grid has at most as many blocks
+// as are resident at once, each taking the same number of units in turn (up to one less), its
+// ring of loads running on into its next unit where k allows. Returns the launch's error.
 template <typename T, typename OutT, int kTiles, Epilogue E, int kWarps, int kVecs, int kPipe,
-          bool kNorm = false>
+          bool kNorm = false, bool kLoop = false>
 cudaError_t launch(Params p, cudaStream_t stream) {
-  int64_t blocks = 0;
+  int64_t units = 0;
   if constexpr (E == Epilogue::kSiluMul || E == Epilogue::kRope) {
     static_assert(kTiles == 2, "paired epilogues take one tile of each half");
     if constexpr (E == Epilogue::kSiluMul) {
       p.blocks_per_group = 1;
       p.group_rows = kTileRows;
       p.tile_stride = p.n / 2;
-      blocks = (static_cast<int64_t>(p.n / 2) + kTileRows - 1) / kTileRows;
+      units = (static_cast<int64_t>(p.n / 2) + kTileRows - 1) / kTileRows;
     } else {
       const int half = p.rope.head_dim / 2;  // a multiple of 16 (gemv_rope_supports)
       p.blocks_per_group = half / kTileRows;
       p.group_rows = p.rope.head_dim;
       p.tile_stride = half;
-      blocks = static_cast<int64_t>(p.n / p.rope.head_dim) * p.blocks_per_group;
+      units = static_cast<int64_t>(p.n / p.rope.head_dim) * p.blocks_per_group;
     }
   } else {
     p.blocks_per_group = 1;
     p.group_rows = kTileRows * kTiles;
     p.tile_stride = kTileRows;
-    blocks = (static_cast<int64_t>(p.n) + p.group_rows - 1) / p.group_rows;
+    units = (static_cast<int64_t>(p.n) + p.group_rows - 1) / p.group_rows;
   }
-  auto* kernel = gemv_kernel<T, OutT, kTiles, E, kWarps, kVecs, kPipe, kNorm>;
-  return launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32), 0, stream,
-                       p);
+  p.n_units = static_cast<int32_t>(units);
+  if constexpr (!kLoop) {
+    return launch_kernel(gemv_unit_kernel<T, OutT, kTiles, E, kWarps, kVecs, kPipe, kNorm>,
+                         dim3(static_cast<unsigned>(units)), dim3(kWarps * 32), 0, stream, p);
+  } else {
+    auto* kernel = gemv_loop_kernel<T, OutT, kTiles, E, kWarps, kVecs, kPipe, kNorm>;
+    // Read once per configuration: the kernel covers every unit with any grid, so a stale value
+    // (another device model in the same process) costs only speed.
+    static const int per_sm = [&] {
+      int n = 0;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, 0) !=
+          cudaSuccess) {
+        (void)cudaGetLastError();
+        n = 1;
+      }
+      return n > 0 ? n : 1;
+    }();
+    const int sms = current_device_sm_count();
+    const int64_t resident = static_cast<int64_t>(sms > 0 ? sms : 132) * per_sm;
+    const int64_t rounds = (units + resident - 1) / resident;
+    const int64_t blocks = (units + rounds - 1) / rounds;
+    return launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32), 0, stream,
+                         p);
+  }
 }
 
 }  // namespace litellama::gemv_detail

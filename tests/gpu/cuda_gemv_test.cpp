@@ -72,9 +72,11 @@ TEST(CudaGemv, MatchesDoubleReference) {
   std::mt19937 rng(31);
   // Tile-aligned and ragged row counts (n % 16 != 0), one and many k chunks per warp, and every
   // configuration of the launch policy: many tiles (4500 rows), between one and two per
-  // multiprocessor (3072), few tiles with short (2048) and long (8960) k.
-  const Shape shapes[] = {{16, 64},    {200, 192},  {37, 2112}, {2048, 2048},
-                          {130, 8960}, {3072, 512}, {4500, 320}};
+  // multiprocessor (3072), few tiles with short (2048) and long (8960) k. The two largest give
+  // each block several tiles in turn, with its ring of weight loads running on from one tile into
+  // the next (k 1024) and refilled per tile (k 320).
+  const Shape shapes[] = {{16, 64},    {200, 192},  {37, 2112},    {2048, 2048}, {130, 8960},
+                          {3072, 512}, {4500, 320}, {20000, 1024}, {12007, 320}};
   for (DType dtype : kHalfDtypes) {
     for (DType out_dtype : {dtype, DType::kF32}) {
       for (Shape s : shapes) {
@@ -118,7 +120,10 @@ TEST(CudaGemv, SiluMulMatchesGateUpThenSiluMul) {
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   std::mt19937 rng(32);
   for (DType dtype : kHalfDtypes) {
-    for (Shape s : {Shape{64, 64}, Shape{200, 256}, Shape{8192, 2048}, Shape{90, 1536}}) {
+    // 8192 x 2048 and 9000 x 320: several tile pairs per block (the ring running on into the next
+    // pair, and refilled per pair).
+    for (Shape s :
+         {Shape{64, 64}, Shape{200, 256}, Shape{8192, 2048}, Shape{90, 1536}, Shape{9000, 320}}) {
       const int32_t inter = s.n;
       for (int32_t m : {1, 3, 8}) {
         SCOPED_TRACE(testing::Message() << gpu_test::dtype_label(dtype) << " m " << m << " inter "
@@ -151,7 +156,8 @@ TEST(CudaGemv, ResidualAddMatchesGemvThenAdd) {
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   std::mt19937 rng(35);
   for (DType dtype : kHalfDtypes) {
-    for (Shape s : {Shape{2048, 2048}, Shape{2048, 8192}, Shape{4500, 320}, Shape{96, 1536}}) {
+    for (Shape s : {Shape{2048, 2048}, Shape{2048, 8192}, Shape{4500, 320}, Shape{96, 1536},
+                    Shape{20000, 1024}}) {
       for (int32_t m : {1, 4, 8}) {
         SCOPED_TRACE(testing::Message()
                      << gpu_test::dtype_label(dtype) << " m " << m << " n " << s.n << " k " << s.k);
@@ -187,9 +193,11 @@ TEST(CudaGemv, QkvRopeMatchesGemvThenQkvRope) {
     int32_t n_heads, n_kv_heads, head_dim, k;
     bool bias, freq_rows;
   };
+  // The last case has more head halves than blocks are resident, so blocks take several in turn.
   const Case cases[] = {{32, 8, 64, 2048, false, false},
                         {12, 2, 128, 1536, true, false},
-                        {4, 4, 64, 256, true, true}};
+                        {4, 4, 64, 256, true, true},
+                        {256, 64, 64, 1024, false, false}};
   constexpr int32_t kSlots = 64;
   for (DType dtype : kHalfDtypes) {
     for (const Case& c : cases) {
@@ -320,7 +328,9 @@ TEST(CudaGemv, FoldedRmsNormMatchesNormThenGemv) {
         int32_t n_heads, n_kv_heads, head_dim, k;
         bool bias;
       };
-      for (const Heads& c : {Heads{32, 8, 64, 2048, false}, Heads{12, 2, 128, 1536, true}}) {
+      // The third: more head halves than resident blocks (each block takes several in turn).
+      for (const Heads& c : {Heads{32, 8, 64, 2048, false}, Heads{12, 2, 128, 1536, true},
+                             Heads{256, 64, 64, 1024, false}}) {
         SCOPED_TRACE(testing::Message() << gpu_test::dtype_label(dtype) << " qkv m " << m
                                         << " heads " << c.n_heads << " k " << c.k);
         const int32_t n = (c.n_heads + 2 * c.n_kv_heads) * c.head_dim;
@@ -369,12 +379,17 @@ TEST(CudaGemv, FoldedRmsNormMatchesNormThenGemv) {
                                                  d_folded.get(), m, c.k, dtype, nullptr,
                                                  GemvRmsNorm{kEps}));
         LITELLAMA_ASSERT_CUDA(cudaDeviceSynchronize());
+        // Both paths round the two halves of a head to dtype before RoPE. Where both roundings go
+        // the other way at a magnitude of 1 to 2, a rotated output moves by up to two of those
+        // units plus its own rounding: 5 * 2^-8 (0.0195) in bfloat16, seen once among the
+        // 131072 Q elements of the largest case, just past tolerance(bfloat16).
+        constexpr double kScale = 1.5;
         EXPECT_TRUE(gpu_test::all_close(download_as_f32(got_q, q_numel, dtype),
-                                        download_as_f32(want_q, q_numel, dtype), dtype));
+                                        download_as_f32(want_q, q_numel, dtype), dtype, kScale));
         EXPECT_TRUE(gpu_test::all_close(download_as_f32(got_k, kv_numel, dtype),
-                                        download_as_f32(want_k, kv_numel, dtype), dtype));
+                                        download_as_f32(want_k, kv_numel, dtype), dtype, kScale));
         EXPECT_TRUE(gpu_test::all_close(download_as_f32(got_v, kv_numel, dtype),
-                                        download_as_f32(want_v, kv_numel, dtype), dtype));
+                                        download_as_f32(want_v, kv_numel, dtype), dtype, kScale));
       }
     }
   }

@@ -22,7 +22,7 @@
 //     gemv_residual_add(residual += act @ Wdown^T)
 //   gather the sampled sequences' last rows (skipped when those are all the rows, in order: pure
 //   decode) -> add_rmsnorm(final norm; the cuBLAS path adds the last delta here)
-//   linear(float32 logits = normed @ Wlm^T) -> sampling
+//   cuBLAS(float32 logits = normed @ Wlm^T) at every batch size -> sampling
 //   one cudaMemcpyAsync of sampled ids (and top logits) back, then the step's only host sync.
 //
 // Pure decode steps of at most RunnerOptions::persistent_decode_max_tokens sequences (opt-in)
@@ -881,8 +881,11 @@ Status CudaModelRunner::run_head(const StepPlan& plan, int32_t n_top) {
   LITELLAMA_RETURN_IF_ERROR(launch_add_rmsnorm(last_normed_.data(), residual, delta,
                                                weights_.final_norm, R, H,
                                                static_cast<float>(c.rms_norm_eps), dtype_, stream));
-  LITELLAMA_RETURN_IF_ERROR(linear(logits_.data(), last_normed_.data(), weights_.lm_head, R,
-                                   c.vocab_size, H, DType::kF32));
+  // cuBLAS at every batch size: on an H200 the LM head's GEMM streams faster than the small-batch
+  // GEMV (bench/RESULTS.md).
+  LITELLAMA_RETURN_IF_ERROR(launch_linear(logits_.data(), last_normed_.data(), weights_.lm_head, R,
+                                          c.vocab_size, H, dtype_, DType::kF32, ctx_.cublas(),
+                                          stream));
   return run_sampling(plan, n_top);
 }
 
