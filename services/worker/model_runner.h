@@ -97,10 +97,10 @@ struct RunnerOptions {
   // Qwen2.5-1.5B 9 to 16%; Llama-3.1-8B 1% faster at batch 1 but 4% slower at batch 8.
   int32_t gemv_max_tokens = -1;
   // With the GEMV layers, steps of at most this many tokens also put gate/up through the GEMV
-  // (SiLU * up in its epilogue) instead of cuBLAS followed by silu_mul. 0: never. -1 (default): 2
+  // (SiLU * up in its epilogue) instead of cuBLAS followed by silu_mul. 0: never. -1 (default): 8
   // for models of hidden size up to 2048, else 0. On an H200 (bench/RESULTS.md) it made
-  // Llama-3.2-1B 3% faster at batch 1 and 2% at batch 2, Qwen2.5-1.5B 1.5% and 0.5%; from batch 3
-  // the difference was under 1%, and Llama-3.1-8B batch 1 was 10% slower.
+  // Llama-3.2-1B 3% faster at batch 1 and 2, and, with the looping GEMV kernel, 1 to 2% at batch 4
+  // and 8 (Qwen2.5-1.5B 2 to 4%); Llama-3.1-8B batch 1 was 10 to 20% slower.
   int32_t gemv_gate_up_max_tokens = -1;
   // CUDA, compute capability 9.0+: kernels are launched with programmatic dependent launch, so
   // each one starts (and loads its weights) while the previous one finishes.
@@ -144,7 +144,7 @@ class ModelRunner {
 // default) 8 for models of hidden size up to 2048 and 1 above (bench/RESULTS.md has the
 // measurements behind it).
 int32_t resolved_gemv_max_tokens(const RunnerOptions& options, int32_t hidden_size);
-// Likewise for the gate/up GEMV: options.gemv_gate_up_max_tokens, or for -1 2 up to hidden size
+// Likewise for the gate/up GEMV: options.gemv_gate_up_max_tokens, or for -1 8 up to hidden size
 // 2048 and 0 above.
 int32_t resolved_gemv_gate_up_max_tokens(const RunnerOptions& options, int32_t hidden_size);
 

@@ -201,8 +201,8 @@ TEST(RunnerOptionsTest, GemvTokenLimitFollowsModelSizeByDefault) {
 TEST(RunnerOptionsTest, GemvGateUpTokenLimitFollowsModelSizeByDefault) {
   RunnerOptions o;
   EXPECT_EQ(o.gemv_gate_up_max_tokens, -1);
-  EXPECT_EQ(resolved_gemv_gate_up_max_tokens(o, 1536), 2);  // Qwen2.5-1.5B
-  EXPECT_EQ(resolved_gemv_gate_up_max_tokens(o, 2048), 2);  // Llama-3.2-1B
+  EXPECT_EQ(resolved_gemv_gate_up_max_tokens(o, 1536), 8);  // Qwen2.5-1.5B
+  EXPECT_EQ(resolved_gemv_gate_up_max_tokens(o, 2048), 8);  // Llama-3.2-1B
   EXPECT_EQ(resolved_gemv_gate_up_max_tokens(o, 4096), 0);  // Llama-3.1-8B
   o.gemv_gate_up_max_tokens = 8;
   EXPECT_EQ(resolved_gemv_gate_up_max_tokens(o, 4096), 8);
