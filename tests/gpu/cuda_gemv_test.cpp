@@ -72,9 +72,8 @@ TEST(CudaGemv, MatchesDoubleReference) {
   std::mt19937 rng(31);
   // Tile-aligned and ragged row counts (n % 16 != 0), one and many k chunks per warp, and every
   // configuration of the launch policy: many tiles (4500 rows), between one and two per
-  // multiprocessor (3072), few tiles with short (2048) and long (8960) k. The two largest give
-  // each block several tiles in turn, with its ring of weight loads running on from one tile into
-  // the next (k 1024) and refilled per tile (k 320).
+  // multiprocessor (3072), few tiles with short (2048) and long (8960) k, and many waves of
+  // blocks (the two largest).
   const Shape shapes[] = {{16, 64},    {200, 192},  {37, 2112},    {2048, 2048}, {130, 8960},
                           {3072, 512}, {4500, 320}, {20000, 1024}, {12007, 320}};
   for (DType dtype : kHalfDtypes) {
@@ -120,8 +119,9 @@ TEST(CudaGemv, SiluMulMatchesGateUpThenSiluMul) {
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   std::mt19937 rng(32);
   for (DType dtype : kHalfDtypes) {
-    // 8192 x 2048 and 9000 x 320: several tile pairs per block (the ring running on into the next
-    // pair, and refilled per pair).
+    // 8192 x 2048 takes the looping kernel (k a multiple of 1024): each block takes several tile
+    // pairs in turn, its ring of loads running on into the next pair. 9000 x 320: many waves of
+    // one pair per block.
     for (Shape s :
          {Shape{64, 64}, Shape{200, 256}, Shape{8192, 2048}, Shape{90, 1536}, Shape{9000, 320}}) {
       const int32_t inter = s.n;
@@ -193,7 +193,8 @@ TEST(CudaGemv, QkvRopeMatchesGemvThenQkvRope) {
     int32_t n_heads, n_kv_heads, head_dim, k;
     bool bias, freq_rows;
   };
-  // The last case has more head halves than blocks are resident, so blocks take several in turn.
+  // The last case takes the looping kernel from 3 rows (k 1024) with more head halves than
+  // resident blocks, so blocks take several in turn.
   const Case cases[] = {{32, 8, 64, 2048, false, false},
                         {12, 2, 128, 1536, true, false},
                         {4, 4, 64, 256, true, true},
@@ -328,7 +329,8 @@ TEST(CudaGemv, FoldedRmsNormMatchesNormThenGemv) {
         int32_t n_heads, n_kv_heads, head_dim, k;
         bool bias;
       };
-      // The third: more head halves than resident blocks (each block takes several in turn).
+      // The third takes the looping kernel from 3 rows (k 1024), with more head halves than
+      // resident blocks (each block takes several in turn).
       for (const Heads& c : {Heads{32, 8, 64, 2048, false}, Heads{12, 2, 128, 1536, true},
                              Heads{256, 64, 64, 1024, false}}) {
         SCOPED_TRACE(testing::Message() << gpu_test::dtype_label(dtype) << " qkv m " << m
