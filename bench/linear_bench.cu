@@ -113,7 +113,7 @@ using PlainConfigs = std::tuple<Cfg<4, 1, 4>, Cfg<4, 1, 8>, Cfg<4, 2, 4>, Cfg<8,
                                 Cfg<16, 1, 2>, Cfg<16, 1, 4>, Cfg<16, 2, 2>, Cfg<32, 1, 2>>;
 using SiluConfigs =
     std::tuple<Cfg<4, 1, 4>, Cfg<4, 1, 6>, Cfg<4, 2, 2>, Cfg<8, 1, 2>, Cfg<8, 1, 3>, Cfg<8, 1, 4>,
-               Cfg<8, 1, 6>, Cfg<8, 2, 2>, Cfg<16, 1, 2>, Cfg<16, 2, 1>>;
+               Cfg<8, 1, 6>, Cfg<8, 2, 2>, Cfg<16, 1, 2>, Cfg<16, 2, 1>, Cfg<16, 3, 1>>;
 
 int run(int argc, char** argv) {
   int m = 1, reps = 20;
@@ -196,6 +196,7 @@ int run(int argc, char** argv) {
     auto try_config = [&](auto cfg, auto silu_c) {
       using C = decltype(cfg);
       constexpr bool kSilu = decltype(silu_c)::value;
+      if (s.k % (32 * C::kVecs) != 0) return;  // k must be whole chunks
       using gemv_detail::Epilogue;
       auto run_config = [&](auto loop_c) {
         constexpr bool kLoop = decltype(loop_c)::value;

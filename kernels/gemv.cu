@@ -22,7 +22,9 @@ using gemv_detail::Epilogue;
 using gemv_detail::kTileRows;
 using gemv_detail::Params;
 
-constexpr int kAlignK = 64;  // the widest chunk (2 vectors of 8 elements per lane, 4 lanes)
+// k of any shape: a multiple of the chunk of 2 vectors of 8 elements per lane, 4 lanes (the wider
+// chunk of launch_paired applies only where k is a multiple of it).
+constexpr int kAlignK = 64;
 
 Params make_params(const void* x, const void* w, void* y, int32_t m, int32_t n, int32_t k,
                    int32_t ldy) {
@@ -50,16 +52,22 @@ cudaError_t launch_single(const Params& p, cudaStream_t stream) {
   return launch<T, OutT, 1, E, 16, 1, 4>(p, stream);
 }
 
-// Two tiles per block (kSiluMul, kRope). Where k is a multiple of 1024 (every warp's last chunk
-// of a unit is its ring's last slot), the gate/up projection, and the QKV projection at k >= 4096
-// or from 3 rows, stream best with 16 warps reading 32 bytes of each row per lane and chunk, one
-// chunk in flight, each block looping over units; otherwise 8 warps, 16 bytes, 4 chunks, one
-// unit per block.
+// Two tiles per block (kSiluMul, kRope). The gate/up projection, and the QKV projection at
+// k >= 4096 or from 3 rows, stream best with 16 warps and one chunk in flight, each block looping
+// over units, where k is a whole number of the warps' chunks (so every warp's last chunk of a unit
+// is its ring's last slot and the ring runs on into the next unit): chunks of 32 bytes of each row
+// per lane where k is a multiple of 1024; for gate/up, 48 bytes where k is a multiple of 1536
+// (Qwen2.5-1.5B's hidden size). Otherwise 8 warps, 16 bytes, 4 chunks, one unit per block.
 template <typename T, Epilogue E, bool kNorm = false>
 cudaError_t launch_paired(const Params& p, cudaStream_t stream) {
-  const bool wide = p.k % 1024 == 0 && (E == Epilogue::kSiluMul || p.k >= 4096 || p.m >= 3);
-  if (wide) return gemv_detail::launch<T, T, 2, E, 16, 2, 1, kNorm, /*kLoop=*/true>(p, stream);
-  return gemv_detail::launch<T, T, 2, E, 8, 1, 4, kNorm>(p, stream);
+  using gemv_detail::launch;
+  if (E == Epilogue::kSiluMul || p.k >= 4096 || p.m >= 3) {
+    if (p.k % 1024 == 0) return launch<T, T, 2, E, 16, 2, 1, kNorm, /*kLoop=*/true>(p, stream);
+    if constexpr (E == Epilogue::kSiluMul) {
+      if (p.k % 1536 == 0) return launch<T, T, 2, E, 16, 3, 1, kNorm, /*kLoop=*/true>(p, stream);
+    }
+  }
+  return launch<T, T, 2, E, 8, 1, 4, kNorm>(p, stream);
 }
 
 Status unsupported(const char* what, DType dtype, DType out_dtype, int32_t m, int32_t n,

@@ -119,11 +119,12 @@ TEST(CudaGemv, SiluMulMatchesGateUpThenSiluMul) {
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   std::mt19937 rng(32);
   for (DType dtype : kHalfDtypes) {
-    // 8192 x 2048 takes the looping kernel (k a multiple of 1024): each block takes several tile
-    // pairs in turn, its ring of loads running on into the next pair. 9000 x 320: many waves of
-    // one pair per block.
-    for (Shape s :
-         {Shape{64, 64}, Shape{200, 256}, Shape{8192, 2048}, Shape{90, 1536}, Shape{9000, 320}}) {
+    // 8192 x 2048 and 8960 x 1536 take the looping kernel (k a multiple of 1024, with chunks of
+    // 32 bytes per lane and row; of 1536, with 48): each block takes several tile pairs in turn,
+    // its ring of loads running on into the next pair. 90 x 1536: the 48-byte chunks, one pair per
+    // block, the last pair past n. 9000 x 320: many waves of one pair per block.
+    for (Shape s : {Shape{64, 64}, Shape{200, 256}, Shape{8192, 2048}, Shape{8960, 1536},
+                    Shape{90, 1536}, Shape{9000, 320}}) {
       const int32_t inter = s.n;
       for (int32_t m : {1, 3, 8}) {
         SCOPED_TRACE(testing::Message() << gpu_test::dtype_label(dtype) << " m " << m << " inter "
