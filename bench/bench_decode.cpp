@@ -94,6 +94,7 @@ struct Args {
   bool pdl = true;
   int32_t persistent = RunnerOptions{}.persistent_decode_max_tokens;
   bool copy_bandwidth = true;
+  std::string kernel_repeats;  // RunnerOptions::layer_kernel_repeats, "qkv=2,attention=0"
 };
 
 std::vector<int32_t> parse_ints(const std::string& s, char sep) {
@@ -130,6 +131,11 @@ int run(const Args& a) {
     return 1;
   }
   const ModelConfig& c = ckpt->config();
+  auto repeats = parse_layer_kernel_repeats(a.kernel_repeats);
+  if (!repeats.is_ok()) {
+    std::fprintf(stderr, "%s\n", repeats.status().message().c_str());
+    return 2;
+  }
   const std::vector<int32_t> batches = parse_ints(a.batches, ',');
   std::vector<std::pair<int32_t, int32_t>> prefills;  // (n_seqs, tokens each)
   for (const std::string& p : [&] {
@@ -158,6 +164,7 @@ int run(const Args& a) {
   o.max_batch_seqs = std::max(256, *std::max_element(batches.begin(), batches.end()));
   o.use_cuda_graphs = a.graphs;
   o.gemv_max_tokens = a.gemv;
+  o.layer_kernel_repeats = *repeats;
   o.gemv_gate_up_max_tokens = a.gemv_gate_up;
   o.use_programmatic_launch = a.pdl;
   o.persistent_decode_max_tokens = a.persistent;
@@ -292,6 +299,7 @@ int run(const Args& a) {
                      {"gemv_gate_up", a.gemv_gate_up},
                      {"pdl", a.pdl},
                      {"persistent", a.persistent},
+                     {"kernel_repeats", a.kernel_repeats},
                      {"batch", b},
                      {"context", a.context},
                      {"ms", m},
@@ -333,6 +341,9 @@ int main(int argc, char** argv) {
   app.add_option("--persistent", a.persistent,
                  "decode steps of up to this many sequences as one persistent kernel (0: off)");
   app.add_option("--copy-bandwidth", a.copy_bandwidth, "measure the device copy bandwidth (1/0)");
+  app.add_option("--kernel-repeats", a.kernel_repeats,
+                 "profiling: launches per layer of GEMV-layer kernels, e.g. qkv=2 or attention=0 "
+                 "(qkv, attention, o, post_norm, gate_up, down; bench/step_breakdown.py)");
   CLI11_PARSE(app, argc, argv);
   return litellama::run(a);
 }

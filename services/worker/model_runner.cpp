@@ -1,6 +1,9 @@
 #include "services/worker/model_runner.h"
 
 #include <algorithm>
+#include <iterator>
+#include <utility>
+#include <vector>
 
 #include "services/worker/checkpoint.h"
 #include "services/worker/cpu_model_runner.h"
@@ -171,6 +174,44 @@ Result<DType> resolve_compute_dtype(Device device, std::string_view requested,
                       "unknown dtype '{}' (auto, float32, bfloat16 or float16)", requested);
   }
   return *dtype;
+}
+
+Result<LayerKernelRepeats> parse_layer_kernel_repeats(std::string_view spec) {
+  LayerKernelRepeats r;
+  const std::pair<std::string_view, int32_t LayerKernelRepeats::*> fields[] = {
+      {"qkv", &LayerKernelRepeats::qkv},
+      {"attention", &LayerKernelRepeats::attention},
+      {"o", &LayerKernelRepeats::o},
+      {"post_norm", &LayerKernelRepeats::post_norm},
+      {"gate_up", &LayerKernelRepeats::gate_up},
+      {"down", &LayerKernelRepeats::down}};
+  std::vector<std::string_view> seen;
+  while (!spec.empty()) {
+    const size_t comma = spec.find(',');
+    const std::string_view item = spec.substr(0, comma);
+    spec = comma == std::string_view::npos ? std::string_view() : spec.substr(comma + 1);
+    const size_t eq = item.find('=');
+    const std::string_view name = item.substr(0, eq);
+    const std::string_view count = eq == std::string_view::npos ? "" : item.substr(eq + 1);
+    const auto* field = std::find_if(std::begin(fields), std::end(fields),
+                                     [&](const auto& f) { return f.first == name; });
+    if (field == std::end(fields)) {
+      return make_error(StatusCode::kInvalidArgument,
+                        "kernel repeats: unknown kernel '{}' in '{}' (qkv, attention, o, "
+                        "post_norm, gate_up, down)",
+                        name, item);
+    }
+    if (count.size() != 1 || count[0] < '0' || count[0] > '2') {
+      return make_error(StatusCode::kInvalidArgument,
+                        "kernel repeats: '{}' needs a count of 0, 1 or 2 (name=count)", item);
+    }
+    if (std::find(seen.begin(), seen.end(), name) != seen.end()) {
+      return make_error(StatusCode::kInvalidArgument, "kernel repeats: '{}' given twice", name);
+    }
+    seen.push_back(name);
+    r.*(field->second) = count[0] - '0';
+  }
+  return r;
 }
 
 int32_t resolved_gemv_max_tokens(const RunnerOptions& options, int32_t hidden_size) {

@@ -76,6 +76,29 @@ struct StepOutput {
 
 enum class Device { kCpu, kCuda };
 
+// Profiling: launches per layer of each kernel of the CUDA runner's GEMV layer path (steps of up
+// to RunnerOptions::gemv_max_tokens tokens), to measure what each kernel costs inside a decode
+// step as it runs, with graphs and PDL (bench/step_breakdown.py). 1 is the normal step. 2 launches
+// the kernel twice: the repeat does the same work again with the same inputs, so the outputs stay
+// the same, except for o and down, which then add to the residual stream twice. 0 leaves the
+// kernel out, and the kernels after it read stale buffers (wrong tokens, the same amount of work).
+// qkv counts the QKV projection with its RoPE, attention the decode attention, o and down the
+// projections with their residual add, post_norm the RMSNorm before gate/up, gate_up the gate/up
+// projection with SiLU * up. Other paths ignore it.
+struct LayerKernelRepeats {
+  int32_t qkv = 1;
+  int32_t attention = 1;
+  int32_t o = 1;
+  int32_t post_norm = 1;
+  int32_t gate_up = 1;
+  int32_t down = 1;
+  bool operator==(const LayerKernelRepeats&) const = default;
+};
+
+// Parses "name=count,..." (the names of LayerKernelRepeats' fields, counts 0 to 2; "" keeps every
+// count at 1). Unknown names, repeated names and other counts are refused.
+Result<LayerKernelRepeats> parse_layer_kernel_repeats(std::string_view spec);
+
 struct RunnerOptions {
   Device device = Device::kCpu;
   DType compute_dtype = DType::kF32;  // CPU: float32 only
@@ -116,6 +139,8 @@ struct RunnerOptions {
   // multiprocessor). Fewer leave multiprocessors to other work; tests use it to give each block
   // several work items of a phase.
   int32_t persistent_decode_grid = 0;
+  // Profiling only (see LayerKernelRepeats); the default is the normal step.
+  LayerKernelRepeats layer_kernel_repeats;
 };
 
 class ModelRunner {

@@ -436,6 +436,56 @@ TEST_P(CudaModelRunnerTest, HalfPrecisionDecodeKernelsMatchReferencePath) {
   }
 }
 
+// RunnerOptions::layer_kernel_repeats (bench/step_breakdown.py): launching the QKV, attention,
+// post-attention norm and gate/up kernels twice per layer repeats the same work, so every sampled
+// id and top logit stays exactly as in the normal step (each kernel sums in a fixed order), with
+// gate/up through the GEMV and through cuBLAS; launching o twice adds its output to the residual
+// stream twice and must change the logits. Counts outside 0 to 2 are refused.
+TEST_P(CudaModelRunnerTest, RepeatedLayerKernelsKeepTheOutputs) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  const ModelCase& m = GetParam();
+  TempDir dir(m.preset + "_repeats");
+  auto ckpt = make_checkpoint(dir, m, DType::kBF16, 12);
+  LITELLAMA_ASSERT_OK(ckpt.status());
+  std::mt19937 rng(26);
+  const int32_t n_new = 10;
+  const std::vector<int32_t> starts{0, 0, 3};
+  for (int32_t gate_up_max_tokens : {0, kGemvMaxRows}) {
+    SCOPED_TRACE("gate/up GEMV up to " + std::to_string(gate_up_max_tokens) + " tokens");
+    RunnerOptions normal = runner_options(Device::kCuda, DType::kBF16);
+    normal.gemv_max_tokens = kGemvMaxRows;
+    normal.gemv_gate_up_max_tokens = gate_up_max_tokens;
+    RunnerOptions repeated = normal;
+    repeated.layer_kernel_repeats = {.qkv = 2, .attention = 2, .post_norm = 2, .gate_up = 2};
+    RunnerOptions o_twice = normal;
+    o_twice.layer_kernel_repeats.o = 2;
+    auto a = create_cuda_model_runner(*ckpt, normal);
+    LITELLAMA_ASSERT_OK(a.status());
+    auto b = create_cuda_model_runner(*ckpt, repeated);
+    LITELLAMA_ASSERT_OK(b.status());
+    auto c = create_cuda_model_runner(*ckpt, o_twice);
+    LITELLAMA_ASSERT_OK(c.status());
+    const auto requests =
+        make_requests({5, 1, 12}, n_new, ckpt->config().vocab_size, (*a)->n_kv_slots(), rng);
+    auto want = generate(**a, requests, n_new, starts);
+    LITELLAMA_ASSERT_OK(want.status());
+    auto got = generate(**b, requests, n_new, starts);
+    LITELLAMA_ASSERT_OK(got.status());
+    auto changed = generate(**c, requests, n_new, starts);
+    LITELLAMA_ASSERT_OK(changed.status());
+    for (size_t i = 0; i < requests.size(); ++i) {
+      EXPECT_EQ(got->ids[i], want->ids[i]) << "request " << i;
+      for (size_t s = 0; s < want->tops[i].size(); ++s) {
+        EXPECT_EQ(got->tops[i][s], want->tops[i][s]) << "request " << i << " step " << s;
+      }
+    }
+    EXPECT_GT(max_rel_diff(*changed, *want), 1e-2);
+  }
+  RunnerOptions bad = runner_options(Device::kCuda, DType::kBF16);
+  bad.layer_kernel_repeats.down = 3;
+  EXPECT_EQ(create_cuda_model_runner(*ckpt, bad).status().code(), StatusCode::kInvalidArgument);
+}
+
 // The persistent decode kernel (kernels/decode_step.h) against the reference path, for head_dim
 // 64 and 128: nine requests, eight starting together and the ninth (a 700-token prompt) later,
 // so pure decode steps of 8, then 6, 3 and 1 sequences run persistent (the last ones with up to 32

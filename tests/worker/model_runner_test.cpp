@@ -210,6 +210,26 @@ TEST(RunnerOptionsTest, GemvGateUpTokenLimitFollowsModelSizeByDefault) {
   EXPECT_EQ(resolved_gemv_gate_up_max_tokens(o, 2048), 0);
 }
 
+TEST(RunnerOptionsTest, LayerKernelRepeatsParse) {
+  auto r = parse_layer_kernel_repeats("");
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(*r, LayerKernelRepeats{});
+  EXPECT_EQ(*r, RunnerOptions{}.layer_kernel_repeats);
+  r = parse_layer_kernel_repeats("qkv=2,attention=0,down=2");
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_EQ(*r, (LayerKernelRepeats{.qkv = 2, .attention = 0, .down = 2}));
+  r = parse_layer_kernel_repeats("o=2,post_norm=0,gate_up=1");
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_EQ(*r, (LayerKernelRepeats{.o = 2, .post_norm = 0}));
+  for (const char* bad : {"mlp=2", "qkv", "qkv=", "qkv=3", "qkv=-1", "qkv=22", "qkv=2,qkv=1",
+                          ",qkv=2", "qkv=2,,o=2", "QKV=2"}) {
+    SCOPED_TRACE(bad);
+    auto b = parse_layer_kernel_repeats(bad);
+    ASSERT_FALSE(b.is_ok());
+    EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument);
+  }
+}
+
 TEST(RunnerOptionsTest, ComputeDtypeAutoFollowsDeviceAndCheckpoint) {
   auto dt = [](Device d, const char* requested, DType ckpt) {
     auto r = resolve_compute_dtype(d, requested, ckpt);
