@@ -39,13 +39,17 @@ Params make_params(const void* x, const void* w, void* y, int32_t m, int32_t n, 
   return p;
 }
 
+int64_t sm_count() {
+  const int64_t device_sms = current_device_sm_count();
+  return device_sms > 0 ? device_sms : 132;  // unreadable: an H100/H200's count
+}
+
 // One tile per block (kStore, kResidualAdd): the configuration by tile count and k.
 template <typename T, typename OutT, Epilogue E>
 cudaError_t launch_single(const Params& p, cudaStream_t stream) {
   using gemv_detail::launch;
   const int64_t tiles = (static_cast<int64_t>(p.n) + kTileRows - 1) / kTileRows;
-  const int64_t device_sms = current_device_sm_count();
-  const int64_t sms = device_sms > 0 ? device_sms : 132;  // unreadable: an H100/H200's count
+  const int64_t sms = sm_count();
   if (tiles > 2 * sms) return launch<T, OutT, 1, E, 8, 1, 4>(p, stream);
   if (tiles > sms) return launch<T, OutT, 1, E, 16, 1, 2>(p, stream);
   if (p.k > 4096) return launch<T, OutT, 1, E, 16, 2, 2>(p, stream);
@@ -58,6 +62,13 @@ cudaError_t launch_single(const Params& p, cudaStream_t stream) {
 // is its ring's last slot and the ring runs on into the next unit): chunks of 32 bytes of each row
 // per lane where k is a multiple of 1024; for gate/up, 48 bytes where k is a multiple of 1536
 // (Qwen2.5-1.5B's hidden size). Otherwise 8 warps, 16 bytes, 4 chunks, one unit per block.
+//
+// QKV of up to 4 rows whose tiles of 8 rotary pairs (one tile per block: rows j and head_dim / 2
+// + j of a head as its rows g and g + 8) number no more than the multiprocessors, outside the
+// looping case, takes those single tiles instead: twice the blocks, each on its own
+// multiprocessor, with a ring of 8 chunks per warp (Qwen2.5-1.5B: 128 blocks where tile pairs
+// made 64). Where they would put two blocks on some multiprocessors (Llama-3.2-1B: 192) or at 8
+// rows, the step measured slower (bench/RESULTS.md).
 template <typename T, Epilogue E, bool kNorm = false>
 cudaError_t launch_paired(const Params& p, cudaStream_t stream) {
   using gemv_detail::launch;
@@ -66,6 +77,10 @@ cudaError_t launch_paired(const Params& p, cudaStream_t stream) {
     if constexpr (E == Epilogue::kSiluMul) {
       if (p.k % 1536 == 0) return launch<T, T, 2, E, 16, 3, 1, kNorm, /*kLoop=*/true>(p, stream);
     }
+  }
+  if constexpr (E == Epilogue::kRope) {
+    if (p.m <= 4 && p.n / kTileRows <= sm_count())
+      return launch<T, T, 1, E, 8, 1, 8, kNorm>(p, stream);
   }
   return launch<T, T, 2, E, 8, 1, 4, kNorm>(p, stream);
 }

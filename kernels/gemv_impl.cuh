@@ -25,8 +25,10 @@
 //   kResidualAdd  y[t, row] = round(y[t, row] + round(sum)): the residual stream update that
 //                 add_rmsnorm would do, element by element (each element has one owner)
 //   kSiluMul      tiles 0 / 1 = gate / up rows: act[t, row] = silu(round(g)) * round(u)
-//   kRope         tiles 0 / 1 = first / second half of one head's rows: qkv_rope's bias, rotate-
-//                 half RoPE and the Q / K-pool / V-pool stores (no q/k RMSNorm)
+//   kRope         tiles 0 / 1 = first / second half of one head's rows, or one tile of 8
+//                 rotary pairs (its rows g and g + 8 are element j of each half, so one thread's
+//                 accumulators hold both): qkv_rope's bias, rotate-half RoPE and the Q / K-pool /
+//                 V-pool stores (no q/k RMSNorm)
 // Rounding follows the unfused kernels, so outputs match them up to the order of float32 sums.
 // With kNorm (gemv.h's GemvRmsNorm), x is the residual stream before an RMSNorm whose weight is
 // folded into w: each lane also sums the squares of the x vectors it loads, off the mma's
@@ -79,10 +81,15 @@ struct Params {
   int32_t m;
   int32_t n;  // rows of w
   int32_t k;
-  // Unit u covers rows (u / blocks_per_group) * group_rows + (u % blocks_per_group) * 16 + r *
-  // tile_stride + [0, 16) for its tiles r.
+  // Unit u's first row is (u / blocks_per_group) * group_rows + (u % blocks_per_group) *
+  // unit_rows; rows g and g + 8 of its tile r (g < 8) are first + r * tile_stride + g and that
+  // + upper_rows. Tiles of 16 consecutive rows: unit_rows 16, upper_rows 8. A tile of rotary
+  // pairs (kRope, one tile): unit_rows 8, upper_rows head_dim / 2, so rows g and g + 8 of the tile
+  // are element j of the two halves of one head.
   int32_t blocks_per_group;
   int32_t group_rows;
+  int32_t unit_rows;
+  int32_t upper_rows;
   int32_t n_units;  // units of kTiles tiles; block b takes units b, b + gridDim.x, ...
   int32_t tile_stride;
   int32_t ldy;    // elements between rows of y
@@ -91,6 +98,16 @@ struct Params {
   // scaled by 1 / sqrt(mean(x_row^2) + norm_eps) before its epilogue.
   float norm_eps;
 };
+
+__device__ __forceinline__ int64_t unit_first_row(const Params& p, int unit) {
+  return static_cast<int64_t>(unit / p.blocks_per_group) * p.group_rows +
+         static_cast<int64_t>(unit % p.blocks_per_group) * p.unit_rows;
+}
+
+// Row h * 8 + g of tile r of the unit whose first row is `first`.
+__device__ __forceinline__ int64_t tile_row(const Params& p, int64_t first, int r, int g, int h) {
+  return first + static_cast<int64_t>(r) * p.tile_stride + g + h * p.upper_rows;
+}
 
 // Sum of the squares of the 8 elements of v, in float32.
 template <typename T>
@@ -162,23 +179,39 @@ __device__ __forceinline__ void accumulate_unit(uint4 (&a)[kPipe][kTiles][2][kVe
 }
 
 // Thread i < 128 of the block finishes accumulator j = i & 3 of lane i >> 2 of unit `unit`: row
-// g' + 8 (j >> 1) of the tile, token 2 t' + (j & 1), from the warps' partial sums.
+// g' + 8 (j >> 1) of the tile, token 2 t' + (j & 1), from the warps' partial sums. A tile of
+// rotary pairs (kRope with one tile) is finished by threads i < 64 instead, thread i taking rows
+// g' = i >> 3 and g' + 8 (the pair's two halves) for token i & 7.
 template <typename T, typename OutT, int kTiles, Epilogue E, int kWarps, bool kNorm>
 __device__ __forceinline__ void finish_unit(const Params& p, int unit,
                                             const float (&partial)[kWarps][kTiles][32][4],
                                             const float (&row_squares)[kNorm ? kWarps : 1][8]) {
+  constexpr bool kPairTile = E == Epilogue::kRope && kTiles == 1;
+  constexpr int kSums = kPairTile ? 2 : kTiles;
   const int i = threadIdx.x;
-  const int row_in_tile = (i >> 4) + 8 * ((i & 3) >> 1);
-  const int token = 2 * ((i >> 2) & 3) + (i & 1);
-  if (token >= p.m) return;
-  const int64_t block_row = static_cast<int64_t>(unit / p.blocks_per_group) * p.group_rows +
-                            static_cast<int64_t>(unit % p.blocks_per_group) * kTileRows;
-  float sum[kTiles] = {};
+  int row_in_tile, token;
+  float sum[kSums] = {};
+  if constexpr (kPairTile) {
+    row_in_tile = i >> 3;
+    token = i & 7;
+    if (i >= 64 || token >= p.m) return;
+    const int lane = 4 * row_in_tile + (token >> 1);
 #pragma unroll
-  for (int r = 0; r < kTiles; ++r) {
+    for (int v = 0; v < kWarps; ++v) {
+      sum[0] += partial[v][0][lane][token & 1];
+      sum[1] += partial[v][0][lane][2 + (token & 1)];
+    }
+  } else {
+    row_in_tile = (i >> 4) + 8 * ((i & 3) >> 1);
+    token = 2 * ((i >> 2) & 3) + (i & 1);
+    if (token >= p.m) return;
 #pragma unroll
-    for (int v = 0; v < kWarps; ++v) sum[r] += partial[v][r][i >> 2][i & 3];
+    for (int r = 0; r < kTiles; ++r) {
+#pragma unroll
+      for (int v = 0; v < kWarps; ++v) sum[r] += partial[v][r][i >> 2][i & 3];
+    }
   }
+  const int64_t block_row = unit_first_row(p, unit);
   if constexpr (kNorm) {
     float total = 0.0f;
 #pragma unroll
@@ -186,7 +219,7 @@ __device__ __forceinline__ void finish_unit(const Params& p, int unit,
     // Correctly rounded 1 / sqrt, as add_rmsnorm computes it.
     const float inv_rms = __frcp_rn(__fsqrt_rn(total / static_cast<float>(p.k) + p.norm_eps));
 #pragma unroll
-    for (int r = 0; r < kTiles; ++r) sum[r] *= inv_rms;
+    for (int r = 0; r < kSums; ++r) sum[r] *= inv_rms;
   }
   auto* y = static_cast<OutT*>(p.y) + static_cast<int64_t>(token) * p.ldy;
   if constexpr (E == Epilogue::kStore || E == Epilogue::kResidualAdd) {
@@ -211,7 +244,7 @@ __device__ __forceinline__ void finish_unit(const Params& p, int unit,
     const GemvRope& rope = p.rope;
     const int half = rope.head_dim / 2;
     const int head = unit / p.blocks_per_group;
-    const int j = (unit % p.blocks_per_group) * kTileRows + row_in_tile;
+    const int j = (unit % p.blocks_per_group) * p.unit_rows + row_in_tile;
     float lo = to_float(from_float<T>(sum[0]));
     float hi = to_float(from_float<T>(sum[1]));
     if (rope.bias != nullptr) {
@@ -256,8 +289,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_unit_kernel(const Params p) 
   const int g = lane >> 2;
   const int t = lane & 3;
   const int n_chunks = p.k / kChunk;
-  const int64_t block_row = static_cast<int64_t>(blockIdx.x / p.blocks_per_group) * p.group_rows +
-                            static_cast<int64_t>(blockIdx.x % p.blocks_per_group) * kTileRows;
+  const int64_t block_row = unit_first_row(p, static_cast<int>(blockIdx.x));
   const auto* w = static_cast<const T*>(p.w);
 
   // Row pointers of this lane (rows g and g + 8 of each tile); rows past n read nothing.
@@ -267,7 +299,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_unit_kernel(const Params p) 
   for (int r = 0; r < kTiles; ++r) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int64_t row = block_row + static_cast<int64_t>(r) * p.tile_stride + g + 8 * h;
+      const int64_t row = tile_row(p, block_row, r, g, h);
       row_ok[r][h] = row < p.n;
       rows[r][h] = w + (row_ok[r][h] ? row : 0) * p.k + 8 * kVecs * t;
     }
@@ -349,14 +381,13 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_loop_kernel(const Params p) 
     const T* ptr[kTiles][2];
   };
   auto unit_rows = [&](int unit) {
-    const int64_t block_row = static_cast<int64_t>(unit / p.blocks_per_group) * p.group_rows +
-                              static_cast<int64_t>(unit % p.blocks_per_group) * kTileRows;
+    const int64_t block_row = unit_first_row(p, unit);
     UnitRows u;
 #pragma unroll
     for (int r = 0; r < kTiles; ++r) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int64_t row = block_row + static_cast<int64_t>(r) * p.tile_stride + g + 8 * h;
+        const int64_t row = tile_row(p, block_row, r, g, h);
         u.ptr[r][h] = row < p.n ? w + row * p.k + 8 * kVecs * t : nullptr;
       }
     }
@@ -435,28 +466,38 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_loop_kernel(const Params p) 
 // Launches one configuration. x, w, y / ldy and the epilogue's arguments come from p; the row
 // mapping is set here: kStore / kResidualAdd: consecutive tiles over n rows;
 // kSiluMul: gate rows [0, n / 2) paired with up rows [n / 2, n); kRope: the two halves of each
-// head of rope.head_dim rows. Without kLoop a block takes one unit (kTiles tiles): the grid runs in
-// waves, each block loading its first chunks anew. With kLoop the grid has at most as many blocks
-// as are resident at once, each taking the same number of units in turn (up to one less), its
-// ring of loads running on into its next unit where k allows. Returns the launch's error.
+// head of rope.head_dim rows, as a tile of 16 rows of each half (two tiles) or as one tile of 8
+// rotary pairs (rows j and head_dim / 2 + j). Without kLoop a block takes one unit (kTiles tiles):
+// the grid runs in waves, each block loading its first chunks anew. With kLoop the grid has at most
+// as many blocks as are resident at once, each taking the same number of units in turn (up to one
+// less), its ring of loads running on into its next unit where k allows. Returns the launch's
+// error.
 template <typename T, typename OutT, int kTiles, Epilogue E, int kWarps, int kVecs, int kPipe,
           bool kNorm = false, bool kLoop = false>
 cudaError_t launch(Params p, cudaStream_t stream) {
   int64_t units = 0;
-  if constexpr (E == Epilogue::kSiluMul || E == Epilogue::kRope) {
-    static_assert(kTiles == 2, "paired epilogues take one tile of each half");
-    if constexpr (E == Epilogue::kSiluMul) {
-      p.blocks_per_group = 1;
-      p.group_rows = kTileRows;
-      p.tile_stride = p.n / 2;
-      units = (static_cast<int64_t>(p.n / 2) + kTileRows - 1) / kTileRows;
-    } else {
-      const int half = p.rope.head_dim / 2;  // a multiple of 16 (gemv_rope_supports)
+  p.unit_rows = kTileRows;
+  p.upper_rows = kTileRows / 2;
+  if constexpr (E == Epilogue::kSiluMul) {
+    static_assert(kTiles == 2, "SiLU pairs one tile of gate rows with one of up rows");
+    p.blocks_per_group = 1;
+    p.group_rows = kTileRows;
+    p.tile_stride = p.n / 2;
+    units = (static_cast<int64_t>(p.n / 2) + kTileRows - 1) / kTileRows;
+  } else if constexpr (E == Epilogue::kRope) {
+    static_assert(kTiles == 1 || kTiles == 2, "RoPE takes a tile of each half or of pairs");
+    const int half = p.rope.head_dim / 2;  // a multiple of 16 (gemv_rope_supports)
+    p.group_rows = p.rope.head_dim;
+    if constexpr (kTiles == 2) {
       p.blocks_per_group = half / kTileRows;
-      p.group_rows = p.rope.head_dim;
       p.tile_stride = half;
-      units = static_cast<int64_t>(p.n / p.rope.head_dim) * p.blocks_per_group;
+    } else {
+      p.blocks_per_group = half / (kTileRows / 2);
+      p.unit_rows = kTileRows / 2;
+      p.upper_rows = half;
+      p.tile_stride = 0;
     }
+    units = static_cast<int64_t>(p.n / p.rope.head_dim) * p.blocks_per_group;
   } else {
     p.blocks_per_group = 1;
     p.group_rows = kTileRows * kTiles;

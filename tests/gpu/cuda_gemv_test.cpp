@@ -195,7 +195,9 @@ TEST(CudaGemv, QkvRopeMatchesGemvThenQkvRope) {
     bool bias, freq_rows;
   };
   // The last case takes the looping kernel from 3 rows (k 1024) with more head halves than
-  // resident blocks, so blocks take several in turn.
+  // resident blocks, so blocks take several in turn. On a GPU with at least 128 multiprocessors
+  // the second and third take one tile of 8 rotary pairs per block at 1 and 3 rows (the first has
+  // 192 such tiles and keeps two tiles of 16 rows per block, as all do at 8 rows).
   const Case cases[] = {{32, 8, 64, 2048, false, false},
                         {12, 2, 128, 1536, true, false},
                         {4, 4, 64, 256, true, true},
@@ -331,7 +333,8 @@ TEST(CudaGemv, FoldedRmsNormMatchesNormThenGemv) {
         bool bias;
       };
       // The third takes the looping kernel from 3 rows (k 1024), with more head halves than
-      // resident blocks (each block takes several in turn).
+      // resident blocks (each block takes several in turn); the second, at 1 and 3 rows on a GPU
+      // with at least 128 multiprocessors, one tile of 8 rotary pairs per block.
       for (const Heads& c : {Heads{32, 8, 64, 2048, false}, Heads{12, 2, 128, 1536, true},
                              Heads{256, 64, 64, 1024, false}}) {
         SCOPED_TRACE(testing::Message() << gpu_test::dtype_label(dtype) << " qkv m " << m
