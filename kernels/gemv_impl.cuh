@@ -130,6 +130,26 @@ __device__ __forceinline__ uint4 load_weights(const void* p) {
   return v;
 }
 
+// Chunk `chunk` of this lane's rows of a unit (kVecs 16-byte vectors of rows g and g + 8 of each
+// tile) into dst; a null row (past n) reads nothing and holds zeros.
+template <typename T, int kTiles, int kVecs>
+__device__ __forceinline__ void load_unit_chunk(uint4 (&dst)[kTiles][2][kVecs],
+                                                const T* const (&rows)[kTiles][2], int chunk) {
+  constexpr int kChunk = 32 * kVecs;
+#pragma unroll
+  for (int r = 0; r < kTiles; ++r) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int v = 0; v < kVecs; ++v) {
+        dst[r][h][v] = rows[r][h] != nullptr
+                           ? load_weights(rows[r][h] + static_cast<int64_t>(chunk) * kChunk + 8 * v)
+                           : make_uint4(0, 0, 0, 0);
+      }
+    }
+  }
+}
+
 // The k loop of one unit for warp `warp`: its chunks warp, warp + kWarps, ... of the unit's
 // tiles, whose weights arrive in the ring a (slot u holds chunk base + u * kWarps); after a slot's
 // mma steps, refill(a[u], chunk + kPipe * kWarps) issues its next load. Accumulates into acc and,
@@ -292,32 +312,19 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_unit_kernel(const Params p) 
   const int64_t block_row = unit_first_row(p, static_cast<int>(blockIdx.x));
   const auto* w = static_cast<const T*>(p.w);
 
-  // Row pointers of this lane (rows g and g + 8 of each tile); rows past n read nothing.
+  // Row pointers of this lane (rows g and g + 8 of each tile); null past n (they read nothing).
   const T* rows[kTiles][2];
-  bool row_ok[kTiles][2];
 #pragma unroll
   for (int r = 0; r < kTiles; ++r) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t row = tile_row(p, block_row, r, g, h);
-      row_ok[r][h] = row < p.n;
-      rows[r][h] = w + (row_ok[r][h] ? row : 0) * p.k + 8 * kVecs * t;
+      rows[r][h] = row < p.n ? w + row * p.k + 8 * kVecs * t : nullptr;
     }
   }
   uint4 a[kPipe][kTiles][2][kVecs];
   auto load_chunk = [&](uint4(&dst)[kTiles][2][kVecs], int chunk) {
-#pragma unroll
-    for (int r = 0; r < kTiles; ++r) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int v = 0; v < kVecs; ++v) {
-          dst[r][h][v] =
-              row_ok[r][h] ? load_weights(rows[r][h] + static_cast<int64_t>(chunk) * kChunk + 8 * v)
-                           : make_uint4(0, 0, 0, 0);
-        }
-      }
-    }
+    load_unit_chunk<T, kTiles, kVecs>(dst, rows, chunk);
   };
 #pragma unroll
   for (int u = 0; u < kPipe; ++u) {
@@ -395,19 +402,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_loop_kernel(const Params p) 
   };
   uint4 a[kPipe][kTiles][2][kVecs];
   auto load_chunk = [&](uint4(&dst)[kTiles][2][kVecs], const UnitRows& rows, int chunk) {
-#pragma unroll
-    for (int r = 0; r < kTiles; ++r) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int v = 0; v < kVecs; ++v) {
-          dst[r][h][v] =
-              rows.ptr[r][h] != nullptr
-                  ? load_weights(rows.ptr[r][h] + static_cast<int64_t>(chunk) * kChunk + 8 * v)
-                  : make_uint4(0, 0, 0, 0);
-        }
-      }
-    }
+    load_unit_chunk<T, kTiles, kVecs>(dst, rows.ptr, chunk);
   };
   auto fill_ring = [&](const UnitRows& rows) {
 #pragma unroll
