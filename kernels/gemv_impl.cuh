@@ -82,14 +82,14 @@ struct Params {
   int32_t n;  // rows of w
   int32_t k;
   // Unit u's first row is (u / blocks_per_group) * group_rows + (u % blocks_per_group) *
-  // unit_rows; rows g and g + 8 of its tile r (g < 8) are first + r * tile_stride + g and that
-  // + upper_rows. Tiles of 16 consecutive rows: unit_rows 16, upper_rows 8. A tile of rotary
-  // pairs (kRope, one tile): unit_rows 8, upper_rows head_dim / 2, so rows g and g + 8 of the tile
-  // are element j of the two halves of one head.
+  // unit_stride; rows g and g + 8 of its tile r (g < 8) are first + r * tile_stride + g and that
+  // + upper_stride. Tiles of 16 consecutive rows: unit_stride 16, upper_stride 8. A tile of rotary
+  // pairs (kRope, one tile): unit_stride 8, upper_stride head_dim / 2, so rows g and g + 8 of the
+  // tile are element j of the two halves of one head.
   int32_t blocks_per_group;
   int32_t group_rows;
-  int32_t unit_rows;
-  int32_t upper_rows;
+  int32_t unit_stride;
+  int32_t upper_stride;
   int32_t n_units;  // units of kTiles tiles; block b takes units b, b + gridDim.x, ...
   int32_t tile_stride;
   int32_t ldy;    // elements between rows of y
@@ -101,12 +101,12 @@ struct Params {
 
 __device__ __forceinline__ int64_t unit_first_row(const Params& p, int unit) {
   return static_cast<int64_t>(unit / p.blocks_per_group) * p.group_rows +
-         static_cast<int64_t>(unit % p.blocks_per_group) * p.unit_rows;
+         static_cast<int64_t>(unit % p.blocks_per_group) * p.unit_stride;
 }
 
 // Row h * 8 + g of tile r of the unit whose first row is `first`.
 __device__ __forceinline__ int64_t tile_row(const Params& p, int64_t first, int r, int g, int h) {
-  return first + static_cast<int64_t>(r) * p.tile_stride + g + h * p.upper_rows;
+  return first + static_cast<int64_t>(r) * p.tile_stride + g + h * p.upper_stride;
 }
 
 // Sum of the squares of the 8 elements of v, in float32.
@@ -264,7 +264,7 @@ __device__ __forceinline__ void finish_unit(const Params& p, int unit,
     const GemvRope& rope = p.rope;
     const int half = rope.head_dim / 2;
     const int head = unit / p.blocks_per_group;
-    const int j = (unit % p.blocks_per_group) * p.unit_rows + row_in_tile;
+    const int j = (unit % p.blocks_per_group) * p.unit_stride + row_in_tile;
     float lo = to_float(from_float<T>(sum[0]));
     float hi = to_float(from_float<T>(sum[1]));
     if (rope.bias != nullptr) {
@@ -471,8 +471,8 @@ template <typename T, typename OutT, int kTiles, Epilogue E, int kWarps, int kVe
           bool kNorm = false, bool kLoop = false>
 cudaError_t launch(Params p, cudaStream_t stream) {
   int64_t units = 0;
-  p.unit_rows = kTileRows;
-  p.upper_rows = kTileRows / 2;
+  p.unit_stride = kTileRows;
+  p.upper_stride = kTileRows / 2;
   if constexpr (E == Epilogue::kSiluMul) {
     static_assert(kTiles == 2, "SiLU pairs one tile of gate rows with one of up rows");
     p.blocks_per_group = 1;
@@ -488,8 +488,8 @@ cudaError_t launch(Params p, cudaStream_t stream) {
       p.tile_stride = half;
     } else {
       p.blocks_per_group = half / (kTileRows / 2);
-      p.unit_rows = kTileRows / 2;
-      p.upper_rows = half;
+      p.unit_stride = kTileRows / 2;
+      p.upper_stride = half;
       p.tile_stride = 0;
     }
     units = static_cast<int64_t>(p.n / p.rope.head_dim) * p.blocks_per_group;
