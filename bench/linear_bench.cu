@@ -4,7 +4,8 @@
 // launch and the weight bytes read per second. Variants: the small-batch GEMV with and without
 // programmatic dependent launch, cuBLAS, and a plain streaming read of the same bytes (the rate a
 // kernel of that size can reach at all). With --sweep, every tile configuration of the GEMV
-// kernel (gemv_impl.cuh) is timed too, to choose gemv.cu's policy.
+// kernel (gemv_impl.cuh) is timed too, to choose gemv.cu's policy, with k cut into 2, 4 and 8
+// segments for the shapes of few tiles.
 //
 // Usage: litellama-linear-bench [--m 1] [--reps 20] [--sweep 1]   (one JSON object per line)
 #include <cublas_v2.h>
@@ -18,6 +19,7 @@
 #include <functional>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/gemv.h"
@@ -111,6 +113,8 @@ struct Cfg {
 using PlainConfigs = std::tuple<Cfg<4, 1, 4>, Cfg<4, 1, 8>, Cfg<4, 2, 4>, Cfg<8, 1, 2>,
                                 Cfg<8, 1, 4>, Cfg<8, 1, 8>, Cfg<8, 2, 2>, Cfg<8, 2, 4>,
                                 Cfg<16, 1, 2>, Cfg<16, 1, 4>, Cfg<16, 2, 2>, Cfg<32, 1, 2>>;
+using NoSegments = std::integral_constant<int, 1>;
+using SegmentConfigs = std::tuple<Cfg<4, 1, 4>, Cfg<8, 1, 4>, Cfg<8, 1, 8>, Cfg<16, 1, 2>>;
 using SiluConfigs =
     std::tuple<Cfg<4, 1, 4>, Cfg<4, 1, 6>, Cfg<4, 2, 2>, Cfg<8, 1, 2>, Cfg<8, 1, 3>, Cfg<8, 1, 4>,
                Cfg<8, 1, 6>, Cfg<8, 2, 2>, Cfg<16, 1, 2>, Cfg<16, 2, 1>, Cfg<16, 3, 1>>;
@@ -193,10 +197,12 @@ int run(int argc, char** argv) {
     }
     if (!sweep) continue;
     set_programmatic_launch_enabled(true);
-    auto try_config = [&](auto cfg, auto silu_c) {
+    auto try_config = [&](auto cfg, auto silu_c, auto segs_c) {
       using C = decltype(cfg);
       constexpr bool kSilu = decltype(silu_c)::value;
-      if (s.k % (32 * C::kVecs) != 0) return;  // k must be whole chunks
+      constexpr int kSegs = decltype(segs_c)::value;
+      // k must be whole chunks of each segment; a segment per token takes a column of the mma
+      if (s.k % (kSegs * 32 * C::kVecs) != 0 || m * kSegs > kGemvMaxRows) return;
       using gemv_detail::Epilogue;
       auto run_config = [&](auto loop_c) {
         constexpr bool kLoop = decltype(loop_c)::value;
@@ -215,24 +221,38 @@ int run(int argc, char** argv) {
                                     C::kVecs, C::kPipe, false, kLoop>(p, stream);
           } else if (out == DType::kF32) {
             e = gemv_detail::launch<__nv_bfloat16, float, 1, Epilogue::kStore, C::kWarps, C::kVecs,
-                                    C::kPipe, false, kLoop>(p, stream);
+                                    C::kPipe, false, kLoop, kSegs>(p, stream);
           } else {
             e = gemv_detail::launch<__nv_bfloat16, __nv_bfloat16, 1, Epilogue::kStore, C::kWarps,
-                                    C::kVecs, C::kPipe, false, kLoop>(p, stream);
+                                    C::kVecs, C::kPipe, false, kLoop, kSegs>(p, stream);
           }
           CHECK(e);
         };
         report("w" + std::to_string(C::kWarps) + ".v" + std::to_string(C::kVecs) + ".p" +
-                   std::to_string(C::kPipe) + (kLoop ? ".loop" : ".unit"),
+                   std::to_string(C::kPipe) +
+                   (kSegs > 1 ? ".s" + std::to_string(kSegs) : std::string()) +
+                   (kLoop ? ".loop" : ".unit"),
                time_graph(stream, launches, reps, body));
       };
       run_config(std::true_type{});
       run_config(std::false_type{});
     };
     if (s.silu) {
-      std::apply([&](auto... c) { (try_config(c, std::true_type{}), ...); }, SiluConfigs{});
+      std::apply([&](auto... c) { (try_config(c, std::true_type{}, NoSegments{}), ...); },
+                 SiluConfigs{});
     } else {
-      std::apply([&](auto... c) { (try_config(c, std::false_type{}), ...); }, PlainConfigs{});
+      std::apply([&](auto... c) { (try_config(c, std::false_type{}, NoSegments{}), ...); },
+                 PlainConfigs{});
+      // k cut into segments (units of 16 / segs rows) for the shapes of few tiles
+      if (s.n / 16 <= 2 * 132) {
+        std::apply(
+            [&](auto... c) {
+              (try_config(c, std::false_type{}, std::integral_constant<int, 2>{}), ...);
+              (try_config(c, std::false_type{}, std::integral_constant<int, 4>{}), ...);
+              (try_config(c, std::false_type{}, std::integral_constant<int, 8>{}), ...);
+            },
+            SegmentConfigs{});
+      }
     }
   }
   CHECK(cudaFree(pool));

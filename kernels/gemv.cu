@@ -44,12 +44,57 @@ int64_t sm_count() {
   return device_sms > 0 ? device_sms : 132;  // unreadable: an H100/H200's count
 }
 
+// k segments per unit for a matrix of long rows (k >= 4096) and no more 16-row tiles than
+// multiprocessors (each of which then streams one tile alone): the segmented configuration <8
+// warps, 16 bytes, 4 chunks> runs units of 16 / segs rows, several blocks per multiprocessor.
+// Returns the segment count (2, 4 or 8) whose units put the fewest rows on the busiest
+// multiprocessor, all blocks resident at once, where that is fewer than 16 rows (the fewest
+// segments among equals); 1 otherwise. Needs m * segs <= 8 and k a multiple of segs chunks of 32
+// elements. Qwen2.5-1.5B's down projection (1536 rows, 96 tiles on an H200's 132
+// multiprocessors, k 8960) takes 4 at up to 2 rows: 384 units of 4 rows, at most 12 rows per
+// multiprocessor (bench/RESULTS.md: 10.55 -> 8.99 us alone, decode batch 1 -2%). Short rows do
+// not gain: its o projection (k 1536) took 2.27 us alone either way, and in 384 units after
+// attention made the decode step 0.7 ms slower (in 192, no change).
+constexpr int32_t kMinSegmentK = 4096;
+
+template <typename T, typename OutT, Epilogue E>
+int pick_segments(const Params& p, int64_t sms) {
+  const int64_t per_sm = gemv_detail::unit_blocks_per_sm<T, OutT, 1, E, 8, 1, 4, false, 2>();
+  if (p.k < kMinSegmentK) return 1;
+  int best = 1;
+  int64_t best_rows = kTileRows;
+  for (const int segs : {2, 4, 8}) {
+    if (p.m * segs > kGemvMaxRows || p.k % (segs * 32) != 0) continue;
+    const int64_t rows = kTileRows / segs;
+    const int64_t units = (static_cast<int64_t>(p.n) + rows - 1) / rows;
+    const int64_t blocks_on_busiest = (units + sms - 1) / sms;
+    if (blocks_on_busiest > per_sm) continue;
+    if (blocks_on_busiest * rows < best_rows) {
+      best = segs;
+      best_rows = blocks_on_busiest * rows;
+    }
+  }
+  return best;
+}
+
 // One tile per block (kStore, kResidualAdd): the configuration by tile count and k.
 template <typename T, typename OutT, Epilogue E>
 cudaError_t launch_single(const Params& p, cudaStream_t stream) {
   using gemv_detail::launch;
   const int64_t tiles = (static_cast<int64_t>(p.n) + kTileRows - 1) / kTileRows;
   const int64_t sms = sm_count();
+  if (tiles <= sms) {
+    switch (pick_segments<T, OutT, E>(p, sms)) {
+      case 2:
+        return launch<T, OutT, 1, E, 8, 1, 4, false, false, 2>(p, stream);
+      case 4:
+        return launch<T, OutT, 1, E, 8, 1, 4, false, false, 4>(p, stream);
+      case 8:
+        return launch<T, OutT, 1, E, 8, 1, 4, false, false, 8>(p, stream);
+      default:
+        break;
+    }
+  }
   if (tiles > 2 * sms) return launch<T, OutT, 1, E, 8, 1, 4>(p, stream);
   if (tiles > sms) return launch<T, OutT, 1, E, 16, 1, 2>(p, stream);
   if (p.k > 4096) return launch<T, OutT, 1, E, 16, 2, 2>(p, stream);

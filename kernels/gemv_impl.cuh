@@ -29,6 +29,11 @@
 //                 rotary pairs (its rows g and g + 8 are element j of each half, so one thread's
 //                 accumulators hold both): qkv_rope's bias, rotate-half RoPE and the Q / K-pool /
 //                 V-pool stores (no q/k RMSNorm)
+// With kSegs > 1 (one tile, kStore / kResidualAdd) a unit is 16 / kSegs weight rows whose k is cut
+// into kSegs segments: mma row q is row q % (16 / kSegs) over segment q / (16 / kSegs), and column
+// c is token c / kSegs over segment c % kSegs (so m * kSegs <= 8); the entries where the two
+// segments agree are the partial sums, which the epilogue adds in segment order. More, smaller
+// units for matrices of few tiles, each block still covering all of k (no cross-block reduction).
 // Rounding follows the unfused kernels, so outputs match them up to the order of float32 sums.
 // With kNorm (gemv.h's GemvRmsNorm), x is the residual stream before an RMSNorm whose weight is
 // folded into w: each lane also sums the squares of the x vectors it loads, off the mma's
@@ -107,6 +112,37 @@ __device__ __forceinline__ int64_t unit_first_row(const Params& p, int unit) {
 // Row h * 8 + g of tile r of the unit whose first row is `first`.
 __device__ __forceinline__ int64_t tile_row(const Params& p, int64_t first, int r, int g, int h) {
   return first + static_cast<int64_t>(r) * p.tile_stride + g + h * p.upper_stride;
+}
+
+// This lane's pointer to mma row g + 8 h of tile r of the unit whose first row is `first`, at its
+// first k element of the unit (lane t of a row's 4 reads 8 kVecs elements from 8 kVecs t); null
+// past n. With kSegs > 1 a unit is one tile of kTileRows / kSegs weight rows whose k is cut into
+// kSegs segments: mma row q is weight row q % (kTileRows / kSegs) over segment q / (kTileRows /
+// kSegs).
+template <typename T, int kSegs, int kVecs>
+__device__ __forceinline__ const T* lane_row(const Params& p, int64_t first, int r, int g, int h,
+                                             int t) {
+  int64_t row;
+  int64_t k0 = 8 * kVecs * t;
+  if constexpr (kSegs == 1) {
+    row = tile_row(p, first, r, g, h);
+  } else {
+    constexpr int kRows = kTileRows / kSegs;
+    const int q = g + 8 * h;
+    row = first + q % kRows;
+    k0 += static_cast<int64_t>(q / kRows) * (p.k / kSegs);
+  }
+  return row < p.n ? static_cast<const T*>(p.w) + row * p.k + k0 : nullptr;
+}
+
+// This lane's x pointer as the B operand: column g of the mma is token g / kSegs over k segment
+// g % kSegs (token g without segments). token_ok: the token exists (m * kSegs <= 8 columns).
+template <typename T, int kSegs, int kVecs>
+__device__ __forceinline__ const T* lane_x(const Params& p, int g, int t, bool& token_ok) {
+  const int token = g / kSegs;
+  token_ok = token < p.m;
+  return static_cast<const T*>(p.x) + static_cast<int64_t>(token) * p.k +
+         static_cast<int64_t>(g % kSegs) * (p.k / kSegs) + 8 * kVecs * t;
 }
 
 // Sum of the squares of the 8 elements of v, in float32.
@@ -202,7 +238,7 @@ __device__ __forceinline__ void accumulate_unit(uint4 (&a)[kPipe][kTiles][2][kVe
 // g' + 8 (j >> 1) of the tile, token 2 t' + (j & 1), from the warps' partial sums. A tile of
 // rotary pairs (kRope with one tile) is finished by threads i < 64 instead, thread i taking rows
 // g' = i >> 3 and g' + 8 (the pair's two halves) for token i & 7.
-template <typename T, typename OutT, int kTiles, Epilogue E, int kWarps, bool kNorm>
+template <typename T, typename OutT, int kTiles, Epilogue E, int kWarps, bool kNorm, int kSegs>
 __device__ __forceinline__ void finish_unit(const Params& p, int unit,
                                             const float (&partial)[kWarps][kTiles][32][4],
                                             const float (&row_squares)[kNorm ? kWarps : 1][8]) {
@@ -211,7 +247,23 @@ __device__ __forceinline__ void finish_unit(const Params& p, int unit,
   const int i = threadIdx.x;
   int row_in_tile, token;
   float sum[kSums] = {};
-  if constexpr (kPairTile) {
+  if constexpr (kSegs > 1) {
+    // Thread i < 8 kRows takes weight row i >> 3 of the unit for token i & 7: the sum of entry
+    // (row s kRows + i >> 3, column token kSegs + s) over the segments s, in segment order.
+    constexpr int kRows = kTileRows / kSegs;
+    row_in_tile = i >> 3;
+    token = i & 7;
+    if (row_in_tile >= kRows || token >= p.m) return;
+#pragma unroll
+    for (int s = 0; s < kSegs; ++s) {
+      const int q = s * kRows + row_in_tile;
+      const int c = token * kSegs + s;
+      const int lane = (q & 7) * 4 + (c >> 1);
+      const int e = (q >> 3) * 2 + (c & 1);
+#pragma unroll
+      for (int v = 0; v < kWarps; ++v) sum[0] += partial[v][0][lane][e];
+    }
+  } else if constexpr (kPairTile) {
     row_in_tile = i >> 3;
     token = i & 7;
     if (i >= 64 || token >= p.m) return;
@@ -298,7 +350,7 @@ __device__ __forceinline__ void finish_unit(const Params& p, int unit,
 
 // One unit per block (blockIdx.x).
 template <typename T, typename OutT, int kTiles, Epilogue E, int kWarps, int kVecs, int kPipe,
-          bool kNorm>
+          bool kNorm, int kSegs>
 __global__ void __launch_bounds__(kWarps * 32) gemv_unit_kernel(const Params p) {
   constexpr int kChunk = 32 * kVecs;
   __shared__ __align__(16) float partial[kWarps][kTiles][32][4];
@@ -308,19 +360,15 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_unit_kernel(const Params p) 
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2;
   const int t = lane & 3;
-  const int n_chunks = p.k / kChunk;
+  const int n_chunks = p.k / kSegs / kChunk;
   const int64_t block_row = unit_first_row(p, static_cast<int>(blockIdx.x));
-  const auto* w = static_cast<const T*>(p.w);
 
-  // Row pointers of this lane (rows g and g + 8 of each tile); null past n (they read nothing).
+  // Row pointers of this lane (mma rows g and g + 8 of each tile); null past n (read nothing).
   const T* rows[kTiles][2];
 #pragma unroll
   for (int r = 0; r < kTiles; ++r) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t row = tile_row(p, block_row, r, g, h);
-      rows[r][h] = row < p.n ? w + row * p.k + 8 * kVecs * t : nullptr;
-    }
+    for (int h = 0; h < 2; ++h) rows[r][h] = lane_row<T, kSegs, kVecs>(p, block_row, r, g, h, t);
   }
   uint4 a[kPipe][kTiles][2][kVecs];
   auto load_chunk = [&](uint4(&dst)[kTiles][2][kVecs], int chunk) {
@@ -335,8 +383,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_unit_kernel(const Params p) 
   // The next kernel may start its own weight loads now; it still waits for this grid to finish.
   pdl_launch_dependents();
 
-  const T* x_row = static_cast<const T*>(p.x) + static_cast<int64_t>(g) * p.k + 8 * kVecs * t;
-  const bool token_ok = g < p.m;
+  bool token_ok;
+  const T* x_row = lane_x<T, kSegs, kVecs>(p, g, t, token_ok);
   float acc[kTiles][4] = {};
   float squares = 0.0f;  // kNorm: of this lane's elements of token g
   accumulate_unit<T, kTiles, kWarps, kVecs, kPipe, kNorm>(
@@ -358,14 +406,14 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_unit_kernel(const Params p) 
   }
   __syncthreads();
   if (threadIdx.x < 128) {
-    finish_unit<T, OutT, kTiles, E, kWarps, kNorm>(p, static_cast<int>(blockIdx.x), partial,
-                                                   row_squares);
+    finish_unit<T, OutT, kTiles, E, kWarps, kNorm, kSegs>(p, static_cast<int>(blockIdx.x), partial,
+                                                          row_squares);
   }
 }
 
 // Units blockIdx.x, blockIdx.x + gridDim.x, ... in turn.
 template <typename T, typename OutT, int kTiles, Epilogue E, int kWarps, int kVecs, int kPipe,
-          bool kNorm>
+          bool kNorm, int kSegs>
 __global__ void __launch_bounds__(kWarps * 32) gemv_loop_kernel(const Params p) {
   constexpr int kChunk = 32 * kVecs;
   // Double-buffered by unit, so one barrier per unit suffices: a warp writes a buffer again only
@@ -377,13 +425,12 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_loop_kernel(const Params p) 
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2;
   const int t = lane & 3;
-  const int n_chunks = p.k / kChunk;
+  const int n_chunks = p.k / kSegs / kChunk;
   // The ring runs on into the next unit when every warp's last chunk slot of a unit is slot
   // kPipe - 1 (then the next unit's chunk for slot u is the same as this unit's first).
   const bool ring_continues = n_chunks % (kPipe * kWarps) == 0;
-  const auto* w = static_cast<const T*>(p.w);
 
-  // This lane's rows of a unit: rows g and g + 8 of each tile r (null past n: they read nothing).
+  // This lane's rows of a unit: mma rows g and g + 8 of each tile r (null past n: read nothing).
   struct UnitRows {
     const T* ptr[kTiles][2];
   };
@@ -393,10 +440,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_loop_kernel(const Params p) 
 #pragma unroll
     for (int r = 0; r < kTiles; ++r) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t row = tile_row(p, block_row, r, g, h);
-        u.ptr[r][h] = row < p.n ? w + row * p.k + 8 * kVecs * t : nullptr;
-      }
+      for (int h = 0; h < 2; ++h) u.ptr[r][h] = lane_row<T, kSegs, kVecs>(p, block_row, r, g, h, t);
     }
     return u;
   };
@@ -419,8 +463,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_loop_kernel(const Params p) 
   // The next kernel may start its own weight loads now; it still waits for this grid to finish.
   pdl_launch_dependents();
 
-  const T* x_row = static_cast<const T*>(p.x) + static_cast<int64_t>(g) * p.k + 8 * kVecs * t;
-  const bool token_ok = g < p.m;
+  bool token_ok;
+  const T* x_row = lane_x<T, kSegs, kVecs>(p, g, t, token_ok);
   for (int iter = 0; unit < p.n_units; ++iter, unit += static_cast<int>(gridDim.x)) {
     const int next_unit = unit + static_cast<int>(gridDim.x);
     const bool prefetch_next = ring_continues && next_unit < p.n_units;
@@ -450,7 +494,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_loop_kernel(const Params p) 
     }
     __syncthreads();
     if (threadIdx.x < 128)
-      finish_unit<T, OutT, kTiles, E, kWarps, kNorm>(p, unit, partial[buf], row_squares[buf]);
+      finish_unit<T, OutT, kTiles, E, kWarps, kNorm, kSegs>(p, unit, partial[buf],
+                                                            row_squares[buf]);
     if (next_unit < p.n_units) {
       rows = prefetch_next ? next_rows : unit_rows(next_unit);
       if (!prefetch_next) fill_ring(rows);
@@ -458,18 +503,46 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_loop_kernel(const Params p) 
   }
 }
 
-// Launches one configuration. x, w, y / ldy and the epilogue's arguments come from p; the row
-// mapping is set here: kStore / kResidualAdd: consecutive tiles over n rows;
-// kSiluMul: gate rows [0, n / 2) paired with up rows [n / 2, n); kRope: the two halves of each
-// head of rope.head_dim rows, as a tile of 16 rows of each half (two tiles) or as one tile of 8
-// rotary pairs (rows j and head_dim / 2 + j). Without kLoop a block takes one unit (kTiles tiles):
-// the grid runs in waves, each block loading its first chunks anew. With kLoop the grid has at most
-// as many blocks as are resident at once, each taking the same number of units in turn (up to one
-// less), its ring of loads running on into its next unit where k allows. Returns the launch's
-// error.
+// Blocks of `kernel` resident at once per multiprocessor with `threads` threads (1 if unreadable).
+// Read once per kernel by its callers: a stale value (another device model in the same process)
+// costs only speed.
+template <typename Kernel>
+int query_blocks_per_sm(Kernel kernel, int threads) {
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0) != cudaSuccess) {
+    (void)cudaGetLastError();
+    n = 1;
+  }
+  return n > 0 ? n : 1;
+}
+
 template <typename T, typename OutT, int kTiles, Epilogue E, int kWarps, int kVecs, int kPipe,
-          bool kNorm = false, bool kLoop = false>
+          bool kNorm, int kSegs>
+int unit_blocks_per_sm() {
+  static const int n = query_blocks_per_sm(
+      gemv_unit_kernel<T, OutT, kTiles, E, kWarps, kVecs, kPipe, kNorm, kSegs>, kWarps * 32);
+  return n;
+}
+
+// Launches one configuration. x, w, y / ldy and the epilogue's arguments come from p; the row
+// mapping is set here: kStore / kResidualAdd: consecutive tiles over n rows, or with kSegs > 1
+// units of kTileRows / kSegs rows whose k is cut into kSegs segments (the mma's rows hold the
+// rows' segments and its columns the tokens' segments, so m * kSegs <= 8 and k must be a multiple
+// of kSegs chunks); kSiluMul: gate rows [0, n / 2) paired with up rows [n / 2, n); kRope: the two
+// halves of each head of rope.head_dim rows, as a tile of 16 rows of each half (two tiles) or as
+// one tile of 8 rotary pairs (rows j and head_dim / 2 + j). Without kLoop a block takes one unit
+// (kTiles tiles): the grid runs in waves, each block loading its first chunks anew. With kLoop the
+// grid has at most as many blocks as are resident at once, each taking the same number of units in
+// turn (up to one less), its ring of loads running on into its next unit where k allows. Returns
+// the launch's error.
+template <typename T, typename OutT, int kTiles, Epilogue E, int kWarps, int kVecs, int kPipe,
+          bool kNorm = false, bool kLoop = false, int kSegs = 1>
 cudaError_t launch(Params p, cudaStream_t stream) {
+  static_assert(kSegs == 1 || kSegs == 2 || kSegs == 4 || kSegs == 8, "segments divide a tile");
+  static_assert(kSegs == 1 || (kTiles == 1 && !kNorm &&
+                               (E == Epilogue::kStore || E == Epilogue::kResidualAdd)),
+                "k segments: single tiles of the plain epilogues");
+  if (p.m * kSegs > kGemvMaxRows || p.k % (kSegs * 32 * kVecs) != 0) return cudaErrorInvalidValue;
   int64_t units = 0;
   p.unit_stride = kTileRows;
   p.upper_stride = kTileRows / 2;
@@ -495,27 +568,17 @@ cudaError_t launch(Params p, cudaStream_t stream) {
     units = static_cast<int64_t>(p.n / p.rope.head_dim) * p.blocks_per_group;
   } else {
     p.blocks_per_group = 1;
-    p.group_rows = kTileRows * kTiles;
+    p.group_rows = kTileRows * kTiles / kSegs;
     p.tile_stride = kTileRows;
     units = (static_cast<int64_t>(p.n) + p.group_rows - 1) / p.group_rows;
   }
   p.n_units = static_cast<int32_t>(units);
   if constexpr (!kLoop) {
-    return launch_kernel(gemv_unit_kernel<T, OutT, kTiles, E, kWarps, kVecs, kPipe, kNorm>,
+    return launch_kernel(gemv_unit_kernel<T, OutT, kTiles, E, kWarps, kVecs, kPipe, kNorm, kSegs>,
                          dim3(static_cast<unsigned>(units)), dim3(kWarps * 32), 0, stream, p);
   } else {
-    auto* kernel = gemv_loop_kernel<T, OutT, kTiles, E, kWarps, kVecs, kPipe, kNorm>;
-    // Read once per configuration: the kernel covers every unit with any grid, so a stale value
-    // (another device model in the same process) costs only speed.
-    static const int per_sm = [&] {
-      int n = 0;
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, 0) !=
-          cudaSuccess) {
-        (void)cudaGetLastError();
-        n = 1;
-      }
-      return n > 0 ? n : 1;
-    }();
+    auto* kernel = gemv_loop_kernel<T, OutT, kTiles, E, kWarps, kVecs, kPipe, kNorm, kSegs>;
+    static const int per_sm = query_blocks_per_sm(kernel, kWarps * 32);
     const int sms = current_device_sm_count();
     const int64_t resident = static_cast<int64_t>(sms > 0 ? sms : 132) * per_sm;
     const int64_t rounds = (units + resident - 1) / resident;

@@ -73,7 +73,8 @@ TEST(CudaGemv, MatchesDoubleReference) {
   // Tile-aligned and ragged row counts (n % 16 != 0), one and many k chunks per warp, and every
   // configuration of the launch policy: many tiles (4500 rows), between one and two per
   // multiprocessor (3072), few tiles with short (2048) and long (8960) k, and many waves of
-  // blocks (the two largest).
+  // blocks (the two largest). Fewer tiles than multiprocessors with long rows cut k into segments
+  // at up to 4 rows: 130 x 8960 takes 8 (m 1), 4 (m 2) and 2 (m 3, 4).
   const Shape shapes[] = {{16, 64},    {200, 192},  {37, 2112},    {2048, 2048}, {130, 8960},
                           {3072, 512}, {4500, 320}, {20000, 1024}, {12007, 320}};
   for (DType dtype : kHalfDtypes) {
@@ -157,8 +158,9 @@ TEST(CudaGemv, ResidualAddMatchesGemvThenAdd) {
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   std::mt19937 rng(35);
   for (DType dtype : kHalfDtypes) {
+    // 1536 x 8960 (Qwen2.5-1.5B's down) cuts k into 4 segments at m 1.
     for (Shape s : {Shape{2048, 2048}, Shape{2048, 8192}, Shape{4500, 320}, Shape{96, 1536},
-                    Shape{20000, 1024}}) {
+                    Shape{1536, 8960}, Shape{20000, 1024}}) {
       for (int32_t m : {1, 4, 8}) {
         SCOPED_TRACE(testing::Message()
                      << gpu_test::dtype_label(dtype) << " m " << m << " n " << s.n << " k " << s.k);
