@@ -159,6 +159,15 @@ Result<Trace> generate(ModelRunner& runner, const std::vector<Request>& requests
   return trace;
 }
 
+// generate() on a new CUDA runner made with `options`, for a runner used only for that.
+Result<Trace> generate_on_cuda(const Checkpoint& ckpt, const RunnerOptions& options,
+                               const std::vector<Request>& requests, int32_t n_new,
+                               const std::vector<int32_t>& start_step) {
+  LITELLAMA_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
+                             create_cuda_model_runner(ckpt, options));
+  return generate(*runner, requests, n_new, start_step);
+}
+
 std::vector<Request> make_requests(const std::vector<int32_t>& prompt_lens, int32_t n_new,
                                    int32_t vocab, int32_t n_slots, std::mt19937& rng) {
   std::vector<int32_t> perm(static_cast<size_t>(n_slots));
@@ -318,9 +327,7 @@ TEST_P(CudaModelRunnerTest, HalfPrecisionWithinTolerance) {
   LITELLAMA_ASSERT_OK(want.status());
   for (DType dtype : {DType::kBF16, DType::kF16}) {
     SCOPED_TRACE(gpu_test::dtype_label(dtype));
-    auto cuda = create_cuda_model_runner(*ckpt, runner_options(Device::kCuda, dtype));
-    LITELLAMA_ASSERT_OK(cuda.status());
-    auto got = generate(**cuda, requests, 1, together);
+    auto got = generate_on_cuda(*ckpt, runner_options(Device::kCuda, dtype), requests, 1, together);
     LITELLAMA_ASSERT_OK(got.status());
     const double tol = dtype == DType::kBF16 ? 4e-2 : 8e-3;
     for (size_t i = 0; i < requests.size(); ++i) {
@@ -411,19 +418,13 @@ TEST_P(CudaModelRunnerTest, HalfPrecisionDecodeKernelsMatchReferencePath) {
     fast_options.gemv_gate_up_max_tokens = gate_up_max_tokens;
     RunnerOptions direct_options = fast_options;
     direct_options.use_cuda_graphs = false;
-    auto reference = create_cuda_model_runner(*ckpt, reference_options);
-    LITELLAMA_ASSERT_OK(reference.status());
-    auto direct = create_cuda_model_runner(*ckpt, direct_options);
-    LITELLAMA_ASSERT_OK(direct.status());
-    auto fast = create_cuda_model_runner(*ckpt, fast_options);
-    LITELLAMA_ASSERT_OK(fast.status());
     const auto requests = make_requests({3, 1, 45, 9, 17}, n_new, ckpt->config().vocab_size,
-                                        (*reference)->n_kv_slots(), rng);
-    auto want = generate(**reference, requests, n_new, starts);
+                                        reference_options.n_kv_slots, rng);
+    auto want = generate_on_cuda(*ckpt, reference_options, requests, n_new, starts);
     LITELLAMA_ASSERT_OK(want.status());
-    auto got = generate(**fast, requests, n_new, starts);
+    auto got = generate_on_cuda(*ckpt, fast_options, requests, n_new, starts);
     LITELLAMA_ASSERT_OK(got.status());
-    auto got_direct = generate(**direct, requests, n_new, starts);
+    auto got_direct = generate_on_cuda(*ckpt, direct_options, requests, n_new, starts);
     LITELLAMA_ASSERT_OK(got_direct.status());
     const double tol = dtype == DType::kBF16 ? 4e-2 : 8e-3;
     const int32_t compared = expect_fast_path_matches(*got, *got_direct, *want, tol);
@@ -459,19 +460,13 @@ TEST_P(CudaModelRunnerTest, RepeatedLayerKernelsKeepTheOutputs) {
     repeated.layer_kernel_repeats = {.qkv = 2, .attention = 2, .post_norm = 2, .gate_up = 2};
     RunnerOptions o_twice = normal;
     o_twice.layer_kernel_repeats.o = 2;
-    auto a = create_cuda_model_runner(*ckpt, normal);
-    LITELLAMA_ASSERT_OK(a.status());
-    auto b = create_cuda_model_runner(*ckpt, repeated);
-    LITELLAMA_ASSERT_OK(b.status());
-    auto c = create_cuda_model_runner(*ckpt, o_twice);
-    LITELLAMA_ASSERT_OK(c.status());
     const auto requests =
-        make_requests({5, 1, 12}, n_new, ckpt->config().vocab_size, (*a)->n_kv_slots(), rng);
-    auto want = generate(**a, requests, n_new, starts);
+        make_requests({5, 1, 12}, n_new, ckpt->config().vocab_size, normal.n_kv_slots, rng);
+    auto want = generate_on_cuda(*ckpt, normal, requests, n_new, starts);
     LITELLAMA_ASSERT_OK(want.status());
-    auto got = generate(**b, requests, n_new, starts);
+    auto got = generate_on_cuda(*ckpt, repeated, requests, n_new, starts);
     LITELLAMA_ASSERT_OK(got.status());
-    auto changed = generate(**c, requests, n_new, starts);
+    auto changed = generate_on_cuda(*ckpt, o_twice, requests, n_new, starts);
     LITELLAMA_ASSERT_OK(changed.status());
     for (size_t i = 0; i < requests.size(); ++i) {
       EXPECT_EQ(got->ids[i], want->ids[i]) << "request " << i;
