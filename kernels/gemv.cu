@@ -59,8 +59,8 @@ constexpr int32_t kMinSegmentK = 4096;
 
 template <typename T, typename OutT, Epilogue E>
 int pick_segments(const Params& p, int64_t sms) {
-  const int64_t per_sm = gemv_detail::unit_blocks_per_sm<T, OutT, 1, E, 8, 1, 4, false, 2>();
   if (p.k < kMinSegmentK) return 1;
+  const int64_t per_sm = gemv_detail::unit_blocks_per_sm<T, OutT, 1, E, 8, 1, 4, false, 2>();
   int best = 1;
   int64_t best_rows = kTileRows;
   for (const int segs : {2, 4, 8}) {
