@@ -52,9 +52,9 @@ int64_t sm_count() {
 // segments among equals); 1 otherwise. Needs m * segs <= 8 and k a multiple of segs chunks of 32
 // elements. Qwen2.5-1.5B's down projection (1536 rows, 96 tiles on an H200's 132
 // multiprocessors, k 8960) takes 4 at up to 2 rows: 384 units of 4 rows, at most 12 rows per
-// multiprocessor (bench/RESULTS.md: 10.55 -> 8.99 us alone, decode batch 1 -2%). Short rows do
-// not gain: its o projection (k 1536) took 2.27 us alone either way, and in 384 units after
-// attention made the decode step 0.7 ms slower (in 192, no change).
+// multiprocessor (bench/RESULTS.md: 10.55 -> 8.99 us alone, decode batch 1 -2.5%). Short rows do
+// not gain: its o projection (k 1536) took 2.27 us alone, 2.30 at best in segments, and in 384
+// units after attention made the decode step 0.7 ms slower (in 192, no change).
 constexpr int32_t kMinSegmentK = 4096;
 
 template <typename T, typename OutT, Epilogue E>
