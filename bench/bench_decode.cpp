@@ -29,6 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/block_trace.h"
 #include "services/worker/checkpoint.h"
 #include "services/worker/model_runner.h"
 #include "services/worker/random_checkpoint.h"
@@ -95,7 +96,29 @@ struct Args {
   int32_t persistent = RunnerOptions{}.persistent_decode_max_tokens;
   bool copy_bandwidth = true;
   std::string kernel_repeats;  // RunnerOptions::layer_kernel_repeats, "qkv=2,attention=0"
+  std::string block_trace;     // CSV file the block timeline of one decode step is appended to
 };
+
+// Appends one traced step's records to `path` as CSV (a header when the file is new or empty).
+Status append_block_trace(const std::string& path, const std::string& preset, int32_t batch,
+                          double step_ms, const std::vector<BlockTraceRecord>& records) {
+  const bool fresh = !std::filesystem::exists(path) || std::filesystem::file_size(path) == 0;
+  std::FILE* f = std::fopen(path.c_str(), "a");
+  if (f == nullptr) return make_error(StatusCode::kNotFound, "cannot open {}", path);
+  if (fresh) {
+    std::fprintf(f,
+                 "preset,batch,step_ms,kernel,variant,block,n_blocks,sm,start_ns,released_ns,"
+                 "end_ns\n");
+  }
+  for (const BlockTraceRecord& r : records) {
+    std::fprintf(
+        f, "%s,%d,%.4f,%u,%u,%u,%u,%u,%llu,%llu,%llu\n", preset.c_str(), batch, step_ms, r.kernel,
+        r.variant, r.block, r.n_blocks, r.sm, static_cast<unsigned long long>(r.start_ns),
+        static_cast<unsigned long long>(r.released_ns), static_cast<unsigned long long>(r.end_ns));
+  }
+  const bool ok = std::fclose(f) == 0;
+  return ok ? Status::ok() : make_error(StatusCode::kDataLoss, "cannot write {}", path);
+}
 
 std::vector<int32_t> parse_ints(const std::string& s, char sep) {
   std::vector<int32_t> v;
@@ -240,7 +263,7 @@ int run(const Args& a) {
   }
 
   for (int32_t b : batches) {
-    const int32_t per_seq = a.context + a.n_warmup + a.n_steps + 1;
+    const int32_t per_seq = a.context + a.n_warmup + a.n_steps + 2;  // + a traced step
     std::vector<std::vector<int32_t>> tokens(static_cast<size_t>(b));
     std::vector<int32_t> perm(static_cast<size_t>(b) * per_seq);
     std::iota(perm.begin(), perm.end(), 0);
@@ -268,25 +291,50 @@ int run(const Args& a) {
         tokens[static_cast<size_t>(in_step[k])].push_back(out.sampled_ids[k]);
       }
     }
-    std::vector<double> times;
-    std::vector<double> device_times;
-    for (int32_t step = 0; step < a.n_warmup + a.n_steps; ++step) {
+    // One decode step of every sequence; false when it failed.
+    auto decode_step = [&](int32_t step, double* ms, double* device_ms) {
       batch.clear();
       for (int32_t q = 0; q < b; ++q) {
         const auto& t = tokens[static_cast<size_t>(q)];
         batch.add_sequence(std::span(&t.back(), 1), slots_of(q, t.size()), true, SamplingParams{},
                            step + 1);
       }
+      if (!timed_step(ms, device_ms)) return false;
+      for (int32_t q = 0; q < b; ++q) {
+        tokens[static_cast<size_t>(q)].push_back(out.sampled_ids[static_cast<size_t>(q)]);
+      }
+      return true;
+    };
+    std::vector<double> times;
+    std::vector<double> device_times;
+    for (int32_t step = 0; step < a.n_warmup + a.n_steps; ++step) {
       double ms = 0;
       double device_ms = 0;
-      if (!timed_step(&ms, &device_ms)) return 1;
+      if (!decode_step(step, &ms, &device_ms)) return 1;
       if (step >= a.n_warmup) {
         times.push_back(ms);
         device_times.push_back(device_ms);
       }
-      for (int32_t q = 0; q < b; ++q) {
-        tokens[static_cast<size_t>(q)].push_back(out.sampled_ids[static_cast<size_t>(q)]);
+    }
+    if (!a.block_trace.empty()) {
+      // One more step, traced (kernels/block_trace.h).
+      Status s = block_trace_start(int64_t{1} << 20);
+      double ms = 0;
+      double device_ms = 0;
+      if (s.is_ok() && !decode_step(a.n_warmup + a.n_steps, &ms, &device_ms)) return 1;
+      int64_t dropped = 0;
+      if (s.is_ok()) {
+        auto records = block_trace_stop(&dropped);
+        s = records.is_ok() ? append_block_trace(a.block_trace, a.preset, b, ms, *records)
+                            : records.status();
       }
+      if (!s.is_ok()) {
+        std::fprintf(stderr, "block trace: %s\n", s.message().c_str());
+        return 1;
+      }
+      if (dropped > 0)
+        std::fprintf(stderr, "block trace: %lld blocks past the capacity\n",
+                     static_cast<long long>(dropped));
     }
     const double m = median(times);
     const double kv_mean = a.context + 1 + a.n_warmup + a.n_steps / 2.0;
@@ -344,6 +392,10 @@ int main(int argc, char** argv) {
   app.add_option("--kernel-repeats", a.kernel_repeats,
                  "profiling: launches per layer of GEMV-layer kernels, e.g. qkv=2 or attention=0 "
                  "(qkv, attention, o, post_norm, gate_up, down; bench/step_breakdown.py)");
+  app.add_option("--block-trace", a.block_trace,
+                 "profiling: after each batch's timed steps, trace one more decode step's kernel "
+                 "blocks into this CSV file (appended; needs a build with LITELLAMA_BLOCK_TRACE; "
+                 "bench/block_timeline.py reads it)");
   CLI11_PARSE(app, argc, argv);
   return litellama::run(a);
 }

@@ -16,8 +16,10 @@ template <typename T, int N>
 __global__ void add_rmsnorm_kernel(T* __restrict__ normed, T* __restrict__ residual,
                                    const T* __restrict__ delta, const float* __restrict__ weight,
                                    int hidden, float eps, bool dependents_after_input) {
+  LITELLAMA_TRACE_START();
   if (!dependents_after_input) pdl_launch_dependents();
   pdl_wait();
+  LITELLAMA_TRACE_RELEASED();
   if (dependents_after_input) pdl_launch_dependents();
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
@@ -49,6 +51,7 @@ __global__ void add_rmsnorm_kernel(T* __restrict__ normed, T* __restrict__ resid
     for (int j = 0; j < N; ++j) o.v[j] = from_float<T>(to_float(r.v[j]) * inv_rms * weight[i + j]);
     store_vec<T, N>(out + i, o);
   }
+  LITELLAMA_TRACE_END(BlockTraceKernel::kAddRmsNorm, 0);
 }
 
 template <typename T>

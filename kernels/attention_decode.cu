@@ -222,8 +222,12 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams<T>& p, float* s
 
 template <typename T, int D, bool kCluster, bool kEarly>
 __global__ void __launch_bounds__(kThreads) attention_decode_tc_kernel(const DecodeParams<T> p) {
+  LITELLAMA_TRACE_START();
   pdl_launch_dependents();  // the o projection may start loading its weights
-  if constexpr (!kEarly) pdl_wait();
+  if constexpr (!kEarly) {
+    pdl_wait();
+    LITELLAMA_TRACE_RELEASED();
+  }
   using L = TcLayout<T, D>;
   constexpr int kStride = L::kStride;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -268,6 +272,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_tc_kernel(const Dec
   }
   if constexpr (kEarly) {
     pdl_wait();
+    LITELLAMA_TRACE_RELEASED();
     const int newest_tile = (newest - key_begin) / kBlockN;
     if (newest >= key_begin && newest < key_end && newest_tile < kStages - 1) {
       T* s_k = s_stage + newest_tile * 2 * L::kTileElems;
@@ -419,6 +424,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_tc_kernel(const Dec
   if constexpr (kCluster) {
     cluster_merge<T, D>(p, s_o + L::kMergeBytes / sizeof(float), n_rows, head0, token);
   }
+  LITELLAMA_TRACE_END(BlockTraceKernel::kAttention, kCluster ? 1 : 0);
 }
 
 // ---- fp32 SIMT kernel --------------------------------------------------------------------------

@@ -352,6 +352,7 @@ __device__ __forceinline__ void finish_unit(const Params& p, int unit,
 template <typename T, typename OutT, int kTiles, Epilogue E, int kWarps, int kVecs, int kPipe,
           bool kNorm, int kSegs>
 __global__ void __launch_bounds__(kWarps * 32) gemv_unit_kernel(const Params p) {
+  LITELLAMA_TRACE_START();
   constexpr int kChunk = 32 * kVecs;
   __shared__ __align__(16) float partial[kWarps][kTiles][32][4];
   __shared__ float row_squares[kNorm ? kWarps : 1][8];  // kNorm: per warp, per token
@@ -380,6 +381,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_unit_kernel(const Params p) 
     if (chunk < n_chunks) load_chunk(a[u], chunk);
   }
   pdl_wait();
+  LITELLAMA_TRACE_RELEASED();
   // The next kernel may start its own weight loads now; it still waits for this grid to finish.
   pdl_launch_dependents();
 
@@ -409,12 +411,14 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_unit_kernel(const Params p) 
     finish_unit<T, OutT, kTiles, E, kWarps, kNorm, kSegs>(p, static_cast<int>(blockIdx.x), partial,
                                                           row_squares);
   }
+  LITELLAMA_TRACE_END(BlockTraceKernel::kGemv, static_cast<int>(E) * 16 + kSegs);
 }
 
 // Units blockIdx.x, blockIdx.x + gridDim.x, ... in turn.
 template <typename T, typename OutT, int kTiles, Epilogue E, int kWarps, int kVecs, int kPipe,
           bool kNorm, int kSegs>
 __global__ void __launch_bounds__(kWarps * 32) gemv_loop_kernel(const Params p) {
+  LITELLAMA_TRACE_START();
   constexpr int kChunk = 32 * kVecs;
   // Double-buffered by unit, so one barrier per unit suffices: a warp writes a buffer again only
   // after the next unit's barrier, which the epilogue threads of this unit reach after reading it.
@@ -460,6 +464,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_loop_kernel(const Params p) 
   UnitRows rows = unit_rows(unit);
   fill_ring(rows);
   pdl_wait();
+  LITELLAMA_TRACE_RELEASED();
   // The next kernel may start its own weight loads now; it still waits for this grid to finish.
   pdl_launch_dependents();
 
@@ -501,6 +506,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_loop_kernel(const Params p) 
       if (!prefetch_next) fill_ring(rows);
     }
   }
+  LITELLAMA_TRACE_END(BlockTraceKernel::kGemvLoop, static_cast<int>(E) * 16 + kSegs);
 }
 
 // Blocks of `kernel` resident at once per multiprocessor with `threads` threads (1 if unreadable).

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "common/dtype.h"
+#include "kernels/block_trace.h"
 
 namespace litellama {
 
@@ -107,5 +108,55 @@ __device__ __forceinline__ void pdl_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+
+// Block timeline (kernels/block_trace.h). A traced kernel calls LITELLAMA_TRACE_START() first,
+// LITELLAMA_TRACE_RELEASED() after pdl_wait() and LITELLAMA_TRACE_END(kernel, variant) when its
+// work is done; without LITELLAMA_BLOCK_TRACE the three expand to nothing.
+#if LITELLAMA_BLOCK_TRACE
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+namespace {
+// This translation unit's target; set by block_trace_start/stop through the registered setter.
+__device__ block_trace_detail::Target g_block_trace_target = {nullptr, nullptr, 0};
+cudaError_t set_block_trace_target(const block_trace_detail::Target& target) {
+  return cudaMemcpyToSymbol(g_block_trace_target, &target, sizeof target);
+}
+[[maybe_unused]] const bool g_block_trace_registered =
+    block_trace_detail::register_setter(&set_block_trace_target);
+}  // namespace
+
+__device__ __forceinline__ void block_trace_record(BlockTraceKernel kernel, uint32_t variant,
+                                                   uint64_t start_ns, uint64_t released_ns) {
+  const block_trace_detail::Target& t = g_block_trace_target;
+  if (threadIdx.x + threadIdx.y + threadIdx.z != 0 || t.records == nullptr) return;
+  BlockTraceRecord r;
+  r.start_ns = start_ns;
+  r.released_ns = released_ns;
+  r.end_ns = global_timer_ns();
+  r.kernel = static_cast<uint32_t>(kernel);
+  r.variant = variant;
+  r.block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(r.sm));
+  r.n_blocks = gridDim.x * gridDim.y * gridDim.z;
+  r.reserved = 0;
+  const unsigned long long i = atomicAdd(t.count, 1ull);
+  if (i < t.capacity) t.records[i] = r;
+}
+#define LITELLAMA_TRACE_START()                                    \
+  const uint64_t trace_start_ns_ = ::litellama::global_timer_ns(); \
+  uint64_t trace_released_ns_ = trace_start_ns_
+#define LITELLAMA_TRACE_RELEASED() trace_released_ns_ = ::litellama::global_timer_ns()
+#define LITELLAMA_TRACE_END(kernel, variant)                                               \
+  ::litellama::block_trace_record(kernel, static_cast<uint32_t>(variant), trace_start_ns_, \
+                                  trace_released_ns_)
+#else
+#define LITELLAMA_TRACE_START() (void)0
+#define LITELLAMA_TRACE_RELEASED() (void)0
+#define LITELLAMA_TRACE_END(kernel, variant) (void)0
+#endif
 
 }  // namespace litellama

@@ -18,6 +18,7 @@
 
 #include "kernels/add_rmsnorm.h"
 #include "kernels/attention_decode.h"
+#include "kernels/block_trace.h"
 #include "kernels/gemv.h"
 #include "kernels/launch.h"
 #include "kernels/qkv_rope.h"
@@ -505,6 +506,64 @@ TEST(CudaGemv, ProgrammaticLaunchChainIsExactDirectAndInGraphs) {
   expect_each_run_gives(
       stream, 20, [&] { return chain.run(stream); }, [&] { return chain.result(); }, want);
   (void)cudaStreamDestroy(stream);
+}
+
+// kernels/block_trace.h. Built without LITELLAMA_BLOCK_TRACE, a trace is refused. Built with it,
+// a GEMV of 128 tiles (one unit per block) and an add_rmsnorm of 3 rows leave one record per
+// block: each block index once, on one of the device's multiprocessors, start <= release <= end,
+// the add_rmsnorm blocks released no earlier than the GEMV's last block ended (it depends on
+// the GEMV). Stopping twice is refused.
+TEST(BlockTrace, RecordsEveryBlockOrIsRefused) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  if (!block_trace_compiled()) {
+    const Status s = block_trace_start(1024);
+    EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.to_string();
+    EXPECT_FALSE(block_trace_stop().is_ok());
+    return;
+  }
+  std::mt19937 rng(36);
+  const DType dtype = DType::kBF16;
+  const int32_t n = 2048, k = 2048, rows = 3;
+  const Tensor x = random_tensor(static_cast<size_t>(rows) * k, dtype, -1, 1, rng);
+  const Tensor w = random_tensor(static_cast<size_t>(n) * k, dtype, -0.02f, 0.02f, rng);
+  const std::vector<float> ones(static_cast<size_t>(n), 1.0f);
+  DevBuf d_x = upload(x.bytes), d_w = upload(w.bytes), d_ones = upload(ones);
+  DevBuf d_y(static_cast<size_t>(rows) * n * 2), d_normed(static_cast<size_t>(rows) * n * 2);
+  EXPECT_FALSE(block_trace_start(0).is_ok());
+  LITELLAMA_ASSERT_OK(block_trace_start(4096));
+  LITELLAMA_ASSERT_OK(launch_gemv(d_y.get(), d_x.get(), d_w.get(), 1, n, k, dtype, dtype, nullptr));
+  LITELLAMA_ASSERT_OK(launch_add_rmsnorm(d_normed.get(), d_y.get(), nullptr, d_ones.as<float>(),
+                                         rows, n, 1e-5f, dtype, nullptr));
+  int64_t dropped = -1;
+  auto records = block_trace_stop(&dropped);
+  LITELLAMA_ASSERT_OK(records.status());
+  EXPECT_EQ(dropped, 0);
+  EXPECT_FALSE(block_trace_stop().is_ok());
+  int sms = 0;
+  LITELLAMA_ASSERT_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  std::vector<int> gemv_seen(n / 16, 0), norm_seen(rows, 0);
+  uint64_t gemv_last_end = 0;
+  for (const BlockTraceRecord& r : *records) {
+    EXPECT_LT(r.sm, static_cast<uint32_t>(sms));
+    EXPECT_LE(r.start_ns, r.released_ns);
+    EXPECT_LE(r.released_ns, r.end_ns);
+    if (r.kernel == static_cast<uint32_t>(BlockTraceKernel::kGemv)) {
+      EXPECT_EQ(r.n_blocks, static_cast<uint32_t>(n / 16));
+      ASSERT_LT(r.block, static_cast<uint32_t>(n / 16));
+      ++gemv_seen[r.block];
+      gemv_last_end = std::max(gemv_last_end, r.end_ns);
+    }
+  }
+  for (const BlockTraceRecord& r : *records) {
+    if (r.kernel != static_cast<uint32_t>(BlockTraceKernel::kAddRmsNorm)) continue;
+    EXPECT_EQ(r.n_blocks, static_cast<uint32_t>(rows));
+    ASSERT_LT(r.block, static_cast<uint32_t>(rows));
+    ++norm_seen[r.block];
+    EXPECT_GE(r.released_ns, gemv_last_end);
+  }
+  EXPECT_EQ(records->size(), static_cast<size_t>(n / 16 + rows));
+  EXPECT_EQ(gemv_seen, std::vector<int>(n / 16, 1));
+  EXPECT_EQ(norm_seen, std::vector<int>(rows, 1));
 }
 
 // Decode attention right after the kernel that writes each sequence's newest K/V (qkv_rope), with
