@@ -77,23 +77,29 @@ int pick_segments(const Params& p, int64_t sms) {
   return best;
 }
 
+// The segments of launch_single: pick_segments where the tiles fit on the multiprocessors.
+template <typename T, typename OutT, Epilogue E>
+int single_segments(const Params& p) {
+  const int64_t tiles = (static_cast<int64_t>(p.n) + kTileRows - 1) / kTileRows;
+  const int64_t sms = sm_count();
+  return tiles <= sms ? pick_segments<T, OutT, E>(p, sms) : 1;
+}
+
 // One tile per block (kStore, kResidualAdd): the configuration by tile count and k.
 template <typename T, typename OutT, Epilogue E>
 cudaError_t launch_single(const Params& p, cudaStream_t stream) {
   using gemv_detail::launch;
   const int64_t tiles = (static_cast<int64_t>(p.n) + kTileRows - 1) / kTileRows;
   const int64_t sms = sm_count();
-  if (tiles <= sms) {
-    switch (pick_segments<T, OutT, E>(p, sms)) {
-      case 2:
-        return launch<T, OutT, 1, E, 8, 1, 4, false, false, 2>(p, stream);
-      case 4:
-        return launch<T, OutT, 1, E, 8, 1, 4, false, false, 4>(p, stream);
-      case 8:
-        return launch<T, OutT, 1, E, 8, 1, 4, false, false, 8>(p, stream);
-      default:
-        break;
-    }
+  switch (single_segments<T, OutT, E>(p)) {
+    case 2:
+      return launch<T, OutT, 1, E, 8, 1, 4, false, false, 2>(p, stream);
+    case 4:
+      return launch<T, OutT, 1, E, 8, 1, 4, false, false, 4>(p, stream);
+    case 8:
+      return launch<T, OutT, 1, E, 8, 1, 4, false, false, 8>(p, stream);
+    default:
+      break;
   }
   if (tiles > 2 * sms) return launch<T, OutT, 1, E, 8, 1, 4>(p, stream);
   if (tiles > sms) return launch<T, OutT, 1, E, 16, 1, 2>(p, stream);
@@ -179,6 +185,14 @@ Status launch_gemv_residual_add(void* residual, const void* x, const void* w, in
           : launch_single<__half, __half, Epilogue::kResidualAdd>(p, stream);
   LITELLAMA_CUDA_RETURN_IF_ERROR(err);
   return Status::ok();
+}
+
+int32_t gemv_residual_add_k_segments(DType dtype, int32_t m, int32_t n, int32_t k) {
+  if (!gemv_supports(dtype, dtype, m, k) || n <= 0) return 0;
+  const Params p = make_params(nullptr, nullptr, nullptr, m, n, k, n);
+  return dtype == DType::kBF16
+             ? single_segments<__nv_bfloat16, __nv_bfloat16, Epilogue::kResidualAdd>(p)
+             : single_segments<__half, __half, Epilogue::kResidualAdd>(p);
 }
 
 Status launch_gemv_silu_mul(void* act, const void* x, const void* w_gate_up, int32_t m,

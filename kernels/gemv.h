@@ -43,6 +43,10 @@ Status launch_gemv(void* y,        // [m, n] of out_dtype
 Status launch_gemv_residual_add(void* residual, const void* x, const void* w, int32_t m, int32_t n,
                                 int32_t k, DType dtype, cudaStream_t stream);
 
+// The k segments launch_gemv_residual_add runs this shape with on the current device (gemv.cu's
+// policy; 1: none), for tests and profiling. 0 where the shape is not supported.
+int32_t gemv_residual_add_k_segments(DType dtype, int32_t m, int32_t n, int32_t k);
+
 // The gate/up projection with its activation: act[m, inter] = silu(g) * u, where g and u are the
 // rows of x @ [w_gate; w_up]^T (w_gate_up is [2 * inter, k]), each rounded to dtype first, as the
 // separate linear + silu_mul kernels compute it.

@@ -42,6 +42,7 @@ constexpr int32_t kTop = 8;
 struct ModelCase {
   std::string preset;
   int32_t n_heads, n_kv_heads, hidden;
+  int32_t intermediate = 0;  // 0: 2 * hidden + 64
 };
 
 const ModelCase kModels[] = {
@@ -81,7 +82,7 @@ Result<Checkpoint> make_checkpoint(const TempDir& dir, const ModelCase& m, DType
   config["num_attention_heads"] = m.n_heads;
   config["num_key_value_heads"] = m.n_kv_heads;
   config["head_dim"] = head_dim;
-  config["intermediate_size"] = 2 * m.hidden + 64;
+  config["intermediate_size"] = m.intermediate > 0 ? m.intermediate : 2 * m.hidden + 64;
   config["num_hidden_layers"] = 2;
   RandomCheckpointOptions options;
   options.seed = seed;
@@ -393,10 +394,10 @@ TEST_P(CudaModelRunnerTest, CudaGraphsMatchDirectLaunches) {
 // within the dtype's tolerance; greedy ids equal until a step where the reference's top two are a
 // near tie (after that the sequences legitimately diverge). The fast path with and without graphs
 // must agree exactly: the same kernels run in both.
-TEST_P(CudaModelRunnerTest, HalfPrecisionDecodeKernelsMatchReferencePath) {
-  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
-  const ModelCase& m = GetParam();
-  TempDir dir(m.preset + "_fast");
+// The decode kernels (GEMV layers, graphs, PDL) against the reference path (cuBLAS, direct
+// launches, no PDL) on model m, for HalfPrecisionDecodeKernelsMatchReferencePath.
+void expect_decode_kernels_match_reference_path(const ModelCase& m, const std::string& dir_name) {
+  TempDir dir(dir_name);
   auto ckpt = make_checkpoint(dir, m, DType::kBF16, 10);
   LITELLAMA_ASSERT_OK(ckpt.status());
   std::mt19937 rng(24);
@@ -432,9 +433,31 @@ TEST_P(CudaModelRunnerTest, HalfPrecisionDecodeKernelsMatchReferencePath) {
     std::printf(
         "[ %s ] %s (gate/up GEMV up to %d tokens) decode kernels vs reference path: max top-logit "
         "relative difference %.3g over %d steps\n",
-        m.preset.c_str(), gpu_test::dtype_label(dtype), gate_up_max_tokens,
+        dir_name.c_str(), gpu_test::dtype_label(dtype), gate_up_max_tokens,
         max_rel_diff(*got, *want), compared);
   }
+}
+
+TEST_P(CudaModelRunnerTest, HalfPrecisionDecodeKernelsMatchReferencePath) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  const ModelCase& m = GetParam();
+  expect_decode_kernels_match_reference_path(m, m.preset + "_fast");
+}
+
+// The same on a model whose down projection takes the GEMV's k segments (kernels/gemv.cu: k of at
+// least 4096, no more 16-row tiles than multiprocessors): hidden 256 and intermediate 4096 cut
+// k into 8, 4 and 2 segments at 1, 2 and 3 to 4 tokens (on a GPU of at least 128
+// multiprocessors; smaller ones take fewer), and the decode batches here run 1 to 5 tokens.
+TEST(CudaModelRunner, SegmentedDownProjectionMatchesReferencePath) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  const ModelCase m{"llama3-tiny", 4, 2, 256, 4096};
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    EXPECT_GT(gemv_residual_add_k_segments(dtype, 1, m.hidden, m.intermediate), 1)
+        << "the shape no longer takes k segments: the test would not cover them";
+    EXPECT_GT(gemv_residual_add_k_segments(dtype, 3, m.hidden, m.intermediate), 1);
+    EXPECT_EQ(gemv_residual_add_k_segments(dtype, 5, m.hidden, m.intermediate), 1);
+  }
+  expect_decode_kernels_match_reference_path(m, "llama3_tiny_segmented_down");
 }
 
 // RunnerOptions::layer_kernel_repeats (bench/step_breakdown.py): launching the QKV, attention,
