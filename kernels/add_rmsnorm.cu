@@ -1,6 +1,8 @@
 // Fused residual add + RMSNorm: one block per row. Pass 1 adds and writes the residual and sums
-// squares of the stored (rounded) values; pass 2 re-reads the row (from L1/L2, written by the same
-// thread) and normalizes, so no row size limit applies.
+// squares of the stored (rounded) values; pass 2 normalizes, with each thread's first vector of
+// the residual kept in registers and its weights loaded before the wait for the previous kernel
+// (the launch gives most rows one vector per thread), re-reading any further vectors (from L1/L2,
+// written by the same thread), so no row size limit applies.
 #include "kernels/add_rmsnorm.h"
 
 #include <algorithm>
@@ -17,6 +19,12 @@ __global__ void add_rmsnorm_kernel(T* __restrict__ normed, T* __restrict__ resid
                                    const T* __restrict__ delta, const float* __restrict__ weight,
                                    int hidden, float eps, bool dependents_after_input) {
   LITELLAMA_TRACE_START();
+  // The thread's first vector of the norm's weights before the wait (weights: no kernel writes
+  // them), so that the normalizing pass does not wait for them after the sum.
+  const int first = threadIdx.x * N;
+  float w_first[N];
+#pragma unroll
+  for (int j = 0; j < N; ++j) w_first[j] = first < hidden ? weight[first + j] : 0.0f;
   if (!dependents_after_input) pdl_launch_dependents();
   pdl_wait();
   LITELLAMA_TRACE_RELEASED();
@@ -26,7 +34,8 @@ __global__ void add_rmsnorm_kernel(T* __restrict__ normed, T* __restrict__ resid
   T* res = residual + row * hidden;
   const T* del = delta != nullptr ? delta + row * hidden : nullptr;
   float sum_sq = 0.0f;
-  for (int i = threadIdx.x * N; i < hidden; i += blockDim.x * N) {
+  Vec<T, N> r_first{};  // the thread's first vector of the (updated) residual, kept for pass 2
+  for (int i = first; i < hidden; i += blockDim.x * N) {
     Vec<T, N> r = load_vec<T, N>(res + i);
     if (del != nullptr) {
       const Vec<T, N> d = load_vec<T, N>(del + i);
@@ -34,6 +43,7 @@ __global__ void add_rmsnorm_kernel(T* __restrict__ normed, T* __restrict__ resid
       for (int j = 0; j < N; ++j) r.v[j] = from_float<T>(to_float(r.v[j]) + to_float(d.v[j]));
       store_vec<T, N>(res + i, r);
     }
+    if (i == first) r_first = r;
 #pragma unroll
     for (int j = 0; j < N; ++j) {
       const float x = to_float(r.v[j]);
@@ -44,11 +54,15 @@ __global__ void add_rmsnorm_kernel(T* __restrict__ normed, T* __restrict__ resid
   // Correctly rounded 1 / sqrt, as the CPU backend computes it.
   const float inv_rms = __frcp_rn(__fsqrt_rn(total / static_cast<float>(hidden) + eps));
   T* out = normed + row * hidden;
-  for (int i = threadIdx.x * N; i < hidden; i += blockDim.x * N) {
-    const Vec<T, N> r = load_vec<T, N>(res + i);
+  for (int i = first; i < hidden; i += blockDim.x * N) {
+    const bool is_first = i == first;
+    const Vec<T, N> r = is_first ? r_first : load_vec<T, N>(res + i);
     Vec<T, N> o;
 #pragma unroll
-    for (int j = 0; j < N; ++j) o.v[j] = from_float<T>(to_float(r.v[j]) * inv_rms * weight[i + j]);
+    for (int j = 0; j < N; ++j) {
+      const float w = is_first ? w_first[j] : weight[i + j];
+      o.v[j] = from_float<T>(to_float(r.v[j]) * inv_rms * w);
+    }
     store_vec<T, N>(out + i, o);
   }
   LITELLAMA_TRACE_END(BlockTraceKernel::kAddRmsNorm, 0);
