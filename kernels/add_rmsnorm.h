@@ -20,7 +20,8 @@ bool add_rmsnorm_supports(DType dtype);
 // Programmatic dependent launch (kernels/launch.h): by default the kernel lets the next one launch
 // as it starts. With dependents_after_input, it does so only once its own input is complete (after
 // its griddepcontrol.wait), so a large next grid does not start its weight loads while the kernel
-// before this one still runs.
+// before this one still runs. `weight` is read before that wait (launch.h's rule for weights), so
+// no kernel may write it.
 Status launch_add_rmsnorm(void* normed,         // [n_rows, hidden] out
                           void* residual,       // [n_rows, hidden] in/out
                           const void* delta,    // [n_rows, hidden] or nullptr
