@@ -102,17 +102,26 @@ cudaError_t launch_single(const Params& p, cudaStream_t stream) {
       break;
   }
   if (tiles > 2 * sms) return launch<T, OutT, 1, E, 8, 1, 4>(p, stream);
-  if (tiles > sms) return launch<T, OutT, 1, E, 16, 1, 2>(p, stream);
+  if (tiles > sms) {
+    // Up to k = 4096 (Llama-3.1-8B's o projection) 8 warps with 32-byte chunks, three blocks of
+    // 80 registers per multiprocessor where the 16-warp blocks fit two: decode batch 1 4.266 ->
+    // 4.216 ms (bench/RESULTS.md). Longer rows (its down projection, k 14336) keep 16 warps: 8
+    // made that step 7 to 9% slower.
+    if (p.k <= 4096) return launch<T, OutT, 1, E, 8, 2, 2>(p, stream);
+    return launch<T, OutT, 1, E, 16, 1, 2>(p, stream);
+  }
   if (p.k > 4096) return launch<T, OutT, 1, E, 16, 2, 2>(p, stream);
   return launch<T, OutT, 1, E, 16, 1, 4>(p, stream);
 }
 
-// Two tiles per block (kSiluMul, kRope). The gate/up projection, and the QKV projection at
-// k >= 4096 or from 3 rows, stream best with 16 warps and one chunk in flight, each block looping
-// over units, where k is a whole number of the warps' chunks (so every warp's last chunk of a unit
-// is its ring's last slot and the ring runs on into the next unit): chunks of 32 bytes of each row
-// per lane where k is a multiple of 1024; for gate/up, 48 bytes where k is a multiple of 1536
-// (Qwen2.5-1.5B's hidden size). Otherwise 8 warps, 16 bytes, 4 chunks, one unit per block.
+// Two tiles per block (kSiluMul, kRope). The gate/up projection, and the QKV projection from 3
+// rows, stream best with 16 warps and one chunk in flight, each block looping over units, where k
+// is a whole number of the warps' chunks (so every warp's last chunk of a unit is its ring's last
+// slot and the ring runs on into the next unit): chunks of 32 bytes of each row per lane where k
+// is a multiple of 1024; for gate/up, 48 bytes where k is a multiple of 1536 (Qwen2.5-1.5B's
+// hidden size). QKV at k >= 4096 and up to 2 rows (Llama-3.1-8B) takes one unit per block with 8
+// warps, 32-byte chunks and 2 in flight: in the decode step 0.3% faster than the looping kernel
+// at batch 1 and 2 (bench/RESULTS.md). Otherwise 8 warps, 16 bytes, 4 chunks, one unit per block.
 //
 // QKV of up to 4 rows whose tiles of 8 rotary pairs (one tile per block: rows j and head_dim / 2
 // + j of a head as its rows g and g + 8) number no more than the multiprocessors, outside the
@@ -123,7 +132,10 @@ cudaError_t launch_single(const Params& p, cudaStream_t stream) {
 template <typename T, Epilogue E, bool kNorm = false>
 cudaError_t launch_paired(const Params& p, cudaStream_t stream) {
   using gemv_detail::launch;
-  if (E == Epilogue::kSiluMul || p.k >= 4096 || p.m >= 3) {
+  if constexpr (E == Epilogue::kRope) {
+    if (p.k >= 4096 && p.m <= 2) return launch<T, T, 2, E, 8, 2, 2, kNorm>(p, stream);
+  }
+  if (E == Epilogue::kSiluMul || p.m >= 3) {
     if (p.k % 1024 == 0) return launch<T, T, 2, E, 16, 2, 1, kNorm, /*kLoop=*/true>(p, stream);
     if constexpr (E == Epilogue::kSiluMul) {
       if (p.k % 1536 == 0) return launch<T, T, 2, E, 16, 3, 1, kNorm, /*kLoop=*/true>(p, stream);

@@ -216,16 +216,17 @@ Result<LayerKernelRepeats> parse_layer_kernel_repeats(std::string_view spec) {
 
 int32_t resolved_gemv_max_tokens(const RunnerOptions& options, int32_t hidden_size) {
   // On an H200 the GEMV layers made the small models' decode faster up to batch 8, Llama-3.1-8B's
-  // at batch 1 only.
+  // up to batch 4 (with gate/up through the GEMV too; bench/RESULTS.md).
   if (options.gemv_max_tokens >= 0) return options.gemv_max_tokens;
-  return hidden_size <= kSmallModelMaxHidden ? 8 : 1;
+  return hidden_size <= kSmallModelMaxHidden ? 8 : 4;
 }
 
 int32_t resolved_gemv_gate_up_max_tokens(const RunnerOptions& options, int32_t hidden_size) {
   // On an H200 the gate/up GEMV (with its looping kernel where k allows) won at batch 1 to 8 for
-  // the small models and lost for Llama-3.1-8B.
+  // the small models. For Llama-3.1-8B it won at batch 1 to 4 (4.1 to 4.5% per step) and lost
+  // from 5 (6.05 against 4.85 ms at batch 5), where cuBLAS keeps it.
   if (options.gemv_gate_up_max_tokens >= 0) return options.gemv_gate_up_max_tokens;
-  return hidden_size <= kSmallModelMaxHidden ? 8 : 0;
+  return hidden_size <= kSmallModelMaxHidden ? 8 : 4;
 }
 
 Result<std::unique_ptr<ModelRunner>> create_model_runner(const Checkpoint& checkpoint,

@@ -115,15 +115,17 @@ struct RunnerOptions {
   // CUDA, bf16/fp16: steps of at most this many tokens (at most 8) run their layers through the
   // small-batch tensor-core GEMV variants (kernels/gemv.h), which fold the residual adds and RoPE
   // into the QKV, o and down projections; other steps use cuBLAS and separate kernels. 0: never.
-  // -1 (default): 8 for models of hidden size up to 2048, else 1. On an H200 (bench/RESULTS.md)
+  // -1 (default): 8 for models of hidden size up to 2048, else 4. On an H200 (bench/RESULTS.md)
   // the GEMV layers made Llama-3.2-1B decode steps 7 to 13% faster at batch 1 to 8 and
-  // Qwen2.5-1.5B 9 to 16%; Llama-3.1-8B 1% faster at batch 1 but 4% slower at batch 8.
+  // Qwen2.5-1.5B 9 to 16%; Llama-3.1-8B, with gate/up through the GEMV too, 4 to 5% faster at
+  // batch 1 to 4 (at 5 to 8 they gain nothing without that gate/up and lose with it).
   int32_t gemv_max_tokens = -1;
   // With the GEMV layers, steps of at most this many tokens also put gate/up through the GEMV
   // (SiLU * up in its epilogue) instead of cuBLAS followed by silu_mul. 0: never. -1 (default): 8
-  // for models of hidden size up to 2048, else 0. On an H200 (bench/RESULTS.md) it made
+  // for models of hidden size up to 2048, else 4. On an H200 (bench/RESULTS.md) it made
   // Llama-3.2-1B 3% faster at batch 1 and 2, and, with the looping GEMV kernel, 1 to 2% at batch 4
-  // and 8 (Qwen2.5-1.5B 2 to 4%); Llama-3.1-8B batch 1 was 10 to 20% slower.
+  // and 8 (Qwen2.5-1.5B 2 to 4%); Llama-3.1-8B 4 to 5% faster at batch 1 to 4 and 25% slower at
+  // 5 to 8.
   int32_t gemv_gate_up_max_tokens = -1;
   // CUDA, compute capability 9.0+: kernels are launched with programmatic dependent launch, so
   // each one starts (and loads its weights) while the previous one finishes.
@@ -166,11 +168,11 @@ class ModelRunner {
 };
 
 // The GEMV layers' token limit a CUDA runner uses: options.gemv_max_tokens, or for -1 (the
-// default) 8 for models of hidden size up to 2048 and 1 above (bench/RESULTS.md has the
+// default) 8 for models of hidden size up to 2048 and 4 above (bench/RESULTS.md has the
 // measurements behind it).
 int32_t resolved_gemv_max_tokens(const RunnerOptions& options, int32_t hidden_size);
 // Likewise for the gate/up GEMV: options.gemv_gate_up_max_tokens, or for -1 8 up to hidden size
-// 2048 and 0 above.
+// 2048 and 4 above.
 int32_t resolved_gemv_gate_up_max_tokens(const RunnerOptions& options, int32_t hidden_size);
 
 // The compute dtype for `requested` ("" or "auto", else a torch name: float32, bfloat16, float16)

@@ -73,11 +73,12 @@ TEST(CudaGemv, MatchesDoubleReference) {
   std::mt19937 rng(31);
   // Tile-aligned and ragged row counts (n % 16 != 0), one and many k chunks per warp, and every
   // configuration of the launch policy: many tiles (4500 rows), between one and two per
-  // multiprocessor (3072), few tiles with short (2048) and long (8960) k, and many waves of
-  // blocks (the two largest). Fewer tiles than multiprocessors with long rows cut k into segments
-  // at up to 4 rows: 130 x 8960 takes 8 (m 1), 4 (m 2) and 2 (m 3, 4).
-  const Shape shapes[] = {{16, 64},    {200, 192},  {37, 2112},    {2048, 2048}, {130, 8960},
-                          {3072, 512}, {4500, 320}, {20000, 1024}, {12007, 320}};
+  // multiprocessor with short (3072 x 512) and long (2200 x 4160) k, few tiles with short (2048)
+  // and long (8960) k, and many waves of blocks (the two largest). Fewer tiles than
+  // multiprocessors with long rows cut k into segments at up to 4 rows: 130 x 8960 takes 8 (m 1),
+  // 4 (m 2) and 2 (m 3, 4).
+  const Shape shapes[] = {{16, 64},    {200, 192},   {37, 2112},  {2048, 2048},  {130, 8960},
+                          {3072, 512}, {2200, 4160}, {4500, 320}, {20000, 1024}, {12007, 320}};
   for (DType dtype : kHalfDtypes) {
     for (DType out_dtype : {dtype, DType::kF32}) {
       for (Shape s : shapes) {
@@ -159,9 +160,10 @@ TEST(CudaGemv, ResidualAddMatchesGemvThenAdd) {
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   std::mt19937 rng(35);
   for (DType dtype : kHalfDtypes) {
-    // 1536 x 8960 (Qwen2.5-1.5B's down) cuts k into 4 segments at m 1.
+    // 1536 x 8960 (Qwen2.5-1.5B's down) cuts k into 4 segments at m 1; 4096 x 4096 is
+    // Llama-3.1-8B's o projection.
     for (Shape s : {Shape{2048, 2048}, Shape{2048, 8192}, Shape{4500, 320}, Shape{96, 1536},
-                    Shape{1536, 8960}, Shape{20000, 1024}}) {
+                    Shape{1536, 8960}, Shape{20000, 1024}, Shape{4096, 4096}}) {
       for (int32_t m : {1, 4, 8}) {
         SCOPED_TRACE(testing::Message()
                      << gpu_test::dtype_label(dtype) << " m " << m << " n " << s.n << " k " << s.k);
@@ -197,14 +199,17 @@ TEST(CudaGemv, QkvRopeMatchesGemvThenQkvRope) {
     int32_t n_heads, n_kv_heads, head_dim, k;
     bool bias, freq_rows;
   };
-  // The last case takes the looping kernel from 3 rows (k 1024) with more head halves than
+  // The fourth case takes the looping kernel from 3 rows (k 1024) with more head halves than
   // resident blocks, so blocks take several in turn. On a GPU with at least 128 multiprocessors
   // the second and third take one tile of 8 rotary pairs per block at 1 and 3 rows (the first has
-  // 192 such tiles and keeps two tiles of 16 rows per block, as all do at 8 rows).
+  // 192 such tiles and keeps two tiles of 16 rows per block, as all do at 8 rows). The last (k
+  // 4096, Llama-3.1-8B's) takes 32-byte chunks, one unit per block at 1 row and the looping
+  // kernel from 3.
   const Case cases[] = {{32, 8, 64, 2048, false, false},
                         {12, 2, 128, 1536, true, false},
                         {4, 4, 64, 256, true, true},
-                        {256, 64, 64, 1024, false, false}};
+                        {256, 64, 64, 1024, false, false},
+                        {8, 2, 128, 4096, true, false}};
   constexpr int32_t kSlots = 64;
   for (DType dtype : kHalfDtypes) {
     for (const Case& c : cases) {
@@ -337,9 +342,10 @@ TEST(CudaGemv, FoldedRmsNormMatchesNormThenGemv) {
       };
       // The third takes the looping kernel from 3 rows (k 1024), with more head halves than
       // resident blocks (each block takes several in turn); the second, at 1 and 3 rows on a GPU
-      // with at least 128 multiprocessors, one tile of 8 rotary pairs per block.
+      // with at least 128 multiprocessors, one tile of 8 rotary pairs per block; the last (k
+      // 4096) 32-byte chunks, one unit per block at 1 row.
       for (const Heads& c : {Heads{32, 8, 64, 2048, false}, Heads{12, 2, 128, 1536, true},
-                             Heads{256, 64, 64, 1024, false}}) {
+                             Heads{256, 64, 64, 1024, false}, Heads{8, 2, 128, 4096, false}}) {
         SCOPED_TRACE(testing::Message() << gpu_test::dtype_label(dtype) << " qkv m " << m
                                         << " heads " << c.n_heads << " k " << c.k);
         const int32_t n = (c.n_heads + 2 * c.n_kv_heads) * c.head_dim;

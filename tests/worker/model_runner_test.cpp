@@ -191,11 +191,11 @@ TEST(RunnerOptionsTest, GemvTokenLimitFollowsModelSizeByDefault) {
   EXPECT_EQ(o.gemv_max_tokens, -1);
   EXPECT_EQ(resolved_gemv_max_tokens(o, 1536), 8);  // Qwen2.5-1.5B
   EXPECT_EQ(resolved_gemv_max_tokens(o, 2048), 8);  // Llama-3.2-1B
-  EXPECT_EQ(resolved_gemv_max_tokens(o, 4096), 1);  // Llama-3.1-8B
+  EXPECT_EQ(resolved_gemv_max_tokens(o, 4096), 4);  // Llama-3.1-8B
   o.gemv_max_tokens = 0;
   EXPECT_EQ(resolved_gemv_max_tokens(o, 2048), 0);
-  o.gemv_max_tokens = 4;
-  EXPECT_EQ(resolved_gemv_max_tokens(o, 4096), 4);
+  o.gemv_max_tokens = 2;
+  EXPECT_EQ(resolved_gemv_max_tokens(o, 4096), 2);
 }
 
 TEST(RunnerOptionsTest, GemvGateUpTokenLimitFollowsModelSizeByDefault) {
@@ -203,7 +203,7 @@ TEST(RunnerOptionsTest, GemvGateUpTokenLimitFollowsModelSizeByDefault) {
   EXPECT_EQ(o.gemv_gate_up_max_tokens, -1);
   EXPECT_EQ(resolved_gemv_gate_up_max_tokens(o, 1536), 8);  // Qwen2.5-1.5B
   EXPECT_EQ(resolved_gemv_gate_up_max_tokens(o, 2048), 8);  // Llama-3.2-1B
-  EXPECT_EQ(resolved_gemv_gate_up_max_tokens(o, 4096), 0);  // Llama-3.1-8B
+  EXPECT_EQ(resolved_gemv_gate_up_max_tokens(o, 4096), 4);  // Llama-3.1-8B
   o.gemv_gate_up_max_tokens = 8;
   EXPECT_EQ(resolved_gemv_gate_up_max_tokens(o, 4096), 8);
   o.gemv_gate_up_max_tokens = 0;

@@ -18,7 +18,7 @@
 //     gemv_residual_add(residual += attn @ Wo^T)
 //     add_rmsnorm(normed = RMSNorm(residual)) -> linear(gate_up) -> silu_mul
 //         (steps up to RunnerOptions::gemv_gate_up_max_tokens tokens, by default 8 for small
-//         models: gemv_silu_mul(act = SiLU(gate) * up) instead)
+//         models and 4 for larger ones: gemv_silu_mul(act = SiLU(gate) * up) instead)
 //     gemv_residual_add(residual += act @ Wdown^T)
 //   gather the sampled sequences' last rows (skipped when those are all the rows, in order: pure
 //   decode) -> add_rmsnorm(final norm; the cuBLAS path adds the last delta here)
