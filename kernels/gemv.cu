@@ -103,11 +103,11 @@ cudaError_t launch_single(const Params& p, cudaStream_t stream) {
   }
   if (tiles > 2 * sms) return launch<T, OutT, 1, E, 8, 1, 4>(p, stream);
   if (tiles > sms) {
-    // Up to k = 4096 (Llama-3.1-8B's o projection) 8 warps with 32-byte chunks, three blocks of
-    // 80 registers per multiprocessor where the 16-warp blocks fit two: decode batch 1 4.266 ->
-    // 4.216 ms (bench/RESULTS.md). Longer rows (its down projection, k 14336) keep 16 warps: 8
-    // made that step 7 to 9% slower.
-    if (p.k <= 4096) return launch<T, OutT, 1, E, 8, 2, 2>(p, stream);
+    // One row at k up to 4096 (Llama-3.1-8B's o projection): 8 warps with 32-byte chunks, three
+    // blocks of 80 registers per multiprocessor where the 16-warp blocks fit two. Decode batch 1
+    // 4.27 -> 4.22 ms; at 2 to 4 rows it was 0.3 to 2% slower, and longer rows (the down
+    // projection, k 14336) 7 to 9% slower at batch 1, so those keep 16 warps (bench/RESULTS.md).
+    if (p.m == 1 && p.k <= 4096) return launch<T, OutT, 1, E, 8, 2, 2>(p, stream);
     return launch<T, OutT, 1, E, 16, 1, 2>(p, stream);
   }
   if (p.k > 4096) return launch<T, OutT, 1, E, 16, 2, 2>(p, stream);
