@@ -125,10 +125,12 @@ cudaError_t launch_single(const Params& p, cudaStream_t stream) {
 //
 // QKV of up to 4 rows whose tiles of 8 rotary pairs (one tile per block: rows j and head_dim / 2
 // + j of a head as its rows g and g + 8) number no more than the multiprocessors, outside the
-// looping case, takes those single tiles instead: twice the blocks, each on its own
-// multiprocessor, with a ring of 8 chunks per warp (Qwen2.5-1.5B: 128 blocks where tile pairs
-// made 64). Where they would put two blocks on some multiprocessors (Llama-3.2-1B: 192) or at 8
-// rows, the step measured slower (bench/RESULTS.md).
+// looping case: at 3 and 4 rows those single tiles, twice the blocks of tile pairs, each on its
+// own multiprocessor, with a ring of 8 chunks per warp (Qwen2.5-1.5B: 128 blocks where tile pairs
+// made 64); at 1 and 2 rows the tile pairs again, but with 16 warps (72 registers, one block per
+// multiprocessor), which made Qwen2.5-1.5B's batch 1 step 0.5 to 1% faster and was 1 to 2% slower
+// at 3 and 4 rows. Where single tiles would put two blocks on some multiprocessors (Llama-3.2-1B:
+// 192) or at 8 rows, the step measured slower (bench/RESULTS.md).
 template <typename T, Epilogue E, bool kNorm = false>
 cudaError_t launch_paired(const Params& p, cudaStream_t stream) {
   using gemv_detail::launch;
@@ -142,8 +144,10 @@ cudaError_t launch_paired(const Params& p, cudaStream_t stream) {
     }
   }
   if constexpr (E == Epilogue::kRope) {
-    if (p.m <= 4 && p.n / kTileRows <= sm_count())
+    if (p.m <= 4 && p.n / kTileRows <= sm_count()) {
+      if (p.m <= 2) return launch<T, T, 2, E, 16, 1, 2, kNorm>(p, stream);
       return launch<T, T, 1, E, 8, 1, 8, kNorm>(p, stream);
+    }
   }
   return launch<T, T, 2, E, 8, 1, 4, kNorm>(p, stream);
 }
