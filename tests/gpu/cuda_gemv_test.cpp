@@ -201,8 +201,9 @@ TEST(CudaGemv, QkvRopeMatchesGemvThenQkvRope) {
   };
   // The fourth case takes the looping kernel from 3 rows (k 1024) with more head halves than
   // resident blocks, so blocks take several in turn. On a GPU with at least 128 multiprocessors
-  // the second and third take one tile of 8 rotary pairs per block at 1 and 3 rows (the first has
-  // 192 such tiles and keeps two tiles of 16 rows per block, as all do at 8 rows). The last (k
+  // the second and third take two tiles of 16 rows per block with 16 warps at 1 row and one tile
+  // of 8 rotary pairs per block at 3 rows (the first has 192 such tiles and keeps two tiles of 16
+  // rows per block of 8 warps, as all do at 8 rows). The last (k
   // 4096, Llama-3.1-8B's) takes 32-byte chunks, one unit per block at 1 row and the looping
   // kernel from 3.
   const Case cases[] = {{32, 8, 64, 2048, false, false},
@@ -341,9 +342,10 @@ TEST(CudaGemv, FoldedRmsNormMatchesNormThenGemv) {
         bool bias;
       };
       // The third takes the looping kernel from 3 rows (k 1024), with more head halves than
-      // resident blocks (each block takes several in turn); the second, at 1 and 3 rows on a GPU
-      // with at least 128 multiprocessors, one tile of 8 rotary pairs per block; the last (k
-      // 4096) 32-byte chunks, one unit per block at 1 row.
+      // resident blocks (each block takes several in turn); the second, on a GPU with at least
+      // 128 multiprocessors, two tiles of 16 rows per block with 16 warps at 1 row and one tile
+      // of 8 rotary pairs per block at 3; the last (k 4096) 32-byte chunks, one unit per block at
+      // 1 row.
       for (const Heads& c : {Heads{32, 8, 64, 2048, false}, Heads{12, 2, 128, 1536, true},
                              Heads{256, 64, 64, 1024, false}, Heads{8, 2, 128, 4096, false}}) {
         SCOPED_TRACE(testing::Message() << gpu_test::dtype_label(dtype) << " qkv m " << m
