@@ -124,8 +124,9 @@ struct RunnerOptions {
   // (SiLU * up in its epilogue) instead of cuBLAS followed by silu_mul. 0: never. -1 (default): 8
   // for models of hidden size up to 2048, else 4. On an H200 (bench/RESULTS.md) it made
   // Llama-3.2-1B 3% faster at batch 1 and 2, and, with the looping GEMV kernel, 1 to 2% at batch 4
-  // and 8 (Qwen2.5-1.5B 2 to 4%); Llama-3.1-8B 4 to 5% faster at batch 1 to 4; at 5 to 8 25 to 29%
-  // slower together with the other GEMV layers there, and no faster than cuBLAS alone (batch 5).
+  // and 8 (Qwen2.5-1.5B 2 to 4%); Llama-3.1-8B 4 to 5% faster at batch 1 to 4. From 5 tokens it
+  // made the 8B 25 to 29% slower together with the other GEMV layers, and alone ran level with
+  // cuBLAS (batch 5).
   int32_t gemv_gate_up_max_tokens = -1;
   // CUDA, compute capability 9.0+: kernels are launched with programmatic dependent launch, so
   // each one starts (and loads its weights) while the previous one finishes.
