@@ -21,6 +21,7 @@ namespace {
 using gemv_detail::Epilogue;
 using gemv_detail::kTileRows;
 using gemv_detail::Params;
+using gemv_detail::sm_count;
 
 // k of any shape: a multiple of the chunk of 2 vectors of 8 elements per lane, 4 lanes (the wider
 // chunk of launch_paired applies only where k is a multiple of it).
@@ -37,11 +38,6 @@ Params make_params(const void* x, const void* w, void* y, int32_t m, int32_t n, 
   p.k = k;
   p.ldy = ldy;
   return p;
-}
-
-int64_t sm_count() {
-  const int64_t device_sms = current_device_sm_count();
-  return device_sms > 0 ? device_sms : 132;  // unreadable: an H100/H200's count
 }
 
 // k segments per unit for a matrix of long rows (k >= 4096) and no more 16-row tiles than

@@ -509,6 +509,12 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_loop_kernel(const Params p) 
   LITELLAMA_TRACE_END(BlockTraceKernel::kGemvLoop, static_cast<int>(E) * 16 + kSegs);
 }
 
+// The current device's multiprocessors, or 132 (an H100/H200's count) where unreadable.
+inline int64_t sm_count() {
+  const int64_t device_sms = current_device_sm_count();
+  return device_sms > 0 ? device_sms : 132;
+}
+
 // Blocks of `kernel` resident at once per multiprocessor with `threads` threads (1 if unreadable).
 // Read once per kernel by its callers: a stale value (another device model in the same process)
 // costs only speed.
@@ -585,8 +591,7 @@ cudaError_t launch(Params p, cudaStream_t stream) {
   } else {
     auto* kernel = gemv_loop_kernel<T, OutT, kTiles, E, kWarps, kVecs, kPipe, kNorm, kSegs>;
     static const int per_sm = query_blocks_per_sm(kernel, kWarps * 32);
-    const int sms = current_device_sm_count();
-    const int64_t resident = static_cast<int64_t>(sms > 0 ? sms : 132) * per_sm;
+    const int64_t resident = sm_count() * per_sm;
     const int64_t rounds = (units + resident - 1) / resident;
     const int64_t blocks = (units + rounds - 1) / rounds;
     return launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32), 0, stream,

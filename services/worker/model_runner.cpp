@@ -223,8 +223,9 @@ int32_t resolved_gemv_max_tokens(const RunnerOptions& options, int32_t hidden_si
 
 int32_t resolved_gemv_gate_up_max_tokens(const RunnerOptions& options, int32_t hidden_size) {
   // On an H200 the gate/up GEMV (with its looping kernel where k allows) won at batch 1 to 8 for
-  // the small models. For Llama-3.1-8B it won at batch 1 to 4 (4.1 to 4.9% per step) and lost
-  // from 5 (6.05 against 4.85 ms at batch 5), where cuBLAS keeps it.
+  // the small models. For Llama-3.1-8B it won at batch 1 to 4 (4.1 to 4.9% per step); from 5 it
+  // ran level with cuBLAS alone and lost with the other GEMV layers (6.05 against 4.85 ms at batch
+  // 5), so cuBLAS keeps it there.
   if (options.gemv_gate_up_max_tokens >= 0) return options.gemv_gate_up_max_tokens;
   return hidden_size <= kSmallModelMaxHidden ? 8 : 4;
 }
