@@ -659,13 +659,6 @@ bool cluster_merges(int32_t n_splits, size_t elem_bytes) {
          current_device_supports_clusters() && cluster_kernel_available();
 }
 
-// CTAs of the tensor-core kernel resident per multiprocessor (shared memory bound).
-int32_t ctas_per_sm(int32_t head_dim) {
-  const size_t smem_bytes = head_dim == 64 ? TcLayout<__nv_bfloat16, 64>::kSmemBytes
-                                           : TcLayout<__nv_bfloat16, 128>::kSmemBytes;
-  return std::max(1, kSmemPerSmBytes / static_cast<int>(smem_bytes + kSmemPerCtaReservedBytes));
-}
-
 // Whether the tensor-core kernel loads its first K/V tiles before waiting for the previous kernel
 // (the kEarly instantiation). On an H200 that made Llama-3.2-1B decode steps 2 to 3% faster at
 // batch 1 and 8 and Qwen2.5-1.5B's 4 and 5.5%. Larger batches keep the plain kernel. A build where
@@ -675,6 +668,35 @@ int32_t ctas_per_sm(int32_t head_dim) {
 constexpr int32_t kEarlyKvMaxWork = 8;
 bool early_kv_loads(int32_t n_work) {
   return n_work <= kEarlyKvMaxWork;
+}
+
+// Shared memory the tensor-core kernel asks each multiprocessor for, in percent of the most
+// (launch.h's LaunchShape); the rest is L1. A multiprocessor keeps its split while blocks stay
+// resident, so the blocks that follow attention onto it without a pause (the o projection's,
+// launched early) run with that L1, and the GEMVs need a large L1 for their loads in flight. The
+// most shared memory fits two 128-wide CTAs and leaves 28 KB of L1. A single sequence with
+// 128-wide heads asks for one CTA's worth (the 132 KB split): its CTAs spread one per
+// multiprocessor and the o projection's blocks beside them keep 124 KB of L1. On an H200 that made
+// Llama-3.1-8B batch 1 1.7 to 2.0% faster (attention 7.1 -> 5.3 us and the o projection 10.8 -> 9.5
+// us per layer) and left Qwen2.5-1.5B's level; at 4 and 8 sequences (Qwen: 8) it was 0.7 to 6%
+// slower. The 64-wide heads keep the most: one CTA's worth made Llama-3.2-1B batch 1 3% slower,
+// two CTAs' worth batch 8 2% slower (bench/RESULTS.md).
+int tc_carveout_percent(int32_t head_dim, int32_t n_work) {
+  if (head_dim != 128 || n_work != 1) return cudaSharedmemCarveoutMaxShared;
+  const int bytes =
+      static_cast<int>(TcLayout<__nv_bfloat16, 128>::kSmemBytes) + kSmemPerCtaReservedBytes;
+  return (100 * bytes + kSmemPerSmBytes - 1) / kSmemPerSmBytes;
+}
+
+// CTAs of the tensor-core kernel resident per multiprocessor (shared memory bound) under the
+// carveout of n_work sequences.
+int32_t ctas_per_sm(int32_t head_dim, int32_t n_work) {
+  const int smem_bytes =
+      static_cast<int>(head_dim == 64 ? TcLayout<__nv_bfloat16, 64>::kSmemBytes
+                                      : TcLayout<__nv_bfloat16, 128>::kSmemBytes) +
+      kSmemPerCtaReservedBytes;
+  const int shared = kSmemPerSmBytes * tc_carveout_percent(head_dim, n_work) / 100;
+  return std::max(1, shared / smem_bytes);
 }
 
 struct LaunchArgs {
@@ -737,14 +759,11 @@ Status launch_typed(const LaunchArgs& a) {
     LITELLAMA_CUDA_RETURN_IF_ERROR(
         cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                              static_cast<int>(cudaSharedmemCarveoutMaxShared)));
-    if (cluster) {
-      LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel_clustered(kernel, grid, dim3(kThreads),
-                                                             L::kSmemBytes, a.stream,
-                                                             static_cast<unsigned>(a.n_splits), p));
-      return Status::ok();
-    }
+    const LaunchShape shape{cluster ? static_cast<unsigned>(a.n_splits) : 0u,
+                            tc_carveout_percent(D, a.n_work)};
     LITELLAMA_CUDA_RETURN_IF_ERROR(
-        launch_kernel(kernel, grid, dim3(kThreads), L::kSmemBytes, a.stream, p));
+        launch_kernel_shaped(kernel, grid, dim3(kThreads), L::kSmemBytes, a.stream, shape, p));
+    if (cluster) return Status::ok();
   }
   if (a.n_splits > 1) {
     constexpr int kHeadsPerBlock = kThreads / (D / 4);
@@ -814,7 +833,7 @@ int32_t attention_decode_n_splits(int32_t n_work, int32_t n_heads, int32_t n_kv_
   }
   // Cost in units of one unsplit CTA's time: waves of `slots` CTAs, each 1/s of the keys. A split
   // count is taken only when it saves at least a tenth over the best so far.
-  const int64_t slots = static_cast<int64_t>(n_sms) * ctas_per_sm(head_dim);
+  const int64_t slots = static_cast<int64_t>(n_sms) * ctas_per_sm(head_dim, n_work);
   const int64_t max_s = std::min<int64_t>(kMaxWaveSplits, max_kv_len / kMinKeysPerWaveSplit);
   int64_t best_s = 1;
   double best_cost = static_cast<double>((base + slots - 1) / slots);

@@ -31,21 +31,55 @@ int current_device_sm_count();
 // Whether the current device runs thread-block clusters (compute capability 9.0+).
 bool current_device_supports_clusters();
 
-// Launches `kernel` on `stream`, with the PDL attribute where enabled.
+// What a launch may ask beyond its grid: thread-block clusters of cluster_x blocks along x (which
+// must divide grid.x; compute capability 9.0+; 0: not a cluster launch), and the shared memory each
+// multiprocessor sets aside, in percent of the most
+// (cudaLaunchAttributePreferredSharedMemoryCarveout, kept by a CUDA graph's kernel node; negative,
+// or a toolkit before 12.6: the kernel's own attribute).
+struct LaunchShape {
+  unsigned cluster_x = 0;
+  int carveout_percent = -1;
+};
+
+// Launches `kernel` on `stream` with `shape`, and the PDL attribute where enabled.
 template <typename... Params, typename... Args>
-cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
-                          cudaStream_t stream, Args&&... args) {
+cudaError_t launch_kernel_shaped(void (*kernel)(Params...), dim3 grid, dim3 block,
+                                 size_t smem_bytes, cudaStream_t stream, LaunchShape shape,
+                                 Args&&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem_bytes;
   config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = programmatic_launch_enabled() ? 1 : 0;
+  cudaLaunchAttribute attributes[3]{};
+  unsigned n = 0;
+  if (programmatic_launch_enabled()) {
+    attributes[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (shape.cluster_x > 0) {
+    attributes[n].id = cudaLaunchAttributeClusterDimension;
+    attributes[n].val.clusterDim.x = shape.cluster_x;
+    attributes[n].val.clusterDim.y = 1;
+    attributes[n++].val.clusterDim.z = 1;
+  }
+#if CUDART_VERSION >= 12060  // older toolkits lack the attribute: the kernel's own carveout holds
+  if (shape.carveout_percent >= 0) {
+    attributes[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+    attributes[n++].val.sharedMemCarveout = static_cast<unsigned>(shape.carveout_percent);
+  }
+#endif
+  config.attrs = attributes;
+  config.numAttrs = n;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+// Launches `kernel` on `stream`, with the PDL attribute where enabled.
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
+                          cudaStream_t stream, Args&&... args) {
+  return launch_kernel_shaped(kernel, grid, block, smem_bytes, stream, LaunchShape{},
+                              std::forward<Args>(args)...);
 }
 
 // launch_kernel() with the grid's x dimension grouped into thread-block clusters of cluster_x
@@ -54,21 +88,8 @@ template <typename... Params, typename... Args>
 cudaError_t launch_kernel_clustered(void (*kernel)(Params...), dim3 grid, dim3 block,
                                     size_t smem_bytes, cudaStream_t stream, unsigned cluster_x,
                                     Args&&... args) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem_bytes;
-  config.stream = stream;
-  cudaLaunchAttribute attributes[2]{};
-  attributes[0].id = cudaLaunchAttributeClusterDimension;
-  attributes[0].val.clusterDim.x = cluster_x;
-  attributes[0].val.clusterDim.y = 1;
-  attributes[0].val.clusterDim.z = 1;
-  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attributes[1].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attributes;
-  config.numAttrs = programmatic_launch_enabled() ? 2 : 1;
-  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  return launch_kernel_shaped(kernel, grid, block, smem_bytes, stream, LaunchShape{cluster_x, -1},
+                              std::forward<Args>(args)...);
 }
 
 }  // namespace litellama

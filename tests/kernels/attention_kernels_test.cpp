@@ -360,6 +360,23 @@ TEST_P(AttentionTest, DecodeSmall) {
   }
 }
 
+// One sequence: at head_dim 128 its CTAs take a smaller shared-memory carveout than a batch's
+// (attention_decode.cu, tc_carveout_percent), one cluster of splits or several merged by the
+// separate kernel.
+TEST_P(AttentionTest, DecodeOneSequence) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  std::mt19937 rng(14);
+  for (int32_t len : {1, 64, 513, 4100}) {
+    const Batch batch = make_batch({{1, len - 1}}, rng);
+    Work work;
+    work.decode_ids = {0};
+    for (auto [h, kv] : {std::pair{32, 8}, std::pair{12, 2}}) {
+      run_and_check(shape(h, kv), batch, work, 4.0f, 701 + len + h,
+                    "decode one sequence of " + std::to_string(len));
+    }
+  }
+}
+
 TEST_P(AttentionTest, DecodeSmallWorkspaceShort) {
   SKIP_WITHOUT_CUDA_DEVICE();
   // A workspace sized for a shorter max_kv_len (or none) means fewer splits, never another result.
