@@ -23,7 +23,13 @@ The launches of a step repeat per layer: the summary takes each position of the 
 (found as the sequence of kernel kinds between two QKV GEMVs) and gives the median over the
 layers, in microseconds, then the sum of spans and dependency latencies against the step.
 
-Usage: bench/block_timeline.py trace.csv [--preset P] [--batch B] [--launches]
+With --after KIND (a kernel name prefix, e.g. attention) each kernel of the layer also gets its
+blocks' ends after its first release split by multiprocessor: those where the latest launch of
+KIND ran a block, and the others (median / p90 / max, us). A multiprocessor keeps its shared memory
+/ L1 split while blocks stay resident, so blocks that follow a kernel with a large carveout onto
+its multiprocessors can run with little L1.
+
+Usage: bench/block_timeline.py trace.csv [--preset P] [--batch B] [--launches] [--after KIND]
 """
 import argparse
 import csv
@@ -94,6 +100,7 @@ def launch_figures(launches):
             "span": (ends[-1] - rel) / 1e3,
             "first_release": rel,
             "last_end": ends[-1],
+            "rows": blocks,
         }
         out.append(f)
         prev_end = ends[-1]
@@ -108,12 +115,50 @@ def layer_cycle(figs):
     return [f["name"] for f in figs[starts[0]:starts[1]]], starts
 
 
+def quantiles(xs):
+    xs = sorted(xs)
+    if not xs:
+        return "—"
+    return f"{statistics.median(xs):.2f} / {xs[int(len(xs) * 0.9)]:.2f} / {xs[-1]:.2f} ({len(xs)})"
+
+
+def print_after(figs, cycle, starts, kind):
+    """Blocks' ends after their launch's release, split by whether the latest launch of `kind`
+    before them ran a block on their multiprocessor, per kernel of the layer cycle."""
+    n = len(cycle)
+    split = defaultdict(lambda: ([], []))
+    last_kind_sms = None
+    for i, f in enumerate(figs):
+        if f["name"].startswith(kind):
+            last_kind_sms = {b["sm"] for b in f["rows"]}
+            continue
+        if last_kind_sms is None or i < starts[0]:
+            continue
+        j = (i - starts[0]) % n
+        ran, other = split[j]
+        for b in f["rows"]:
+            (ran if b["sm"] in last_kind_sms else other).append(
+                (b["end_ns"] - f["first_release"]) / 1e3)
+    print(f"blocks' ends after their launch's release, us: median / p90 / max (blocks), on the "
+          f"multiprocessors where the latest {kind} launch ran a block, and elsewhere:\n")
+    print(f"| kernel | after {kind} | elsewhere |")
+    print("|---|---|---|")
+    for j, name in enumerate(cycle):
+        if j in split:
+            ran, other = split[j]
+            print(f"| {name} | {quantiles(ran)} | {quantiles(other)} |")
+    print()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("trace")
     ap.add_argument("--preset")
     ap.add_argument("--batch", type=int)
     ap.add_argument("--launches", action="store_true", help="print every launch too")
+    ap.add_argument("--after", metavar="KIND",
+                    help="split each kernel's blocks by whether a launch of KIND ran on their "
+                    "multiprocessor just before (e.g. attention)")
     args = ap.parse_args()
 
     steps = defaultdict(list)
@@ -171,6 +216,8 @@ def main():
             for i in range(len(layers) - 1)) if len(layers) > 1 else float("nan")
         print(f"\nper layer: {layer_us:.2f} us (first QKV release to the next); spans "
               f"{total_span:.2f} + dependency latencies {total_dep:.2f} us\n")
+        if args.after:
+            print_after(figs, cycle, starts, args.after)
 
 
 if __name__ == "__main__":
