@@ -25,9 +25,9 @@ layers, in microseconds, then the sum of spans and dependency latencies against 
 
 With --after KIND (a kernel name prefix, e.g. attention) each kernel of the layer also gets its
 blocks' ends after its first release split by multiprocessor: those where the latest launch of
-KIND ran a block, and the others (median / p90 / max, us). A multiprocessor keeps its shared memory
-/ L1 split while blocks stay resident, so blocks that follow a kernel with a large carveout onto
-its multiprocessors can run with little L1.
+KIND ran a block, and the others (median / p90 / max, us). GEMV blocks that followed decode
+attention (the most shared memory, the least L1) onto its multiprocessors ran slower that way
+(bench/RESULTS.md).
 
 Usage: bench/block_timeline.py trace.csv [--preset P] [--batch B] [--launches] [--after KIND]
 """

@@ -361,8 +361,8 @@ TEST_P(AttentionTest, DecodeSmall) {
 }
 
 // One sequence: at head_dim 128 its CTAs take a smaller shared-memory carveout than a batch's
-// (attention_decode.cu, tc_carveout_percent), one cluster of splits or several merged by the
-// separate kernel.
+// (attention_decode.cu, tc_carveout_percent). Its lengths plan one split (1 and 64 keys), one
+// cluster of splits (513) and more splits than a cluster, merged by the separate kernel (4100).
 TEST_P(AttentionTest, DecodeOneSequence) {
   SKIP_WITHOUT_CUDA_DEVICE();
   std::mt19937 rng(14);
