@@ -53,7 +53,11 @@
 // x untransformed and pays: QKV with the input norm folded in took Llama-3.2-1B batch 1 from
 // 0.906 to 0.884 ms. The same for gate/up (after the o projection, without the post-attention
 // norm kernel between them) made it 1.06 ms, whether the o projection let it launch after its
-// wait or after its main loop: gate/up keeps its norm kernel. The loop kernel came from the
+// wait or after its main loop: gate/up keeps its norm kernel (even where decode attention's
+// carveout no longer slows gate/up, leaving the norm out gains nothing). Copying the last part of
+// each row into shared memory with bulk copies before the wait, read back by the rings, so that
+// more of a projection streams during the kernel before it (32 or 64 KB per block for o, 64 for
+// QKV, 32 for down), was at best level and up to 1% slower. The loop kernel came from the
 // linear benchmark, where one block per unit left the large matrices (Llama-3.1-8B's gate/up,
 // 896 units of two tiles) at 3.4 TB/s, against 4.2 for a plain read: with 16 warps, 32 bytes
 // per row per lane and chunk and one chunk in flight it reached 4.06 TB/s; with the ring's

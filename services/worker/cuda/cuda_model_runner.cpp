@@ -755,7 +755,11 @@ Status CudaModelRunner::run_layer_fused(const StepPlan& plan, int32_t l) {
   }));
   // Before the gate/up GEMV the norm lets it launch only once the o projection is done: launched
   // earlier, its blocks made the step slower (Llama-3.2-1B batch 1: 1.12 against 0.94 ms; without
-  // the norm between them, 1.10 against 0.87 ms). cuBLAS does not launch early either way.
+  // the norm between them, 1.10 against 0.87 ms). The slow blocks are those on multiprocessors
+  // that decode attention had just used with the most shared memory: with attention's CTAs asking
+  // for half, the step without the norm ran 0.849 ms, no faster than with it (0.844 to 0.846), so
+  // the norm's kernel costs about nothing (bench/RESULTS.md). cuBLAS does not launch early either
+  // way.
   const bool gate_up_gemv = T <= options_.gemv_gate_up_max_tokens;
   LITELLAMA_RETURN_IF_ERROR(repeat(repeats.post_norm, [&] {
     return launch_add_rmsnorm(normed_.data(), residual_.data(), nullptr, W.post_norm, T, H, eps,
