@@ -675,14 +675,13 @@ bool early_kv_loads(int32_t n_work) {
 // multiprocessors without a pause (the o projection's, launched early) ran slower in a block trace,
 // as if they kept attention's split, and the GEMVs need a large L1 for their loads in flight
 // (lowering the carveout of Llama-3.2-1B's attention removed the slow gate/up blocks of a step
-// without the post-attention norm: 1.084 -> 0.849 ms). The
-// most shared memory fits two 128-wide CTAs and leaves 28 KB of L1. A single sequence with 128-wide
-// heads asks for one CTA's worth (the 132 KB split): its CTAs spread one per multiprocessor and
-// leave 124 KB of L1 beside them. On an H200 that made Llama-3.1-8B batch 1 1.7 to 2.0% faster
-// (attention 7.1 -> 5.3 us and the o projection 10.8 -> 9.5 us per layer) and left Qwen2.5-1.5B's
-// level; at 2 to 8 sequences (Qwen: 8) it was 0.6 to 6% slower. The 64-wide heads keep the most:
-// one CTA's worth made Llama-3.2-1B batch 1 3% slower, two CTAs' worth batch 8 2% slower
-// (bench/RESULTS.md).
+// without the post-attention norm: 1.084 -> 0.849 ms). The most shared memory fits two 128-wide
+// CTAs and leaves 28 KB of L1. A single sequence with 128-wide heads asks for one CTA's worth (the
+// 132 KB split): its CTAs spread one per multiprocessor and leave 124 KB of L1 beside them. On an
+// H200 that made Llama-3.1-8B batch 1 1.7 to 2.0% faster (attention 7.1 -> 5.3 us and the o
+// projection 10.8 -> 9.5 us per layer) and left Qwen2.5-1.5B's level; at 2 to 8 sequences (Qwen: 8)
+// it was 0.6 to 6% slower. The 64-wide heads keep the most: one CTA's worth made Llama-3.2-1B batch
+// 1 3% slower, two CTAs' worth batch 8 2% slower (bench/RESULTS.md).
 int tc_carveout_percent(int32_t head_dim, int32_t n_work) {
   if (head_dim != 128 || n_work != 1) return cudaSharedmemCarveoutMaxShared;
   const int bytes =
