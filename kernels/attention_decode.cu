@@ -33,6 +33,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "kernels/attention_general.h"
 #include "kernels/cuda_check.h"
 #include "kernels/kernel_common.cuh"
 #include "kernels/launch.h"
@@ -815,12 +816,17 @@ Status dispatch(const LaunchArgs& a, DType dtype, int32_t head_dim) {
 bool attention_decode_supports(DType dtype, int32_t head_dim, int32_t n_heads, int32_t n_kv_heads) {
   const bool dtype_ok = dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
   const bool heads_ok = n_kv_heads > 0 && n_heads > 0 && n_heads % n_kv_heads == 0;
-  return dtype_ok && (head_dim == 64 || head_dim == 128) && heads_ok;
+  return dtype_ok && heads_ok &&
+         (attention_decode_tuned(head_dim) ||
+          attention_general_supports(dtype, head_dim, n_heads, n_kv_heads));
 }
+
+bool attention_decode_tuned(int32_t head_dim) { return head_dim == 64 || head_dim == 128; }
 
 int32_t attention_decode_n_splits(int32_t n_work, int32_t n_heads, int32_t n_kv_heads,
                                   int32_t head_dim, int32_t max_kv_len, int32_t n_sms) {
-  if (n_work <= 0 || n_kv_heads <= 0 || n_heads < n_kv_heads || max_kv_len <= 0 || n_sms <= 0) {
+  if (n_work <= 0 || n_kv_heads <= 0 || n_heads < n_kv_heads || max_kv_len <= 0 || n_sms <= 0 ||
+      !attention_decode_tuned(head_dim)) {
     return 1;
   }
   const int64_t base =
@@ -869,7 +875,8 @@ bool attention_decode_merges_in_cluster(int32_t n_splits, DType dtype) {
 size_t attention_decode_workspace_size_bytes(int32_t max_n_work, int32_t n_heads,
                                              int32_t n_kv_heads, int32_t head_dim,
                                              int32_t max_kv_len, int32_t n_sms) {
-  if (max_n_work <= 0 || n_kv_heads <= 0 || n_heads < n_kv_heads || max_kv_len <= 0 || n_sms <= 0) {
+  if (max_n_work <= 0 || n_kv_heads <= 0 || n_heads < n_kv_heads || max_kv_len <= 0 || n_sms <= 0 ||
+      !attention_decode_tuned(head_dim)) {
     return 0;
   }
   // An upper bound of the plan over every max_kv_len up to the given one: each branch of
@@ -910,6 +917,11 @@ Status launch_attention_decode(void* out, const void* q, const void* k_pool, con
                       n_kv_heads);
   }
   if (n_work == 0) return Status::ok();
+  if (!attention_decode_tuned(head_dim)) {
+    return launch_attention_general(out, q, k_pool, v_pool, token_start, kv_len, slot_start,
+                                    slot_table, seq_ids, n_work, /*max_n_new=*/1, n_heads,
+                                    n_kv_heads, head_dim, dtype, scale, stream);
+  }
   const int32_t n_splits = attention_decode_launch_splits(
       attention_decode_n_splits(n_work, n_heads, n_kv_heads, head_dim, max_kv_len, n_sms), dtype);
   LaunchArgs args{out,

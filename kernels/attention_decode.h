@@ -25,9 +25,13 @@
 
 namespace litellama {
 
-// True for dtype kF32/kBF16/kF16, head_dim 64 or 128 and n_heads a positive multiple of
-// n_kv_heads.
+// True for dtype kF32/kBF16/kF16, 1 <= head_dim <= 256 and n_heads a positive multiple of
+// n_kv_heads. Head sizes other than the tuned ones run the general path (attention_general.h),
+// which plans no splits and needs no workspace.
 bool attention_decode_supports(DType dtype, int32_t head_dim, int32_t n_heads, int32_t n_kv_heads);
+
+// Whether head_dim takes the tuned kernels of this file (64 and 128).
+bool attention_decode_tuned(int32_t head_dim);
 
 // The split plan per (sequence, KV head) for these arguments (1 means no merge and no workspace
 // use); launch_attention_decode runs attention_decode_launch_splits of it. Under one wave of CTAs

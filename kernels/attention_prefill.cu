@@ -24,6 +24,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "kernels/attention_general.h"
 #include "kernels/cuda_check.h"
 #include "kernels/mma_common.cuh"
 
@@ -497,8 +498,12 @@ bool attention_prefill_supports(DType dtype, int32_t head_dim, int32_t n_heads,
                                 int32_t n_kv_heads) {
   const bool dtype_ok = dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
   const bool heads_ok = n_kv_heads > 0 && n_heads > 0 && n_heads % n_kv_heads == 0;
-  return dtype_ok && (head_dim == 64 || head_dim == 128) && heads_ok;
+  return dtype_ok && heads_ok &&
+         (attention_prefill_tuned(head_dim) ||
+          attention_general_supports(dtype, head_dim, n_heads, n_kv_heads));
 }
+
+bool attention_prefill_tuned(int32_t head_dim) { return head_dim == 64 || head_dim == 128; }
 
 Status launch_attention_prefill(void* out, const void* q, const void* k_pool, const void* v_pool,
                                 const int32_t* token_start, const int32_t* kv_len,
@@ -517,6 +522,11 @@ Status launch_attention_prefill(void* out, const void* q, const void* k_pool, co
                       n_kv_heads);
   }
   if (n_work == 0) return Status::ok();
+  if (!attention_prefill_tuned(head_dim)) {
+    return launch_attention_general(out, q, k_pool, v_pool, token_start, kv_len, slot_start,
+                                    slot_table, seq_ids, n_work, max_n_new, n_heads, n_kv_heads,
+                                    head_dim, dtype, scale, stream);
+  }
   const LaunchArgs args{out,       q,          k_pool,     v_pool,  token_start,
                         kv_len,    slot_start, slot_table, seq_ids, n_work,
                         max_n_new, n_heads,    n_kv_heads, scale,   stream};

@@ -19,9 +19,12 @@
 
 namespace litellama {
 
-// True for dtype kF32/kBF16/kF16, head_dim 64 or 128 and n_heads a positive multiple of
-// n_kv_heads.
+// True for dtype kF32/kBF16/kF16, 1 <= head_dim <= 256 and n_heads a positive multiple of
+// n_kv_heads. Head sizes other than the tuned ones run the general path (attention_general.h).
 bool attention_prefill_supports(DType dtype, int32_t head_dim, int32_t n_heads, int32_t n_kv_heads);
+
+// Whether head_dim takes the tuned kernels of this file (64 and 128).
+bool attention_prefill_tuned(int32_t head_dim);
 
 // Processes the sequences listed in seq_ids (any order, each at most once) and writes exactly their
 // rows of `out`; rows of other sequences are untouched. max_n_new only sizes the grid: any value

@@ -163,7 +163,8 @@ bool gemv_supports(DType dtype, DType out_dtype, int32_t m, int32_t k) {
 }
 
 bool gemv_rope_supports(int32_t head_dim) {
-  return head_dim > 0 && head_dim % (2 * kTileRows) == 0;
+  static_assert(64 % (2 * kTileRows) == 0, "a head's halves are whole tiles");
+  return head_dim == 64 || head_dim == 128;
 }
 
 Status launch_gemv(void* y, const void* x, const void* w, int32_t m, int32_t n, int32_t k,

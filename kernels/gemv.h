@@ -81,6 +81,8 @@ struct GemvRope {
   int32_t head_dim;
   float attention_scaling;
 };
+// The head sizes the rope epilogue is tested at (64 and 128, those of the tuned attention
+// kernels); other sizes run the QKV projection and qkv_rope's kernel separately.
 bool gemv_rope_supports(int32_t head_dim);
 Status launch_gemv_qkv_rope(const GemvRope& rope, const void* x, const void* w_qkv, int32_t m,
                             int32_t k, DType dtype, cudaStream_t stream,

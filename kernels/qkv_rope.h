@@ -18,6 +18,7 @@
 
 namespace litellama {
 
+// True for dtype kF32/kBF16/kF16 and an even head_dim from 2 to 256.
 bool qkv_rope_supports(int32_t head_dim, DType dtype);
 
 Status launch_qkv_rope(void* q_out,                 // [n_tokens, n_heads, head_dim]

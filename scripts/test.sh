@@ -10,4 +10,12 @@ jobs="$(nproc)"
 # CUDA sources build when nvcc is present; sm_90 only, to bound the build time.
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLITELLAMA_CUDA_ARCHITECTURES=90
 cmake --build build -j"$jobs"
-ctest --test-dir build --output-on-failure --timeout 900 -j"$jobs" "$@"
+# Each label the suite is made of must have tests built: a label with none fails loudly instead
+# of passing on nothing (gpu tests build wherever nvcc is, and skip at run time without a device).
+labels=(unit integration)
+if grep -q '^LITELLAMA_CUDA_BUILT:INTERNAL=ON' build/CMakeCache.txt; then labels+=(gpu); fi
+for label in "${labels[@]}"; do
+  ctest --test-dir build -N -L "^${label}\$" --no-tests=error > /dev/null ||
+    { echo "test.sh: no tests labelled '$label' were built" >&2; exit 1; }
+done
+ctest --test-dir build --output-on-failure --timeout 900 -j"$jobs" --no-tests=error "$@"

@@ -315,13 +315,39 @@ Result<ModelConfig> parse_model_config(const json& j) {
   if (!j.is_object()) {
     return make_error(StatusCode::kInvalidArgument, "config.json: top level must be an object");
   }
-  auto archs = j.find("architectures");
-  if (archs == j.end() || !archs->is_array() || archs->empty() || !(*archs)[0].is_string()) {
-    return make_error(StatusCode::kInvalidArgument,
-                      "config.json: missing 'architectures' (a list naming the model class)");
-  }
   ModelConfig config;
-  config.arch_name = (*archs)[0].get<std::string>();
+  auto archs = j.find("architectures");
+  if (archs != j.end() && !archs->is_null()) {
+    if (!archs->is_array() || archs->empty() || !(*archs)[0].is_string()) {
+      return make_error(StatusCode::kInvalidArgument,
+                        "config.json: 'architectures' must be a list naming the model class");
+    }
+    config.arch_name = (*archs)[0].get<std::string>();
+  } else {
+    // As AutoModelForCausalLM: without "architectures", the class follows from "model_type".
+    auto type = j.find("model_type");
+    if (type == j.end() || !type->is_string()) {
+      return make_error(StatusCode::kInvalidArgument,
+                        "config.json: neither 'architectures' nor 'model_type' names the model");
+    }
+    const std::string t = type->get<std::string>();
+    if (t == "llama") {
+      config.arch_name = "LlamaForCausalLM";
+    } else if (t == "mistral") {
+      config.arch_name = "MistralForCausalLM";
+    } else if (t == "qwen2") {
+      config.arch_name = "Qwen2ForCausalLM";
+    } else if (t == "qwen3") {
+      config.arch_name = "Qwen3ForCausalLM";
+    } else if (t == "llava") {
+      config.arch_name = "LlavaForConditionalGeneration";
+    } else {
+      return make_error(StatusCode::kUnsupported,
+                        "config.json: model_type '{}' is not supported (supported: llama, mistral, "
+                        "qwen2, qwen3, llava)",
+                        t);
+    }
+  }
   const std::string& name = config.arch_name;
   if (name == "LlamaForCausalLM") {
     config.arch = Architecture::kLlama;

@@ -134,6 +134,34 @@ std::vector<RandomCheckpointPreset> make_presets() {
     p.push_back({"qwen3-tiny", "Qwen3 graph: per-head q/k RMSNorm, head_dim 128 != hidden/heads", c,
                  "qwen3"});
   }
+  // Every head size the attention kernels take, each with another query/KV head ratio: the CUDA
+  // backend's general attention path (head sizes other than 64 and 128) against transformers,
+  // whose configs need hidden_size to be a multiple of the query heads.
+  {
+    json c = with_llama2_ids(llama_config(32000, 64, 128, 2, 4, 1, 4096, 10000.0, false, 16));
+    p.push_back({"hd16-tiny", "Llama 2 graph, head_dim 16, GQA 4/1", c, "llama2"});
+  }
+  {
+    json c = with_llama2_ids(llama_config(32000, 192, 256, 2, 6, 2, 4096, 10000.0, true, 32));
+    p.push_back({"hd32-tiny", "Llama 2 graph, head_dim 32, GQA 6/2, tied embeddings", c,
+                 "llama2"});
+  }
+  {
+    json c = with_llama2_ids(llama_config(32000, 64, 128, 2, 4, 4, 4096, 10000.0, false, 48));
+    p.push_back({"hd48-tiny", "Llama 2 graph, head_dim 48, MHA 4/4", c, "llama2"});
+  }
+  {
+    json c = qwen_config("Qwen2ForCausalLM", "qwen2", 64, 128, 2, 4, 1, 80, 4096, true);
+    p.push_back({"hd80-tiny", "Qwen2 graph (q/k/v bias), head_dim 80, GQA 4/1", c, "qwen3"});
+  }
+  {
+    json c = with_llama2_ids(llama_config(32000, 448, 512, 2, 7, 1, 4096, 10000.0, false, 96));
+    p.push_back({"hd96-tiny", "Llama 2 graph, head_dim 96, GQA 7/1", c, "llama2"});
+  }
+  {
+    json c = qwen_config("Qwen3ForCausalLM", "qwen3", 64, 128, 2, 4, 2, 256, 40960, true);
+    p.push_back({"hd256-tiny", "Qwen3 graph (q/k RMSNorm), head_dim 256, GQA 4/2", c, "qwen3"});
+  }
   // The embedded default model: a small Llama 3 with the real Llama 3.1 tokenizer.
   {
     json c = llama_config(128256, 256, 768, 4, 8, 2, 131072, 500000.0, true);

@@ -170,8 +170,9 @@ struct QkvCase {
 TEST(CudaKernels, QkvRopeMatchesUnfusedSequence) {
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   std::mt19937 rng(5);
-  const QkvCase cases[] = {{64, 8, 8},  {64, 16, 4},  {128, 32, 4},
-                           {128, 8, 8}, {128, 16, 4}, {64, 32, 4}};
+  const QkvCase cases[] = {{64, 8, 8},  {64, 16, 4}, {128, 32, 4}, {128, 8, 8}, {128, 16, 4},
+                           {64, 32, 4}, {16, 8, 2},  {32, 7, 1},   {48, 6, 2},  {80, 5, 5},
+                           {96, 3, 1},  {256, 4, 2}, {2, 4, 1},    {250, 2, 2}};
   int variant = 0;
   for (DType dtype : kDtypes) {
     for (const QkvCase& c : cases) {
@@ -351,7 +352,10 @@ TEST(CudaKernels, Linear) {
 TEST(CudaKernels, SupportPredicates) {
   EXPECT_TRUE(qkv_rope_supports(64, DType::kBF16));
   EXPECT_TRUE(qkv_rope_supports(128, DType::kF32));
-  EXPECT_FALSE(qkv_rope_supports(96, DType::kF16));
+  EXPECT_TRUE(qkv_rope_supports(96, DType::kF16));
+  EXPECT_TRUE(qkv_rope_supports(16, DType::kBF16));
+  EXPECT_FALSE(qkv_rope_supports(95, DType::kF16));   // odd: no rotary pairs
+  EXPECT_FALSE(qkv_rope_supports(258, DType::kF16));  // past the general kernel's 256
   EXPECT_FALSE(qkv_rope_supports(128, DType::kI32));
   EXPECT_FALSE(add_rmsnorm_supports(DType::kU8));
   EXPECT_TRUE(linear_supports(DType::kBF16, DType::kF32));

@@ -37,12 +37,13 @@ using TopLogits = std::vector<std::pair<int32_t, float>>;
 
 constexpr int32_t kTop = 8;
 
-// A test model: a random-checkpoint preset reshaped to head_dim 64 (the attention kernels' size),
-// two layers.
+// A test model: a random-checkpoint preset reshaped to its head size (64 unless stated: the tuned
+// attention kernels' size), two layers.
 struct ModelCase {
   std::string preset;
   int32_t n_heads, n_kv_heads, hidden;
   int32_t intermediate = 0;  // 0: 2 * hidden + 64
+  int32_t head_dim = 64;
 };
 
 const ModelCase kModels[] = {
@@ -54,6 +55,14 @@ const ModelCase kModels[] = {
     {"qwen2-tiny", 4, 2, 256},           // q/k/v bias
     {"qwen2-yarn-tiny", 4, 2, 256},      // YaRN (attention factor on cos/sin)
     {"qwen3-tiny", 4, 2, 128},           // q/k RMSNorm, head_dim * heads != hidden
+    // The general attention path: every other head size, each with another group ratio.
+    // Query widths that are a multiple of 64 take the GEMV layers; 7 x 96 and 7 x 16 do not.
+    {"hd16-tiny", 7, 1, 128, 0, 16},
+    {"hd32-tiny", 6, 2, 192, 0, 32},
+    {"hd48-tiny", 4, 4, 128, 0, 48},
+    {"hd80-tiny", 4, 1, 128, 0, 80},    // q/k/v bias
+    {"hd96-tiny", 7, 1, 448, 0, 96},
+    {"hd256-tiny", 4, 2, 128, 0, 256},  // q/k RMSNorm
 };
 
 class TempDir {
@@ -74,7 +83,8 @@ class TempDir {
 };
 
 Result<Checkpoint> make_checkpoint(const TempDir& dir, const ModelCase& m, DType storage,
-                                   uint64_t seed, int32_t head_dim = 64) {
+                                   uint64_t seed, int32_t head_dim = 0) {
+  if (head_dim == 0) head_dim = m.head_dim;
   LITELLAMA_ASSIGN_OR_RETURN(RandomCheckpointPreset preset,
                              find_random_checkpoint_preset(m.preset));
   nlohmann::json config = preset.config;
@@ -673,18 +683,18 @@ TEST(DecodeStepPlan, SplitsWorkEvenly) {
 
 TEST(CudaModelRunner, RefusesUnsupportedHeadDim) {
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
-  TempDir dir("qwen3_hd32");
+  TempDir dir("qwen3_hd320");
   auto preset = find_random_checkpoint_preset("qwen3-tiny");
   LITELLAMA_ASSERT_OK(preset.status());
   auto config = preset->config;
-  config["head_dim"] = 32;  // the attention kernels take 64 and 128
+  config["head_dim"] = 320;  // the attention kernels take head sizes up to 256
   LITELLAMA_ASSERT_OK(write_random_checkpoint(dir.str(), config, {}));
   auto ckpt = Checkpoint::open(dir.str());
   LITELLAMA_ASSERT_OK(ckpt.status());
   auto runner = create_cuda_model_runner(*ckpt, runner_options(Device::kCuda, DType::kBF16));
   ASSERT_FALSE(runner.is_ok());
   EXPECT_EQ(runner.status().code(), StatusCode::kUnsupported);
-  EXPECT_NE(runner.status().message().find("head_dim 32"), std::string::npos)
+  EXPECT_NE(runner.status().message().find("head_dim 320"), std::string::npos)
       << runner.status().message();
 }
 

@@ -451,7 +451,10 @@ TEST_P(AttentionTest, DecodeRealistic) {
   // On a device with clusters, half-precision shapes exercise both ways of merging the splits.
   int major = 0;
   ASSERT_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
-  if (major >= 9 && dtype() != DType::kF32 && n_sms >= 100) {
+  if (!attention_decode_tuned(head_dim())) {
+    // The general path plans no splits.
+    EXPECT_EQ(cluster_merges + kernel_merges, 0);
+  } else if (major >= 9 && dtype() != DType::kF32 && n_sms >= 100) {
     EXPECT_GT(cluster_merges, 0);
     EXPECT_GT(kernel_merges, 0);
     // Plans just past a cluster's worth run as one cluster of 8; longer ones keep their splits.
@@ -483,11 +486,12 @@ std::string param_name(const ::testing::TestParamInfo<std::tuple<DType, int32_t>
 INSTANTIATE_TEST_SUITE_P(Attention, AttentionTest,
                          ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16,
                                                               DType::kF16),
-                                            ::testing::Values(64, 128)),
+                                            ::testing::Values(16, 32, 48, 64, 80, 96, 128,
+                                                              256)),
                          param_name);
 
 TEST(AttentionSupport, RefusesUnsupportedShapes) {
-  for (int32_t head_dim : {32, 80, 96, 256}) {
+  for (int32_t head_dim : {0, 257, 320, 512}) {
     EXPECT_FALSE(attention_prefill_supports(DType::kBF16, head_dim, 32, 8));
     EXPECT_FALSE(attention_decode_supports(DType::kBF16, head_dim, 32, 8));
     const Status p = launch_attention_prefill(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
@@ -502,10 +506,23 @@ TEST(AttentionSupport, RefusesUnsupportedShapes) {
   EXPECT_FALSE(attention_prefill_supports(DType::kI32, 128, 32, 8));
   EXPECT_FALSE(attention_decode_supports(DType::kBF16, 128, 30, 8));  // not a multiple
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
-    for (int32_t head_dim : {64, 128}) {
+    for (int32_t head_dim : {16, 32, 48, 64, 80, 96, 128, 256}) {
       EXPECT_TRUE(attention_prefill_supports(dtype, head_dim, 32, 8));
       EXPECT_TRUE(attention_decode_supports(dtype, head_dim, 32, 8));
+      EXPECT_TRUE(attention_decode_supports(dtype, head_dim, 21, 3));  // group of 7
     }
+  }
+  EXPECT_TRUE(attention_decode_tuned(64));
+  EXPECT_TRUE(attention_prefill_tuned(128));
+  EXPECT_FALSE(attention_decode_tuned(96));
+  EXPECT_FALSE(attention_prefill_tuned(256));
+}
+
+// Head sizes off the tuned kernels plan one split and need no workspace.
+TEST(AttentionSupport, GeneralPathPlansNoSplits) {
+  for (int32_t head_dim : {16, 48, 80, 96, 256}) {
+    EXPECT_EQ(attention_decode_n_splits(1, 32, 8, head_dim, 8192, 132), 1);
+    EXPECT_EQ(attention_decode_workspace_size_bytes(256, 32, 8, head_dim, 8192, 132), 0u);
   }
 }
 

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "services/worker/checkpoint.h"
+#include "services/worker/random_checkpoint.h"
 #include "services/worker/safetensors.h"
 #include "tests/worker/test_util.h"
 
@@ -273,6 +274,62 @@ TEST(CheckpointTest, LlavaTextModelUnderItsPublishedNames) {
   EXPECT_EQ(defaults->n_layers, 32);
   EXPECT_EQ(defaults->intermediate_size, 11008);
   EXPECT_EQ(defaults->vocab_size, 32064);
+}
+
+}  // namespace
+}  // namespace litellama
+
+namespace litellama {
+namespace {
+
+// As AutoModelForCausalLM: a config.json without "architectures" takes its class from
+// "model_type"; every preset's config parses to the same model either way.
+TEST(ModelConfigTest, ModelTypeStandsInForMissingArchitectures) {
+  const std::pair<const char*, Architecture> expected[] = {
+      {"llama3-tiny", Architecture::kLlama},  {"mistral-tiny", Architecture::kMistral},
+      {"qwen2-tiny", Architecture::kQwen2},   {"qwen3-tiny", Architecture::kQwen3},
+      {"hd80-tiny", Architecture::kQwen2},
+  };
+  for (const auto& [name, arch] : expected) {
+    SCOPED_TRACE(name);
+    auto preset = find_random_checkpoint_preset(name);
+    ASSERT_TRUE(preset.is_ok()) << preset.status().to_string();
+    json config = preset->config;
+    auto with = parse_model_config(config);
+    ASSERT_TRUE(with.is_ok()) << with.status().to_string();
+    config.erase("architectures");
+    auto without = parse_model_config(config);
+    ASSERT_TRUE(without.is_ok()) << without.status().to_string();
+    EXPECT_EQ(without->arch, arch);
+    EXPECT_EQ(without->arch_name, with->arch_name);
+    EXPECT_EQ(without->head_dim, with->head_dim);
+    EXPECT_EQ(without->qkv_bias, with->qkv_bias);
+    EXPECT_EQ(without->qk_norm, with->qk_norm);
+    config["architectures"] = nullptr;  // a null list counts as missing, as in transformers
+    auto null_list = parse_model_config(config);
+    ASSERT_TRUE(null_list.is_ok()) << null_list.status().to_string();
+    EXPECT_EQ(null_list->arch, arch);
+  }
+  // LLaVA: the nested text model, class from the top-level model_type.
+  auto llava = parse_model_config(std::string(
+      R"({"model_type": "llava", "text_config": {"model_type": "llama", "hidden_size": 64,
+          "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "vocab_size": 32064}})"));
+  ASSERT_TRUE(llava.is_ok()) << llava.status().to_string();
+  EXPECT_EQ(llava->arch, Architecture::kLlava);
+
+  auto unknown = parse_model_config(std::string(R"({"model_type": "gpt2", "hidden_size": 64})"));
+  ASSERT_FALSE(unknown.is_ok());
+  EXPECT_EQ(unknown.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(unknown.status().message().find("model_type 'gpt2'"), std::string::npos);
+  auto neither = parse_model_config(std::string(R"({"hidden_size": 64})"));
+  ASSERT_FALSE(neither.is_ok());
+  EXPECT_NE(neither.status().message().find("neither 'architectures' nor 'model_type'"),
+            std::string::npos)
+      << neither.status().message();
+  auto not_a_list = parse_model_config(std::string(R"({"architectures": "LlamaForCausalLM"})"));
+  ASSERT_FALSE(not_a_list.is_ok());
+  EXPECT_NE(not_a_list.status().message().find("must be a list"), std::string::npos);
 }
 
 }  // namespace

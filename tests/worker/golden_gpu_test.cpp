@@ -1,7 +1,12 @@
 // The CUDA backend against Hugging Face transformers: in float32, greedy ids identical and top
-// logits within 1e-3 of the logit scale, alone and batched; in bfloat16 and float16, the first
-// position's top logit within the 16-bit tolerance and the reference's top id among ours.
+// logits within 1e-3 of the logit scale, alone and batched; in bfloat16 and float16, against the
+// float32 reference (top logit within the 16-bit tolerance, the reference's top id among ours) and
+// against transformers run in that dtype (top logits within the tolerance, the first token equal
+// on every decisive case).
 #include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
 
 #include <gtest/gtest.h>
 
@@ -107,6 +112,49 @@ TEST_P(GoldenGpuTest, HalfPrecisionTopLogitsWithinTolerance) {
       EXPECT_TRUE(found) << GetParam() << " " << dtype_torch_name(dtype) << ": reference top id "
                          << ref_top << " not in our top " << top.size();
     }
+  }
+}
+
+// Against transformers run in the same 16-bit dtype on the GPU: the first position's top logits
+// rank by rank within the dtype's tolerance (the k-th largest logit moves no more than the largest
+// error of any logit), and the first generated token equal to the reference's wherever the case is
+// decisive.
+TEST_P(GoldenGpuTest, HalfPrecisionMatchesTransformersInThatDtype) {
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    const std::string name = dtype_torch_name(dtype);
+    const json golden = test::load_golden(GetParam(), name);
+    ASSERT_TRUE(golden.contains("cases")) << GetParam() << " " << name;
+    ASSERT_EQ(golden["cases"].size(), golden_["cases"].size());
+    const double tolerance = test::half_precision_tolerance(name);
+    auto runner = make_runner(dtype);
+    ASSERT_TRUE(runner);
+    OfflineEngine engine(*runner);
+    double worst = 0;
+    int n_decisive = 0;
+    for (const json& c : golden["cases"]) {
+      GenerationRequest req = test::request_for(c);
+      req.max_new_tokens = 1;
+      auto res = engine.generate({req});
+      ASSERT_TRUE(res.is_ok()) << res.status().to_string();
+      const auto& top = res->front().top_logits;
+      ASSERT_EQ(top.size(), c["top_logits"].size());
+      const double scale = c["logit_scale"].get<double>();
+      for (size_t i = 0; i < top.size(); ++i) {
+        const double diff = std::fabs(top[i].second - c["top_logits"][i][1].get<double>());
+        worst = std::max(worst, diff / scale);
+        EXPECT_LE(diff, tolerance * scale) << GetParam() << " " << name << " rank " << i;
+      }
+      if (test::decisive(c, tolerance)) {
+        ++n_decisive;
+        EXPECT_EQ(res->front().output_ids.at(0), c["greedy_ids"][0].get<int32_t>())
+            << GetParam() << " " << name << ": decisive case, prompt of " << req.prompt_ids.size()
+            << " tokens";
+      }
+    }
+    std::printf("[ %s ] %s vs transformers %s: largest top-logit error %.4f of the scale "
+                "(tolerance %.4f), %d of %zu cases decisive\n",
+                GetParam().c_str(), name.c_str(), name.c_str(), worst, tolerance, n_decisive,
+                golden["cases"].size());
   }
 }
 

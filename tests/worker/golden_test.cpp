@@ -75,5 +75,31 @@ TEST_P(GoldenTest, MatchesTransformersAloneAndBatched) {
 INSTANTIATE_TEST_SUITE_P(Presets, GoldenTest, ::testing::ValuesIn(test::golden_presets()),
                          test::preset_test_name);
 
+// The 16-bit references exist for every preset, were made from the float32 file's prompts, and
+// are decisive often enough that the GPU test's first-token check means something: at least 20
+// of every 24 cases (make_golden.py picks the prompts for it).
+TEST(GoldenReferences, HalfPrecisionReferencesAreDecisive) {
+  for (const char* dtype_name : {"bfloat16", "float16"}) {
+    const double tolerance = test::half_precision_tolerance(dtype_name);
+    size_t n_cases = 0, n_decisive = 0;
+    for (const std::string& preset : test::golden_presets()) {
+      const json fp32 = load_golden(preset);
+      const json half = load_golden(preset, dtype_name);
+      ASSERT_TRUE(half.contains("cases")) << preset << " " << dtype_name;
+      EXPECT_EQ(half["dtype"].get<std::string>(), dtype_name);
+      ASSERT_EQ(half["cases"].size(), fp32["cases"].size()) << preset;
+      for (size_t i = 0; i < half["cases"].size(); ++i) {
+        const json& c = half["cases"][i];
+        EXPECT_EQ(c["prompt_ids"], fp32["cases"][i]["prompt_ids"]) << preset << " case " << i;
+        ASSERT_GE(c["top_logits"].size(), 2u);
+        ++n_cases;
+        if (test::decisive(c, tolerance)) ++n_decisive;
+      }
+    }
+    EXPECT_GE(n_decisive * 24, n_cases * 20)
+        << dtype_name << ": " << n_decisive << " of " << n_cases << " cases decisive";
+  }
+}
+
 }  // namespace
 }  // namespace litellama

@@ -17,13 +17,32 @@ namespace litellama::test {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+// The presets with transformers references under tests/golden/models.
 inline std::vector<std::string> golden_presets() {
   return {"llama3-tiny",  "llama3-untied-tiny", "llama2-linear-tiny", "llama2-dynamic-tiny",
           "mistral-tiny", "qwen2-tiny",         "qwen2-yarn-tiny",    "qwen3-tiny"};
 }
 
-inline json load_golden(const std::string& preset) {
-  const fs::path path = fs::path(test::source_dir()) / "tests/golden/models" / (preset + ".json");
+// Tolerance of a 16-bit run against transformers in the same dtype, relative to the logit
+// scale: both round every activation to 8 (bf16) or 11 (fp16) mantissa bits, in other places.
+inline double half_precision_tolerance(const std::string& dtype_name) {
+  return dtype_name == "bfloat16" ? 2e-2 : 3e-3;
+}
+
+// A case is decisive in a dtype when the reference's top-1/top-2 gap exceeds twice the tolerance:
+// then no pair of errors within the tolerance can swap the two, so the first generated token must
+// be the reference's.
+inline bool decisive(const json& c, double tolerance) {
+  const double scale = c["logit_scale"].get<double>();
+  const double gap = c["top_logits"][0][1].get<double>() - c["top_logits"][1][1].get<double>();
+  return gap > 2 * tolerance * scale;
+}
+
+// <preset>.json: float32 on the CPU; <preset>.<dtype>.json: transformers in that dtype on the GPU.
+inline json load_golden(const std::string& preset, const std::string& dtype_name = "float32") {
+  const std::string file = dtype_name == "float32" ? preset + ".json"
+                                                   : preset + "." + dtype_name + ".json";
+  const fs::path path = fs::path(test::source_dir()) / "tests/golden/models" / file;
   std::ifstream in(path);
   EXPECT_TRUE(in.good()) << "missing golden file " << path
                          << " (LITELLAMA_SOURCE_DIR=" << test::source_dir() << ")";

@@ -1,0 +1,208 @@
+// The general attention path (see attention_general.h). Lane l of a warp holds elements
+// l, l + 32, ... of the head (kVpl = ceil(head_dim / 32) of them), so loads are coalesced for any
+// head size and a q.k product is one warp sum. Warp w of the CTA takes keys w, w + kWarps, ...;
+// each keeps its own running max, sum and weighted values, and warp 0 merges them at the end.
+#include "kernels/attention_general.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cuda_check.h"
+#include "kernels/kernel_common.cuh"
+#include "kernels/launch.h"
+
+namespace litellama {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+
+struct Params {
+  void* out;
+  const void* q;
+  const void* k_pool;
+  const void* v_pool;
+  const int32_t* token_start;
+  const int32_t* kv_len;
+  const int32_t* slot_start;
+  const int32_t* slot_table;
+  const int32_t* seq_ids;
+  int32_t n_heads;
+  int32_t n_kv_heads;
+  int32_t head_dim;
+  float scale;
+};
+
+template <typename T, int kVpl>
+__global__ void __launch_bounds__(kThreads) attention_general_kernel(Params p) {
+  // Nothing here is a weight: every read waits for the kernel before (kernels/launch.h).
+  pdl_wait();
+  pdl_launch_dependents();
+  __shared__ float warp_max[kWarps];
+  __shared__ float warp_sum_exp[kWarps];
+  __shared__ float warp_acc[kWarps][kVpl * 32];
+
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int s = p.seq_ids[blockIdx.y];
+  const int h = static_cast<int>(blockIdx.z);
+  const int kv_head = h / (p.n_heads / p.n_kv_heads);
+  const int D = p.head_dim;
+  const int token0 = p.token_start[s];
+  const int n_new = p.token_start[s + 1] - token0;
+  const int kv_len = p.kv_len[s];
+  const int32_t* slots = p.slot_table + p.slot_start[s];
+  const T* q = static_cast<const T*>(p.q);
+  const T* k_pool = static_cast<const T*>(p.k_pool);
+  const T* v_pool = static_cast<const T*>(p.v_pool);
+  T* out = static_cast<T*>(p.out);
+
+  for (int i = static_cast<int>(blockIdx.x); i < n_new; i += static_cast<int>(gridDim.x)) {
+    const int64_t row = (static_cast<int64_t>(token0) + i) * p.n_heads + h;
+    float qv[kVpl];
+#pragma unroll
+    for (int j = 0; j < kVpl; ++j) {
+      const int d = lane + 32 * j;
+      qv[j] = d < D ? to_float(q[row * D + d]) : 0.0f;
+    }
+    // Causal: the token at position kv_len - n_new + i sees positions 0 .. that position.
+    const int n_keys = kv_len - n_new + i + 1;
+    float m = -INFINITY;
+    float l = 0.0f;
+    float acc[kVpl];
+#pragma unroll
+    for (int j = 0; j < kVpl; ++j) acc[j] = 0.0f;
+    for (int key = warp; key < n_keys; key += kWarps) {
+      const int64_t base = (static_cast<int64_t>(slots[key]) * p.n_kv_heads + kv_head) * D;
+      float dot = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kVpl; ++j) {
+        const int d = lane + 32 * j;
+        if (d < D) dot = fmaf(qv[j], to_float(k_pool[base + d]), dot);
+      }
+      const float score = warp_sum(dot) * p.scale;
+      const float m_new = fmaxf(m, score);
+      const float correction = expf(m - m_new);  // 0 for the first key (m = -inf)
+      const float weight = expf(score - m_new);
+      l = fmaf(l, correction, weight);
+#pragma unroll
+      for (int j = 0; j < kVpl; ++j) {
+        const int d = lane + 32 * j;
+        const float v = d < D ? to_float(v_pool[base + d]) : 0.0f;
+        acc[j] = fmaf(acc[j], correction, weight * v);
+      }
+      m = m_new;
+    }
+    if (lane == 0) {
+      warp_max[warp] = m;
+      warp_sum_exp[warp] = l;
+    }
+#pragma unroll
+    for (int j = 0; j < kVpl; ++j) warp_acc[warp][lane + 32 * j] = acc[j];
+    __syncthreads();
+    if (warp == 0) {
+      // Key 0 always exists and belongs to warp 0, so the overall max is finite; a warp that got
+      // no key has max -inf and weight 0.
+      float m_all = warp_max[0];
+#pragma unroll
+      for (int w = 1; w < kWarps; ++w) m_all = fmaxf(m_all, warp_max[w]);
+      float weights[kWarps];
+      float l_all = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        weights[w] = expf(warp_max[w] - m_all);
+        l_all = fmaf(warp_sum_exp[w], weights[w], l_all);
+      }
+      const float inv_l = 1.0f / l_all;
+#pragma unroll
+      for (int j = 0; j < kVpl; ++j) {
+        const int d = lane + 32 * j;
+        if (d >= D) continue;
+        float o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) o = fmaf(warp_acc[w][d], weights[w], o);
+        out[row * D + d] = from_float<T>(o * inv_l);
+      }
+    }
+    __syncthreads();  // the shared arrays are rewritten by the next token
+  }
+}
+
+template <typename T, int kVpl>
+Status launch_vpl(const Params& p, int32_t n_work, int32_t max_n_new, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(std::clamp(max_n_new, 1, 65535)),
+                  static_cast<unsigned>(n_work), static_cast<unsigned>(p.n_heads));
+  LITELLAMA_CUDA_RETURN_IF_ERROR(
+      launch_kernel(attention_general_kernel<T, kVpl>, grid, dim3(kThreads), 0, stream, p));
+  return Status::ok();
+}
+
+// The one place where the runtime head size becomes a template parameter (values per lane).
+template <typename T>
+Status dispatch_vpl(const Params& p, int32_t n_work, int32_t max_n_new, cudaStream_t stream) {
+  switch ((p.head_dim + 31) / 32) {
+    case 1:
+      return launch_vpl<T, 1>(p, n_work, max_n_new, stream);
+    case 2:
+      return launch_vpl<T, 2>(p, n_work, max_n_new, stream);
+    case 3:
+      return launch_vpl<T, 3>(p, n_work, max_n_new, stream);
+    case 4:
+      return launch_vpl<T, 4>(p, n_work, max_n_new, stream);
+    case 5:
+    case 6:
+      return launch_vpl<T, 6>(p, n_work, max_n_new, stream);
+    case 7:
+    case 8:
+      return launch_vpl<T, 8>(p, n_work, max_n_new, stream);
+    default:
+      break;
+  }
+  return make_error(StatusCode::kUnsupported, "attention_general: head_dim {} not supported",
+                    p.head_dim);
+}
+
+}  // namespace
+
+bool attention_general_supports(DType dtype, int32_t head_dim, int32_t n_heads,
+                                int32_t n_kv_heads) {
+  const bool dtype_ok = dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
+  const bool heads_ok = n_kv_heads > 0 && n_heads > 0 && n_heads % n_kv_heads == 0;
+  return dtype_ok && head_dim >= 1 && head_dim <= kAttentionGeneralMaxHeadDim && heads_ok;
+}
+
+Status launch_attention_general(void* out, const void* q, const void* k_pool, const void* v_pool,
+                                const int32_t* token_start, const int32_t* kv_len,
+                                const int32_t* slot_start, const int32_t* slot_table,
+                                const int32_t* seq_ids, int32_t n_work, int32_t max_n_new,
+                                int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, DType dtype,
+                                float scale, cudaStream_t stream) {
+  if (!attention_general_supports(dtype, head_dim, n_heads, n_kv_heads)) {
+    return make_error(StatusCode::kUnsupported,
+                      "attention_general: unsupported dtype {}, head_dim {} or heads {}/{}",
+                      dtype_torch_name(dtype), head_dim, n_heads, n_kv_heads);
+  }
+  if (n_work < 0 || n_work > 65535 || n_heads > 65535) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "attention_general: n_work {} or n_heads {} out of range", n_work, n_heads);
+  }
+  if (n_work == 0) return Status::ok();
+  const Params p{out,        q,       k_pool,  v_pool,     token_start, kv_len, slot_start,
+                 slot_table, seq_ids, n_heads, n_kv_heads, head_dim,    scale};
+  switch (dtype) {
+    case DType::kF32:
+      return dispatch_vpl<float>(p, n_work, max_n_new, stream);
+    case DType::kBF16:
+      return dispatch_vpl<__nv_bfloat16>(p, n_work, max_n_new, stream);
+    case DType::kF16:
+      return dispatch_vpl<__half>(p, n_work, max_n_new, stream);
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
+      break;
+  }
+  return make_error(StatusCode::kUnsupported, "attention_general: dtype {} not supported",
+                    dtype_torch_name(dtype));
+}
+
+}  // namespace litellama
