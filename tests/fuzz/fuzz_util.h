@@ -18,13 +18,13 @@
 #include <string>
 #include <string_view>
 
-#define FUZZ_CHECK(cond, what)                                                              \
-  do {                                                                                       \
-    if (!(cond)) {                                                                           \
-      std::fprintf(stderr, "fuzz property broken at %s:%d: %s (%s)\n", __FILE__, __LINE__, \
-                   #cond, std::string(what).c_str());                                        \
-      std::abort();                                                                          \
-    }                                                                                        \
+#define FUZZ_CHECK(cond, what)                                                                    \
+  do {                                                                                            \
+    if (!(cond)) {                                                                                \
+      std::fprintf(stderr, "fuzz property broken at %s:%d: %s (%s)\n", __FILE__, __LINE__, #cond, \
+                   std::string(what).c_str());                                                    \
+      std::abort();                                                                               \
+    }                                                                                             \
   } while (0)
 
 namespace litellama::fuzz {

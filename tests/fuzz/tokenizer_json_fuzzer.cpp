@@ -61,9 +61,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (bool add_special : {false, true}) {
       const std::vector<int32_t> ids = tok->encode(text, add_special);
       for (int32_t id : ids) {
-        FUZZ_CHECK(id >= 0 && id < tok->vocab_size(),
-                   "id " + std::to_string(id) + " outside vocabulary of " +
-                       std::to_string(tok->vocab_size()));
+        FUZZ_CHECK(id >= 0 && id < tok->vocab_size(), "id " + std::to_string(id) +
+                                                          " outside vocabulary of " +
+                                                          std::to_string(tok->vocab_size()));
       }
       check_stream(*tok, ids, false);
       check_stream(*tok, ids, true);

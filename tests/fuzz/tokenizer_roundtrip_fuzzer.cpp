@@ -24,8 +24,8 @@ const litellama::Tokenizer& tokenizer(int i) {
   if (!loaded[i]) {
     const std::string dir = litellama::fuzz::source_dir() + "/assets/tokenizers/" + kNames[i];
     auto tok = litellama::Tokenizer::load(dir);
-    FUZZ_CHECK(tok.is_ok(), "cannot load " + dir + " (run scripts/fetch-assets.sh): " +
-                                tok.status().to_string());
+    FUZZ_CHECK(tok.is_ok(), "cannot load " + dir +
+                                " (run scripts/fetch-assets.sh): " + tok.status().to_string());
     loaded[i] = std::make_unique<litellama::Tokenizer>(std::move(tok).value());
   }
   return *loaded[i];
