@@ -109,7 +109,8 @@ struct Entry {
 class Ledger {
  public:
   void submitted(uint64_t id, Entry entry) {
-    if (!entries_.emplace(id, std::move(entry)).second) violation(id, "request id reused");
+    if (!entries_.emplace(id, std::move(entry)).second) return violation(id, "request id reused");
+    ++n_open_;
   }
   Entry* find(uint64_t id) {
     auto it = entries_.find(id);
@@ -121,7 +122,7 @@ class Ledger {
     if (r == nullptr) return violation(id, "event for a request never submitted");
     if (r->n_ends > 0) violation(id, "event after the request's end (" + r->how + ")");
     if (e.kind == net::ClientEvent::Kind::kError) {
-      ++r->n_ends;
+      if (++r->n_ends == 1) --n_open_;
       r->error = true;
       r->how = e.error.code;
       return;
@@ -135,17 +136,14 @@ class Ledger {
     if (r->n_tokens > static_cast<size_t>(r->max_tokens)) violation(id, "more than max_tokens");
     if (r->plan == Plan::kMustBeRefused) violation(id, "a request that must be refused streamed");
     if (!c.finished) return;
-    ++r->n_ends;
+    if (++r->n_ends == 1) --n_open_;
     r->how = c.finish_reason;
     if (c.finish_reason != "stop" && c.finish_reason != "length" && c.finish_reason != "abort") {
       violation(id, "unknown finish_reason '" + c.finish_reason + "'");
     }
     if (c.finish_reason == "abort" && !r->aborted) violation(id, "aborted without an abort");
   }
-  size_t open() const {
-    return static_cast<size_t>(std::count_if(entries_.begin(), entries_.end(),
-                                             [](const auto& kv) { return kv.second.n_ends == 0; }));
-  }
+  size_t open() const { return n_open_; }
   // At the end: every request ended exactly once.
   void close() {
     for (const auto& [id, r] : entries_) {
@@ -162,6 +160,7 @@ class Ledger {
       violations_.push_back("request " + std::to_string(id) + ": " + what);
   }
   std::map<uint64_t, Entry> entries_;
+  size_t n_open_ = 0;  // entries without an end
   std::vector<std::string> violations_;
 };
 
