@@ -225,11 +225,18 @@ def shrink_tokenizer(tj, n_vocab):
     for k, t in enumerate(tj.get("added_tokens", [])[:4]):
         added.append(dict(t, id=n_vocab + k))
     out["added_tokens"] = added
-    if out.get("post_processor") and out["post_processor"].get("type") == "TemplateProcessing":
-        pp = json.loads(json.dumps(out["post_processor"]))
-        for tok in pp.get("special_tokens", {}).values():
-            tok["ids"] = [n_vocab]
-        out["post_processor"] = pp
+    # The post-processor's special tokens become the first added token (their ids must exist).
+    def remap(pp):
+        if not isinstance(pp, dict):
+            return
+        if pp.get("type") == "TemplateProcessing":
+            for tok in pp.get("special_tokens", {}).values():
+                tok["ids"] = [n_vocab]
+        for inner in pp.get("processors", []):
+            remap(inner)
+    if out.get("post_processor"):
+        out["post_processor"] = json.loads(json.dumps(out["post_processor"]))
+        remap(out["post_processor"])
     return out
 
 
