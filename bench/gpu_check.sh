@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# One pass on a GPU machine: build, the GPU test suite, memcheck on the GPU golden test and the
-# GEMV kernels, the batch-1 decode step time of a Llama-3.2-1B-shaped model, time per output
+# One pass on a GPU machine: build, the GPU test suite, compute-sanitizer over the GPU test
+# binaries (bench/gpu_sanitize.sh), the batch-1 decode step time of a Llama-3.2-1B-shaped model, time per output
 # token in-process versus through the three services, and per-kernel Nsight Compute breakdowns
 # of one decode step for the shapes issue 6 names. Results go to $OUT (or ./gpu-check-out).
+# Exits 1 when the build, the GPU tests or a compute-sanitizer run fails.
 # Usage: bench/gpu_check.sh   (from the repository root, after the build dependencies are there)
 set -uo pipefail
 out="${OUT:-gpu-check-out}"
@@ -11,15 +12,17 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLITELLAMA_CUDA_ARCHITE
   -DLITELLAMA_BENCH=ON > "$out/cmake.log" 2>&1 || { tail -n 30 "$out/cmake.log"; exit 1; }
 cmake --build build -j"$(nproc)" > "$out/build.log" 2>&1 || { grep -A5 error "$out/build.log" | head -40; exit 1; }
 nvidia-smi -L
-ctest --test-dir build -L gpu -j1 --output-on-failure > "$out/gpu_tests.log" 2>&1
+status=0
+ctest --test-dir build -L gpu -j1 --output-on-failure > "$out/gpu_tests.log" 2>&1 || status=1
 grep -E "tests passed|tests failed" "$out/gpu_tests.log"
-compute-sanitizer --tool memcheck build/tests/golden_gpu_test \
-  --gtest_filter='*Float32*llama3_tiny*:*Float32*qwen2_tiny*:*HalfPrecision*qwen3_tiny*' \
-  > "$out/sanitizer.log" 2>&1
-grep -E "ERROR SUMMARY|PASSED|FAILED" "$out/sanitizer.log" | head -5
-compute-sanitizer --tool memcheck build/tests/cuda_gemv_test \
-  --gtest_filter='*ResidualAdd*:*QkvRope*:*Chain*' > "$out/sanitizer_gemv.log" 2>&1
-grep -E "ERROR SUMMARY|PASSED|FAILED" "$out/sanitizer_gemv.log" | head -3
+# compute-sanitizer over the GPU test binaries (bench/gpu_sanitize.sh): the parts named in
+# GPU_SANITIZE_PARTS (default: memcheck of the kernel tests and of three golden models; `all`
+# is every binary under memcheck and racecheck, several calls' worth). Any error fails this script.
+golden_filter='*Float32*llama3_tiny*:*Float32*qwen2_tiny*:*HalfPrecision*qwen3_tiny*'
+export GPU_SANITIZE_FILTER_golden_gpu_test="${GPU_SANITIZE_FILTER_golden_gpu_test-$golden_filter}"
+# shellcheck disable=SC2086
+OUT="$out" bash bench/gpu_sanitize.sh --build build \
+  ${GPU_SANITIZE_PARTS:-memcheck-kernels memcheck-golden} || status=1
 build/tests/cuda_model_runner_test --gtest_also_run_disabled_tests \
   --gtest_filter='*DISABLED_DecodeStep*' > "$out/decode_timing.log" 2>&1
 grep -iE "ms|FAILED" "$out/decode_timing.log" | head -10
@@ -56,3 +59,4 @@ for spec in "llama3.2-1b 1" "llama3.2-1b 8" "qwen2.5-1.5b 1" "llama3.1-8b 1"; do
     > "$out/breakdown_$1_b$2.txt" 2>&1
   head -n 3 "$out/breakdown_$1_b$2.txt"
 done
+exit "$status"

@@ -5,4 +5,10 @@ function(litellama_target_defaults target)
   target_compile_options(${target} PRIVATE
     $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>
     $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CONFIG:Release>>:-O3>)
+  # LITELLAMA_SANITIZE / LITELLAMA_FUZZ (cmake/Sanitizers.cmake); empty in a normal build. The
+  # link options are public so every program linking a sanitized library gets the runtime.
+  if(LITELLAMA_SANITIZE_COMPILE_OPTIONS)
+    target_compile_options(${target} PRIVATE ${LITELLAMA_SANITIZE_COMPILE_OPTIONS})
+    target_link_options(${target} PUBLIC ${LITELLAMA_SANITIZE_LINK_OPTIONS})
+  endif()
 endfunction()

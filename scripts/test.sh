@@ -1,21 +1,133 @@
 #!/usr/bin/env bash
 # Sets the machine up (Debian packages, tokenizer assets), builds everything with tests and runs
-# the whole suite with ctest. GPU tests report "Skipped" with the reason when no device is present.
-# Usage: scripts/test.sh [extra ctest arguments, e.g. -L unit]
+# the whole suite with ctest, then the same code under sanitizers and fuzzers, each in its own
+# build directory with CUDA off:
+#   main   build/       every test (GPU tests report "Skipped" with the reason without a device)
+#   asan   build-asan/  unit and integration suites under ASan + UBSan
+#   tsan   build-tsan/  scheduler, service and integration (net) tests under TSan
+#   fuzz   build-fuzz/  each libFuzzer target of tests/fuzz/ for LITELLAMA_FUZZ_SECONDS (20) s
+# A sanitizer finding stops the process that made it (halt_on_error) and leaves a report under
+# build-*/sanitizer-reports/; any report there fails the stage, including one from a service
+# process that a test started and whose exit the test did not look at.
+# Usage: scripts/test.sh [extra ctest arguments for the main stage, e.g. -L unit]
+#   LITELLAMA_TEST_STAGES="main asan" scripts/test.sh   runs only the stages named
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bash scripts/setup.sh --no-build
 jobs="$(nproc)"
-# CUDA sources build when nvcc is present; sm_90 only, to bound the build time.
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLITELLAMA_CUDA_ARCHITECTURES=90
-cmake --build build -j"$jobs"
-# Each label the suite is made of must have tests built: a label with none fails loudly instead
-# of passing on nothing (gpu tests build wherever nvcc is, and skip at run time without a device).
-labels=(unit integration)
-if grep -q '^LITELLAMA_CUDA_BUILT:INTERNAL=ON' build/CMakeCache.txt; then labels+=(gpu); fi
-for label in "${labels[@]}"; do
-  ctest --test-dir build -N -L "^${label}\$" --no-tests=error > /dev/null ||
-    { echo "test.sh: no tests labelled '$label' were built" >&2; exit 1; }
+stages="${LITELLAMA_TEST_STAGES:-main asan tsan fuzz}"
+fuzz_seconds="${LITELLAMA_FUZZ_SECONDS:-20}"
+timings=()
+
+# The stage functions return non-zero on the first failing step (errexit does not apply inside a
+# function called from a || list). Runs "$@" and records how long it took under the stage name $1.
+timed() {
+  local name="$1" start=$SECONDS
+  shift
+  "$@"
+  timings+=("$name: $((SECONDS - start)) s")
+}
+
+# Sanitizer runtime options for a stage whose reports go to $1 (emptied first).
+sanitizer_env() {
+  local reports="$1"
+  rm -rf "$reports"
+  mkdir -p "$reports"
+  local supp="$root/tests/sanitizers"
+  export ASAN_OPTIONS="halt_on_error=1:detect_leaks=1:strict_init_order=1:check_initialization_order=1:log_path=$reports/asan"
+  export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0"
+  export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$reports/ubsan"
+  # die_after_fork=0: services are started with fork + exec from threaded test processes.
+  export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:die_after_fork=0:suppressions=$supp/tsan.supp:log_path=$reports/tsan"
+}
+
+# Fails when a sanitizer wrote any report under $1 (printing them).
+check_reports() {
+  local reports="$1" found=0 f
+  for f in "$reports"/*; do
+    [ -e "$f" ] || continue
+    found=1
+    echo "==== sanitizer report $f"
+    cat "$f"
+  done
+  if [ "$found" -ne 0 ]; then
+    echo "test.sh: sanitizer reports in $reports" >&2
+    return 1
+  fi
+}
+
+# Configures a CPU-only build in $1 with the cmake arguments after $2 and builds the targets
+# named in $2 (all when empty).
+build_cpu() {
+  local dir="$1" targets="$2"
+  shift 2
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLITELLAMA_CUDA=OFF \
+    -DLITELLAMA_BENCH=OFF "$@" > /dev/null || return 1
+  # shellcheck disable=SC2086
+  cmake --build "$dir" -j"$jobs" ${targets:+--target $targets} || return 1
+}
+
+stage_main() {
+  # CUDA sources build when nvcc is present; sm_90 only, to bound the build time.
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLITELLAMA_CUDA_ARCHITECTURES=90 \
+    || return 1
+  cmake --build build -j"$jobs" || return 1
+  # Each label the suite is made of must have tests built: a label with none fails loudly
+  # instead of passing on nothing (gpu tests build wherever nvcc is, and skip at run time
+  # without a device).
+  local labels=(unit integration) label
+  if grep -q '^LITELLAMA_CUDA_BUILT:INTERNAL=ON' build/CMakeCache.txt; then labels+=(gpu); fi
+  for label in "${labels[@]}"; do
+    ctest --test-dir build -N -L "^${label}\$" --no-tests=error > /dev/null ||
+      { echo "test.sh: no tests labelled '$label' were built" >&2; return 1; }
+  done
+  ctest --test-dir build --output-on-failure --timeout 900 -j"$jobs" --no-tests=error "$@"
+}
+
+stage_asan() {
+  build_cpu build-asan "" -DLITELLAMA_SANITIZE=address,undefined || return 1
+  sanitizer_env "$root/build-asan/sanitizer-reports"
+  local rc=0
+  ctest --test-dir build-asan --output-on-failure --timeout 900 -j"$jobs" --no-tests=error \
+    -L 'unit|integration' \
+    || rc=$?
+  check_reports "$root/build-asan/sanitizer-reports" || rc=1
+  return "$rc"
+}
+
+stage_tsan() {
+  # Only what the selected tests run (their service programs are dependencies of the tests).
+  build_cpu build-tsan "scheduler_unit_test services_integration_test soak_test" \
+    -DLITELLAMA_SANITIZE=thread || return 1
+  sanitizer_env "$root/build-tsan/sanitizer-reports"
+  local rc=0
+  ctest --test-dir build-tsan --output-on-failure --timeout 900 -j"$jobs" --no-tests=error \
+    -L 'scheduler|integration|fault' || rc=$?
+  check_reports "$root/build-tsan/sanitizer-reports" || rc=1
+  return "$rc"
+}
+
+stage_fuzz() {
+  local cc=clang-14 cxx=clang++-14
+  CC="$cc" CXX="$cxx" cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DLITELLAMA_CUDA=OFF -DLITELLAMA_FUZZ=ON -DLITELLAMA_TESTS=OFF -DLITELLAMA_BENCH=OFF \
+    -DLITELLAMA_FUZZ_SECONDS="$fuzz_seconds" > /dev/null || return 1
+  cmake --build build-fuzz -j"$jobs" --target litellama_fuzzers || return 1
+  # libFuzzer reports a finding itself (exit status and an input under build-fuzz/fuzz-artifacts).
+  unset ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS TSAN_OPTIONS
+  ctest --test-dir build-fuzz --output-on-failure -j"$jobs" --no-tests=error -L fuzz
+}
+
+rc=0
+for stage in $stages; do
+  case "$stage" in
+    main) timed main stage_main "$@" || rc=1 ;;
+    asan) timed asan stage_asan || rc=1 ;;
+    tsan) timed tsan stage_tsan || rc=1 ;;
+    fuzz) timed fuzz stage_fuzz || rc=1 ;;
+    *) echo "test.sh: unknown stage '$stage' (main asan tsan fuzz)" >&2; exit 2 ;;
+  esac
 done
-ctest --test-dir build --output-on-failure --timeout 900 -j"$jobs" --no-tests=error "$@"
+printf 'test.sh: %s\n' "${timings[@]}"
+exit "$rc"

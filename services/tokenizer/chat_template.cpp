@@ -6,6 +6,7 @@
 #include <cmath>
 #include <ctime>
 #include <functional>
+#include <limits>
 #include <map>
 #include <stdexcept>
 #include <unordered_map>
@@ -32,6 +33,44 @@ struct TemplateError : std::runtime_error {
 }
 [[noreturn]] void unsupported(const std::string& message) {
   throw TemplateError(StatusCode::kUnsupported, message);
+}
+
+// Limits that keep a hostile or broken template from exhausting the stack, the memory or the
+// time of the tokenizer: real chat templates nest a few levels, build strings of kilobytes and
+// run thousands of statements.
+constexpr int kMaxNesting = 64;     // blocks, parentheses, `not`/sign chains (parse recursion)
+constexpr int kMaxExprDepth = 256;  // expression tree depth (evaluation recursion)
+constexpr size_t kMaxValueBytes = size_t{16} << 20;  // a repeated string or list
+constexpr int64_t kMaxRenderSteps = 10'000'000;      // statements and expressions evaluated
+
+// Integer arithmetic as Python does it, except that a result outside int64 is an error.
+[[noreturn]] void integer_overflow(int line) {
+  fail(fmt::format("line {}: integer overflow", line));
+}
+int64_t add_checked(int64_t x, int64_t y, int line) {
+  int64_t r = 0;
+  if (__builtin_add_overflow(x, y, &r)) integer_overflow(line);
+  return r;
+}
+int64_t sub_checked(int64_t x, int64_t y, int line) {
+  int64_t r = 0;
+  if (__builtin_sub_overflow(x, y, &r)) integer_overflow(line);
+  return r;
+}
+int64_t mul_checked(int64_t x, int64_t y, int line) {
+  int64_t r = 0;
+  if (__builtin_mul_overflow(x, y, &r)) integer_overflow(line);
+  return r;
+}
+
+// An integer or float literal; out of range is an error, not an exception of the std library.
+int64_t int_literal(const std::string& text, int line) {
+  int64_t v = 0;
+  const auto r = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (r.ec != std::errc() || r.ptr != text.data() + text.size()) {
+    fail(fmt::format("line {}: integer literal '{}' out of range", line, text));
+  }
+  return v;
 }
 
 // ================================================================================================
@@ -948,6 +987,7 @@ enum class ExprKind {
 struct Expr {
   ExprKind kind;
   int line = 0;
+  int depth = 1;  // of the tree below and including this node (<= kMaxExprDepth)
   Value literal;
   std::string name;           // name, attribute, operator, filter or test
   std::vector<ExprPtr> args;  // operands / positional arguments
@@ -979,6 +1019,24 @@ struct Stmt {
 class Parser {
  public:
   explicit Parser(std::vector<Token> tokens) : t_(std::move(tokens)) {}
+
+  // Counts one level of parse recursion for its lifetime (see kMaxNesting).
+  class Nesting {
+   public:
+    explicit Nesting(Parser* p) : p_(p) {
+      if (++p_->depth_ > kMaxNesting) {
+        --p_->depth_;
+        fail(fmt::format("line {}: the template nests deeper than {} levels", p_->peek().line,
+                         kMaxNesting));
+      }
+    }
+    ~Nesting() { --p_->depth_; }
+    Nesting(const Nesting&) = delete;
+    Nesting& operator=(const Nesting&) = delete;
+
+   private:
+    Parser* p_;
+  };
 
   Body parse_template() {
     std::string end_tag;
@@ -1026,6 +1084,7 @@ class Parser {
   // Parses statements until a block tag whose name is in `ends`; leaves that name in *end_tag
   // and the position right after the tag name.
   Body parse_body(const std::vector<std::string>& ends, std::string* end_tag) {
+    Nesting nesting(this);
     Body body;
     while (true) {
       const Token& t = peek();
@@ -1192,6 +1251,18 @@ class Parser {
   }
 
   // ---- expressions (Jinja2 precedence) ----
+  // Makes `child` an operand of `parent`, keeping parent.depth (kMaxExprDepth bounds how deep
+  // evaluation and destruction recurse; chains like a+b+c... deepen the tree without recursing
+  // in the parser).
+  static void attach(Expr& parent, ExprPtr child) {
+    if (child) parent.depth = std::max(parent.depth, child->depth + 1);  // a slice part may be null
+    if (parent.depth > kMaxExprDepth) {
+      fail(fmt::format("line {}: an expression nests deeper than {} levels", parent.line,
+                       kMaxExprDepth));
+    }
+    parent.args.push_back(std::move(child));
+  }
+
   ExprPtr make(ExprKind kind, int line) {
     auto e = std::make_unique<Expr>();
     e->kind = kind;
@@ -1203,15 +1274,16 @@ class Parser {
     ExprPtr first = parse_expr();
     if (!at_op(",")) return first;
     auto list = make(ExprKind::kList, first->line);
-    list->args.push_back(std::move(first));
+    attach(*list, std::move(first));
     while (at_op(",")) {
       advance();
-      list->args.push_back(parse_expr());
+      attach(*list, parse_expr());
     }
     return list;
   }
 
   ExprPtr parse_expr() {
+    Nesting nesting(this);
     ExprPtr e = parse_or();
     while (at_name("if")) {
       const int line = advance().line;
@@ -1222,9 +1294,9 @@ class Parser {
         advance();
         other = parse_expr();
       }
-      c->args.push_back(std::move(e));
-      c->args.push_back(std::move(cond));
-      if (other) c->args.push_back(std::move(other));
+      attach(*c, std::move(e));
+      attach(*c, std::move(cond));
+      if (other) attach(*c, std::move(other));
       e = std::move(c);
     }
     return e;
@@ -1236,8 +1308,8 @@ class Parser {
     ExprPtr e = parse_and();
     while (at_name("or")) {
       auto o = make(ExprKind::kOr, advance().line);
-      o->args.push_back(std::move(e));
-      o->args.push_back(parse_and());
+      attach(*o, std::move(e));
+      attach(*o, parse_and());
       e = std::move(o);
     }
     return e;
@@ -1246,16 +1318,17 @@ class Parser {
     ExprPtr e = parse_not();
     while (at_name("and")) {
       auto o = make(ExprKind::kAnd, advance().line);
-      o->args.push_back(std::move(e));
-      o->args.push_back(parse_not());
+      attach(*o, std::move(e));
+      attach(*o, parse_not());
       e = std::move(o);
     }
     return e;
   }
   ExprPtr parse_not() {
     if (at_name("not")) {
+      Nesting nesting(this);
       auto n = make(ExprKind::kNot, advance().line);
-      n->args.push_back(parse_not());
+      attach(*n, parse_not());
       return n;
     }
     return parse_compare();
@@ -1281,18 +1354,18 @@ class Parser {
       }
       if (!cmp) {
         cmp = make(ExprKind::kCompare, e->line);
-        cmp->args.push_back(std::move(e));
+        attach(*cmp, std::move(e));
       }
       cmp->ops.push_back(op);
-      cmp->args.push_back(parse_math1());
+      attach(*cmp, parse_math1());
     }
     return cmp ? std::move(cmp) : std::move(e);
   }
   ExprPtr binary(std::string op, ExprPtr l, ExprPtr r) {
     auto b = make(ExprKind::kBinary, l->line);
     b->name = std::move(op);
-    b->args.push_back(std::move(l));
-    b->args.push_back(std::move(r));
+    attach(*b, std::move(l));
+    attach(*b, std::move(r));
     return b;
   }
   ExprPtr parse_math1() {
@@ -1330,9 +1403,10 @@ class Parser {
   ExprPtr parse_unary(bool with_filter) {
     ExprPtr e;
     if (at_op("-") || at_op("+")) {
+      Nesting nesting(this);
       const Token& t = advance();
       e = make(t.text == "-" ? ExprKind::kNeg : ExprKind::kPos, t.line);
-      e->args.push_back(parse_unary(false));
+      attach(*e, parse_unary(false));
     } else {
       e = parse_postfix(parse_primary());
     }
@@ -1346,9 +1420,15 @@ class Parser {
       if (peek().kind == Tok::kName && peek(1).kind == Tok::kOp && peek(1).text == "=") {
         std::string key = advance().text;
         advance();
-        call->kwargs.emplace_back(std::move(key), parse_expr());
+        ExprPtr value = parse_expr();
+        call->depth = std::max(call->depth, value->depth + 1);
+        if (call->depth > kMaxExprDepth) {
+          fail(fmt::format("line {}: an expression nests deeper than {} levels", call->line,
+                           kMaxExprDepth));
+        }
+        call->kwargs.emplace_back(std::move(key), std::move(value));
       } else {
-        call->args.push_back(parse_expr());
+        attach(*call, parse_expr());
       }
       if (!at_op(",")) break;
       advance();
@@ -1369,9 +1449,9 @@ class Parser {
       auto e = make(ExprKind::kLiteral, t.line);
       const std::string text = advance().text;
       if (t.kind == Tok::kInt) {
-        e->literal = Value(static_cast<int64_t>(std::stoll(text)));
+        e->literal = Value(int_literal(text, t.line));
       } else {
-        e->literal = Value(std::stod(text));
+        e->literal = Value(std::strtod(text.c_str(), nullptr));  // inf when out of range
       }
       return e;
     }
@@ -1400,11 +1480,11 @@ class Parser {
       ExprPtr first = parse_expr();
       if (at_op(",")) {
         auto list = make(ExprKind::kList, line);
-        list->args.push_back(std::move(first));
+        attach(*list, std::move(first));
         while (at_op(",")) {
           advance();
           if (at_op(")")) break;
-          list->args.push_back(parse_expr());
+          attach(*list, parse_expr());
         }
         expect_op(")");
         return list;
@@ -1415,7 +1495,7 @@ class Parser {
     if (at_op("[")) {
       auto list = make(ExprKind::kList, advance().line);
       while (!at_op("]")) {
-        list->args.push_back(parse_expr());
+        attach(*list, parse_expr());
         if (!at_op(",")) break;
         advance();
       }
@@ -1427,8 +1507,8 @@ class Parser {
       while (!at_op("}")) {
         ExprPtr key = parse_expr();
         expect_op(":");
-        dict->args.push_back(std::move(key));
-        dict->args.push_back(parse_expr());
+        attach(*dict, std::move(key));
+        attach(*dict, parse_expr());
         if (!at_op(",")) break;
         advance();
       }
@@ -1446,12 +1526,12 @@ class Parser {
         if (peek().kind == Tok::kInt) {
           a->kind = ExprKind::kItem;
           auto idx = make(ExprKind::kLiteral, line);
-          idx->literal = Value(static_cast<int64_t>(std::stoll(advance().text)));
-          a->args.push_back(std::move(e));
-          a->args.push_back(std::move(idx));
+          idx->literal = Value(int_literal(advance().text, line));
+          attach(*a, std::move(e));
+          attach(*a, std::move(idx));
         } else {
           a->name = expect_name();
-          a->args.push_back(std::move(e));
+          attach(*a, std::move(e));
         }
         e = std::move(a);
       } else if (at_op("[")) {
@@ -1471,18 +1551,18 @@ class Parser {
         if (n_colons == 0) {
           if (!parts[0]) fail(fmt::format("line {}: empty subscript", line));
           auto item = make(ExprKind::kItem, line);
-          item->args.push_back(std::move(e));
-          item->args.push_back(std::move(parts[0]));
+          attach(*item, std::move(e));
+          attach(*item, std::move(parts[0]));
           e = std::move(item);
         } else {
           auto slice = make(ExprKind::kSlice, line);
-          slice->args.push_back(std::move(e));
-          for (auto& p : parts) slice->args.push_back(std::move(p));  // may be null
+          attach(*slice, std::move(e));
+          for (auto& p : parts) attach(*slice, std::move(p));
           e = std::move(slice);
         }
       } else if (at_op("(")) {
         auto call = make(ExprKind::kCall, peek().line);
-        call->args.push_back(std::move(e));
+        attach(*call, std::move(e));
         parse_call_args(call.get());
         e = std::move(call);
       } else {
@@ -1497,7 +1577,7 @@ class Parser {
         const int line = advance().line;
         auto f = make(ExprKind::kFilter, line);
         f->name = expect_name();
-        f->args.push_back(std::move(e));
+        attach(*f, std::move(e));
         if (at_op("(")) parse_call_args(f.get());
         e = parse_postfix(std::move(f));
       } else if (at_name("is")) {
@@ -1511,7 +1591,7 @@ class Parser {
         if (t->name == "none" || t->name == "true" || t->name == "false") {
           // keep as test names
         }
-        t->args.push_back(std::move(e));
+        attach(*t, std::move(e));
         if (at_op("(")) {
           parse_call_args(t.get());
         } else if (peek().kind == Tok::kString || peek().kind == Tok::kInt ||
@@ -1519,7 +1599,7 @@ class Parser {
                    (peek().kind == Tok::kName &&
                     (peek().text == "none" || peek().text == "None" || peek().text == "true" ||
                      peek().text == "True" || peek().text == "false" || peek().text == "False"))) {
-          t->args.push_back(parse_postfix(parse_primary()));
+          attach(*t, parse_postfix(parse_primary()));
         }
         e = std::move(t);
       } else {
@@ -1530,6 +1610,7 @@ class Parser {
 
   std::vector<Token> t_;
   size_t i_ = 0;
+  int depth_ = 0;  // parse recursion levels open (Nesting)
   int loop_depth_ = 0;
 };
 
@@ -1557,6 +1638,7 @@ class Interpreter {
 
  private:
   using Frame = std::unordered_map<std::string, Value>;
+  int64_t n_steps_ = 0;  // step()
 
   void install_globals() {
     Frame& g = frames_.back();
@@ -1601,9 +1683,10 @@ class Interpreter {
       }
       if (step == 0) fail("range() arg 3 must not be zero");
       List out;
-      for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+      for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
         out.emplace_back(i);
         if (out.size() > 100000) fail("range() too large for a chat template");
+        if (__builtin_add_overflow(i, step, &i)) break;  // past int64: past stop as well
       }
       return out;
     });
@@ -1627,7 +1710,18 @@ class Interpreter {
   }
 
   // ---- statements ----
+  // Counts one statement or expression evaluated against kMaxRenderSteps.
+  void step(int line) {
+    if (++n_steps_ > kMaxRenderSteps) {
+      fail(fmt::format("line {}: the template runs more than {} steps", line, kMaxRenderSteps));
+    }
+  }
+
   void exec(const Stmt& s, std::string& out) {
+    step(s.line);
+    if (out.size() > kMaxValueBytes) {
+      fail(fmt::format("line {}: the rendered prompt exceeds {} bytes", s.line, kMaxValueBytes));
+    }
     switch (s.kind) {
       case StmtKind::kText:
         out += s.text;
@@ -1703,6 +1797,7 @@ class Interpreter {
     auto loop = std::make_shared<Dict>();
     loop->is_loop = true;
     for (size_t i = 0; i < n; ++i) {
+      step(s.line);  // an empty body still costs its iterations
       loop->items.clear();
       loop->items.emplace_back("index", Value(static_cast<int64_t>(i + 1)));
       loop->items.emplace_back("index0", Value(static_cast<int64_t>(i)));
@@ -1729,6 +1824,7 @@ class Interpreter {
 
   // ---- expressions ----
   Value eval(const Expr& e) {
+    step(e.line);
     switch (e.kind) {
       case ExprKind::kLiteral:
         return e.literal;
@@ -1781,7 +1877,8 @@ class Interpreter {
                            e.kind == ExprKind::kNeg ? '-' : '+', type_name(v)));
         }
         if (e.kind == ExprKind::kPos) return v;
-        return v.is_float() ? Value(-v.as_double()) : Value(-v.as_int());
+        if (v.is_float()) return Value(-v.as_double());
+        return Value(sub_checked(0, v.as_int(), e.line));
       }
       case ExprKind::kBinary:
         return binary(e.name, eval(*e.args[0]), eval(*e.args[1]), e.line);
@@ -1842,6 +1939,11 @@ class Interpreter {
       const Value* n = s == &a ? &b : &a;
       if (s && n->is_int()) {
         const int64_t times = std::max<int64_t>(0, n->as_int());
+        const size_t unit = s->is_string() ? s->str().size() : s->list().size() * sizeof(Value);
+        if (unit > 0 && static_cast<uint64_t>(times) > kMaxValueBytes / unit) {
+          fail(
+              fmt::format("line {}: repetition result larger than {} bytes", line, kMaxValueBytes));
+        }
         if (s->is_string()) {
           std::string out;
           for (int64_t i = 0; i < times; ++i) out += s->str();
@@ -1870,8 +1972,13 @@ class Interpreter {
     }
     if (op == "**") {
       if (!use_float && b.as_int() >= 0) {
-        int64_t r = 1;
-        for (int64_t i = 0; i < b.as_int(); ++i) r *= a.as_int();
+        // Square and multiply: at most 64 rounds, each checked for overflow.
+        int64_t r = 1, base = a.as_int(), exp = b.as_int();
+        while (exp > 0) {
+          if (exp & 1) r = mul_checked(r, base, line);
+          exp >>= 1;
+          if (exp > 0) base = mul_checked(base, base, line);
+        }
         return Value(r);
       }
       return Value(std::pow(a.as_double(), b.as_double()));
@@ -1890,10 +1997,11 @@ class Interpreter {
       }
     } else {
       const int64_t x = a.as_int(), y = b.as_int();
-      if (op == "+") return Value(x + y);
-      if (op == "-") return Value(x - y);
-      if (op == "*") return Value(x * y);
+      if (op == "+") return Value(add_checked(x, y, line));
+      if (op == "-") return Value(sub_checked(x, y, line));
+      if (op == "*") return Value(mul_checked(x, y, line));
       if (y == 0) fail(fmt::format("line {}: integer division or modulo by zero", line));
+      if (x == std::numeric_limits<int64_t>::min() && y == -1) integer_overflow(line);
       int64_t q = x / y, m = x % y;
       if (m != 0 && ((m < 0) != (y < 0))) {
         --q;
@@ -2169,7 +2277,7 @@ class Interpreter {
           path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
       if (cur.is_undefined()) return cur;
       bool numeric = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
-      cur = numeric ? get_item(cur, Value(static_cast<int64_t>(std::stoll(part))), line)
+      cur = numeric ? get_item(cur, Value(int_literal(part, line)), line)
                     : get_item(cur, Value(part), line);
       if (dot == std::string::npos) return cur;
       start = dot + 1;
@@ -2264,7 +2372,14 @@ class Interpreter {
     }
     if (name == "int") {
       if (v.is_int()) return Value(v.as_int());
-      if (v.is_float()) return Value(static_cast<int64_t>(v.as_double()));
+      if (v.is_float()) {
+        const double d = std::trunc(v.as_double());
+        // Inside int64's range (2^63 is exact in a double); NaN fails both comparisons.
+        if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0)) {
+          fail(fmt::format("line {}: cannot convert {} to an integer", line, float_repr(d)));
+        }
+        return Value(static_cast<int64_t>(d));
+      }
       if (v.is_string()) {
         try {
           return Value(static_cast<int64_t>(std::stoll(v.str())));
@@ -2285,7 +2400,10 @@ class Interpreter {
     }
     if (name == "abs") {
       if (v.is_float()) return Value(std::fabs(v.as_double()));
-      if (v.is_int()) return Value(v.as_int() < 0 ? -v.as_int() : v.as_int());
+      if (v.is_int()) {
+        if (v.as_int() == std::numeric_limits<int64_t>::min()) integer_overflow(line);
+        return Value(v.as_int() < 0 ? -v.as_int() : v.as_int());
+      }
       fail(fmt::format("line {}: bad operand type for abs()", line));
     }
     if (name == "round") {
@@ -2469,6 +2587,9 @@ Result<ChatTemplate> ChatTemplate::parse(const std::string& source) {
     return ChatTemplate(std::move(program));
   } catch (const TemplateError& e) {
     return Status(e.code, std::string("chat template: ") + e.what());
+  } catch (const std::exception& e) {
+    // Anything else (a library's range error, memory) is the template's fault, not a crash.
+    return Status(StatusCode::kInvalidArgument, std::string("chat template: ") + e.what());
   }
 }
 
@@ -2484,6 +2605,8 @@ Result<std::string> ChatTemplate::render(const nlohmann::ordered_json& context) 
     return Status(StatusCode::kInternal, "chat template: break outside of a loop");
   } catch (const ContinueSignal&) {
     return Status(StatusCode::kInternal, "chat template: continue outside of a loop");
+  } catch (const std::exception& e) {
+    return Status(StatusCode::kInvalidArgument, std::string("chat template: ") + e.what());
   }
 }
 

@@ -1,5 +1,6 @@
 #include "services/tokenizer/tokenizer.h"
 
+#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -40,6 +41,19 @@ std::optional<std::string> token_content(const nlohmann::json& config, const cha
     return v["content"].get<std::string>();
   }
   return std::nullopt;
+}
+
+// Token ids above this are taken for a corrupt file: the largest published vocabularies have a
+// few hundred thousand tokens, and vocab_size() (the largest id + 1) sizes tables downstream.
+constexpr int64_t kMaxTokenId = int64_t{1} << 24;
+
+// An added token's id from tokenizer.json ("id") or tokenizer_config.json (a decimal key).
+Result<int32_t> added_token_id(const nlohmann::json& id) {
+  if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= kMaxTokenId) {
+    return make_error(StatusCode::kInvalidArgument, "added token id {} is not in [0, {})",
+                      id.dump(), kMaxTokenId);
+  }
+  return static_cast<int32_t>(id.get<int64_t>());
 }
 
 AddedToken added_token_from_json(const nlohmann::json& t, int32_t id) {
@@ -130,13 +144,18 @@ Result<Tokenizer> Tokenizer::load(const std::string& dir) {
     // Added tokens: tokenizer.json first, then any that only tokenizer_config.json declares.
     if (tj.contains("added_tokens")) {
       for (const auto& t : tj["added_tokens"]) {
-        tok.added_.add(added_token_from_json(t, t.at("id").get<int32_t>()));
+        LITELLAMA_ASSIGN_OR_RETURN(const int32_t id, added_token_id(t.at("id")));
+        tok.added_.add(added_token_from_json(t, id));
       }
     }
     if (config.contains("added_tokens_decoder") && config["added_tokens_decoder"].is_object()) {
       for (auto it = config["added_tokens_decoder"].begin();
            it != config["added_tokens_decoder"].end(); ++it) {
-        const int32_t id = std::stoi(it.key());
+        int64_t key = -1;
+        const auto parsed =
+            std::from_chars(it.key().data(), it.key().data() + it.key().size(), key);
+        if (parsed.ec != std::errc() || parsed.ptr != it.key().data() + it.key().size()) key = -1;
+        LITELLAMA_ASSIGN_OR_RETURN(const int32_t id, added_token_id(nlohmann::json(key)));
         if (tok.added_.find(id) == nullptr) tok.added_.add(added_token_from_json(*it, id));
       }
     }
@@ -144,6 +163,16 @@ Result<Tokenizer> Tokenizer::load(const std::string& dir) {
     tok.vocab_size_ = tok.model_.size();
     for (const AddedToken& t : tok.added_.tokens()) {
       tok.vocab_size_ = std::max(tok.vocab_size_, t.id + 1);
+    }
+    // The post-processor's ids must be tokens: encode() never returns an id outside the vocabulary.
+    for (const auto* ids : {&tok.post_processor_.prefix(), &tok.post_processor_.suffix()}) {
+      for (int32_t id : *ids) {
+        if (id < 0 || id >= tok.vocab_size_) {
+          return make_error(StatusCode::kInvalidArgument,
+                            "'{}': the post_processor adds id {}, outside the vocabulary of {}",
+                            tokenizer_path.string(), id, tok.vocab_size_);
+        }
+      }
     }
 
     // Special tokens as the chat template sees them (only those that are set).

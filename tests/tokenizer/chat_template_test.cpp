@@ -147,6 +147,49 @@ TEST_P(ChatTemplateTest, RuntimeErrorsDoNotCrash) {
   }
 }
 
+// Templates that once crashed the interpreter or ran without bound (tests/fuzz/reproducers/
+// chat_template_fuzzer/ has the fuzz inputs): each is a clear error now.
+TEST_P(ChatTemplateTest, HostileTemplatesAreErrorsNotCrashes) {
+  const std::string deep_parens =
+      "{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}";
+  std::string not_chain = "{{ ";
+  for (int i = 0; i < 5000; ++i) not_chain += "not ";
+  not_chain += "x }}";
+  std::string deep_if;
+  for (int i = 0; i < 3000; ++i) deep_if += "{% if true %}";
+  for (int i = 0; i < 3000; ++i) deep_if += "{% endif %}";
+  std::string long_sum = "{{ 1";
+  for (int i = 0; i < 4000; ++i) long_sum += " + 1";
+  long_sum += " }}";
+  for (const std::string& source :
+       {std::string("{{ 99999999999999999999 }}"), deep_parens, not_chain, deep_if, long_sum}) {
+    auto tmpl = ChatTemplate::parse(source);
+    ASSERT_FALSE(tmpl.is_ok()) << source.substr(0, 40);
+    EXPECT_EQ(tmpl.status().code(), StatusCode::kInvalidArgument) << tmpl.status().to_string();
+  }
+  for (const char* source :
+       {"{{ 9223372036854775807 + 1 }}", "{{ -9223372036854775807 - 2 }}", "{{ 2 ** 64 }}",
+        "{{ 3037000500 * 3037000500 }}", "{{ 2 ** 99999999999 }}", "{{ 'ab' * 99999999999 }}",
+        "{{ [1, 2] * 9999999999 }}", "{{ 1e300 | int }}", "{{ (0.0 / 1.0 - 1e308 * 10) | int }}",
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"}) {
+    auto tmpl = ChatTemplate::parse(source);
+    ASSERT_TRUE(tmpl.is_ok()) << source << ": " << tmpl.status().to_string();
+    auto out = tmpl->render(nlohmann::ordered_json::object());
+    ASSERT_FALSE(out.is_ok()) << source << " rendered " << out.value().substr(0, 40);
+    EXPECT_EQ(out.status().code(), StatusCode::kInvalidArgument) << out.status().to_string();
+  }
+  // In range, the same operations still work.
+  auto ok = ChatTemplate::parse(
+      "{{ 9223372036854775806 + 1 }} {{ 2 ** 62 }} {{ 'ab' * 3 }} {{ 1e10 | int }} "
+      "{{ range(9223372036854775800, 9223372036854775807, 4) | list }}");
+  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+  auto out = ok->render(nlohmann::ordered_json::object());
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  EXPECT_EQ(*out,
+            "9223372036854775807 4611686018427387904 ababab 10000000000 "
+            "[9223372036854775800, 9223372036854775804]");
+}
+
 INSTANTIATE_TEST_SUITE_P(tokenizer, ChatTemplateTest, ::testing::Values("jinja"),
                          [](const auto& info) { return std::string(info.param); });
 
