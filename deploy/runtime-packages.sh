@@ -29,8 +29,11 @@ for program in "$@"; do
   # "libzmq.so.5 => /lib/x86_64-linux-gnu/libzmq.so.5 (0x...)": the resolved path.
   libs="$libs $(printf '%s\n' "$out" | awk '$2 == "=>" && $3 ~ /^\// { print $3 }')"
 done
-packages=""
-# $libs and $packages are split into words on purpose: paths and package names have no spaces.
+# Each library under both of its names (/lib is a link to /usr/lib on Debian 12, and dpkg knows
+# a file by the path its package installed it as), all in one dpkg -S: it reads its database once.
+wanted=""
+patterns=""
+# $libs, $wanted and $patterns are split into words on purpose: paths have no spaces.
 # shellcheck disable=SC2086
 for lib in $(printf '%s\n' $libs | sort -u); do
   skipped=0
@@ -38,13 +41,20 @@ for lib in $(printf '%s\n' $libs | sort -u); do
     case "$lib" in "$prefix"*) skipped=1 ;; esac
   done
   [ "$skipped" -eq 1 ] && continue
-  # dpkg knows the path as installed; /lib is a link to /usr/lib on Debian 12.
-  owner=$(dpkg -S "$lib" 2>/dev/null || dpkg -S "$(readlink -f "$lib")" 2>/dev/null ||
-          dpkg -S "/usr$lib" 2>/dev/null) || {
+  wanted="$wanted $lib"
+  case "$lib" in
+    /usr/*) patterns="$patterns $lib ${lib#/usr}" ;;
+    *) patterns="$patterns $lib /usr$lib" ;;
+  esac
+done
+[ -n "$wanted" ] || exit 0
+# shellcheck disable=SC2086
+owners=$(dpkg -S $patterns 2>/dev/null || true)
+for lib in $wanted; do
+  short=${lib#/usr}
+  if ! printf '%s\n' "$owners" | grep -q -e ": $lib\$" -e ": $short\$" -e ": /usr$short\$"; then
     echo "runtime-packages.sh: no Debian package owns $lib" >&2
     exit 1
-  }
-  packages="$packages $(printf '%s\n' "$owner" | cut -d: -f1)"
+  fi
 done
-# shellcheck disable=SC2086
-printf '%s\n' $packages | sort -u
+printf '%s\n' "$owners" | cut -d: -f1 | sort -u

@@ -54,12 +54,15 @@ void notify_extend_start_timeout(std::chrono::microseconds extra, std::string_vi
 
 StoppingNotifier::StoppingNotifier(const std::atomic<bool>* stop) {
   if (!notify_enabled()) return;
+  // The stop flag is read before done_: a service that drains faster than one poll still sends
+  // STOPPING=1 when its run() returns after a signal.
   thread_ = std::thread([this, stop] {
-    while (!done_.load()) {
+    for (;;) {
       if (stop->load()) {
         notify_stopping("draining");
         return;
       }
+      if (done_.load()) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   });
