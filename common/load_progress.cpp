@@ -59,16 +59,14 @@ void LoadProgress::shard_done(int32_t /*shard*/) {
 }
 
 std::string LoadProgress::line() const {
-  const int percent =
-      total_bytes_ > 0 ? static_cast<int>(100 * done_bytes_ / total_bytes_) : 100;
+  const int percent = total_bytes_ > 0 ? static_cast<int>(100 * done_bytes_ / total_bytes_) : 100;
   return fmt::format("{}: {:3d}% ({} of {}, shard {} of {})", what_, percent,
                      format_bytes(done_bytes_), format_bytes(total_bytes_),
                      std::min(n_shards_done_ + 1, n_shards_), n_shards_);
 }
 
 void LoadProgress::report(bool force) {
-  const int tenth =
-      total_bytes_ > 0 ? static_cast<int>(10 * done_bytes_ / total_bytes_) : 10;
+  const int tenth = total_bytes_ > 0 ? static_cast<int>(10 * done_bytes_ / total_bytes_) : 10;
   const bool new_tenth = tenth != last_tenth_;
   if (new_tenth || force) {
     last_tenth_ = tenth;

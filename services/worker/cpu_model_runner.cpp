@@ -87,7 +87,7 @@ class CpuModelRunner final : public ModelRunner {
   int32_t n_threads_;
   std::vector<CpuLayer> layers_;
   std::vector<float> embed_, final_norm_, lm_head_;  // lm_head_ empty when tied
-  std::vector<LazyZeroBuffer> k_pool_, v_pool_;  // [layer][n_slots, n_kv_heads, head_dim]
+  std::vector<LazyZeroBuffer> k_pool_, v_pool_;      // [layer][n_slots, n_kv_heads, head_dim]
 };
 
 Status CpuModelRunner::load(const Checkpoint& ckpt) {
@@ -373,10 +373,10 @@ Result<std::unique_ptr<ModelRunner>> create_cpu_model_runner(const Checkpoint& c
   if (n_slots <= 0) {
     // A few full-length sequences (at least one step's tokens), within the memory budget.
     const int64_t per_slot = int64_t{2} * c.n_layers * c.n_kv_heads * c.head_dim * 4;
-    const int64_t wanted = std::max<int64_t>(kDefaultKvContexts * c.max_position_embeddings,
-                                             options.max_batch_tokens);
-    n_slots = static_cast<int32_t>(std::min<int64_t>(
-        {options.kv_memory_bytes / per_slot, wanted, int64_t{1} << 24}));
+    const int64_t wanted =
+        std::max<int64_t>(kDefaultKvContexts * c.max_position_embeddings, options.max_batch_tokens);
+    n_slots = static_cast<int32_t>(
+        std::min<int64_t>({options.kv_memory_bytes / per_slot, wanted, int64_t{1} << 24}));
   }
   if (n_slots <= 0) {
     return make_error(StatusCode::kResourceExhausted, "KV pool would hold no token");

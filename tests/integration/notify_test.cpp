@@ -93,11 +93,13 @@ TEST(ServiceNotify, EachServiceIsReadyByItselfAndReportsStopping) {
 
   cluster.start_tokenizer();
   EXPECT_FALSE(notify.wait_for(cluster.process("tokenizer").pid(), "READY=1", 30000).empty())
-      << "no READY=1 from the tokenizer\n" << cluster.logs();
+      << "no READY=1 from the tokenizer\n"
+      << cluster.logs();
 
   cluster.start_scheduler();
   EXPECT_FALSE(notify.wait_for(cluster.process("scheduler").pid(), "READY=1", 30000).empty())
-      << "no READY=1 from the scheduler\n" << cluster.logs();
+      << "no READY=1 from the scheduler\n"
+      << cluster.logs();
   unsetenv("NOTIFY_SOCKET");
   ASSERT_NO_FATAL_FAILURE(cluster.wait_ready());
 
@@ -105,7 +107,8 @@ TEST(ServiceNotify, EachServiceIsReadyByItselfAndReportsStopping) {
     net::ChildProcess& p = cluster.process(name);
     p.signal(SIGTERM);
     EXPECT_FALSE(notify.wait_for(p.pid(), "STOPPING=1", 10000).empty())
-        << "no STOPPING=1 from the " << name << "\n" << cluster.logs();
+        << "no STOPPING=1 from the " << name << "\n"
+        << cluster.logs();
     // It drains and exits by itself (a second SIGTERM would end it at once).
     std::optional<int> code;
     for (int i = 0; i < 200 && !(code = p.poll()); ++i) {

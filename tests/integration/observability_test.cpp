@@ -57,7 +57,8 @@ bool run_workload(ServiceCluster& cluster) {
 }
 
 TEST(Observability, DashboardNamesOnlyMetricsTheServicesExport) {
-  std::ifstream f(std::string(LITELLAMA_TEST_SOURCE_DIR) + "/deploy/grafana/litellama-dashboard.json");
+  std::ifstream f(std::string(LITELLAMA_TEST_SOURCE_DIR) +
+                  "/deploy/grafana/litellama-dashboard.json");
   ASSERT_TRUE(f.good()) << "deploy/grafana/litellama-dashboard.json missing";
   const nlohmann::json dashboard = nlohmann::json::parse(f, nullptr, false);
   ASSERT_FALSE(dashboard.is_discarded()) << "the dashboard is not valid JSON";
@@ -83,8 +84,8 @@ TEST(Observability, DashboardNamesOnlyMetricsTheServicesExport) {
          it != std::sregex_iterator(); ++it) {
       any = true;
       ++n_names;
-      EXPECT_TRUE(exported.count(it->str())) << it->str() << " (in '" << expr
-                                             << "') is not exported by any service";
+      EXPECT_TRUE(exported.count(it->str()))
+          << it->str() << " (in '" << expr << "') is not exported by any service";
     }
     EXPECT_TRUE(any) << "'" << expr << "' names no litellama metric";
   }

@@ -19,8 +19,9 @@ namespace {
 TEST(LoadProgressTest, ReportsEachTenthOnceAndAFinalLine) {
   std::vector<std::string> lines;
   {
-    LoadProgress p("weights", 1000, 2, [&](const std::string& l) { lines.push_back(l); },
-                   /*terminal=*/false);
+    LoadProgress p(
+        "weights", 1000, 2, [&](const std::string& l) { lines.push_back(l); },
+        /*terminal=*/false);
     for (int i = 0; i < 100; ++i) p.add(10, i < 50 ? 0 : 1);
     EXPECT_EQ(p.done_bytes(), 1000);
     p.shard_done(0);

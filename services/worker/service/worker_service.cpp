@@ -227,10 +227,9 @@ Status WorkerService::load() {
   progress.finish();
   checkpoint.set_read_observer(nullptr);
   const ModelConfig& config = runner_->config();
-  const int64_t kv_bytes_per_slot = int64_t{2} * config.n_layers * config.n_kv_heads *
-                                    config.head_dim *
-                                    static_cast<int64_t>(
-                                        dtype_size_bytes(runner_options.compute_dtype));
+  const int64_t kv_bytes_per_slot =
+      int64_t{2} * config.n_layers * config.n_kv_heads * config.head_dim *
+      static_cast<int64_t>(dtype_size_bytes(runner_options.compute_dtype));
   std::fprintf(stderr, "KV pool: %d slots of %s, %s%s, ready %.2f s after the weights\n",
                runner_->n_kv_slots(), format_bytes(kv_bytes_per_slot).c_str(),
                format_bytes(kv_bytes_per_slot * runner_->n_kv_slots()).c_str(),
