@@ -6,11 +6,8 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "common/net/child_process.h"
 #include "services/worker/random_checkpoint.h"
-
-#ifndef LITELLAMA_SOURCE_DIR
-#define LITELLAMA_SOURCE_DIR "."
-#endif
 
 namespace litellama::cli {
 
@@ -18,7 +15,9 @@ namespace fs = std::filesystem;
 
 std::string assets_dir() {
   if (const char* env = std::getenv("LITELLAMA_ASSETS_DIR"); env && *env) return env;
-  return (fs::path(LITELLAMA_SOURCE_DIR) / "assets").string();
+  return (fs::path(net::executable_dir()).parent_path() / "share" / "litellama" / "assets")
+      .lexically_normal()
+      .string();
 }
 
 Result<std::string> default_model_dir() {

@@ -9,7 +9,10 @@
 
 namespace litellama::cli {
 
-// assets/ of the source tree (tokenizers, the default model), or $LITELLAMA_ASSETS_DIR.
+// The assets (tokenizers, the default model): $LITELLAMA_ASSETS_DIR, else share/litellama/assets
+// beside the bin/ directory of this executable. That is where `cmake --install` puts them, and the
+// build tree has the same layout (build/share/litellama/assets links to the checkout's assets/),
+// so no binary carries the path of the source tree.
 std::string assets_dir();
 // The embedded default model's directory, created from its preset on first use.
 Result<std::string> default_model_dir();

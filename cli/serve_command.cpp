@@ -65,7 +65,7 @@ void add_launch_options(CLI::App* sub, LaunchOptions* o) {
   sub->add_option("--tokenizers", o->n_tokenizers, "tokenizer processes")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
-  sub->add_option("--kv-slots", o->kv_slots, "KV pool size in tokens (0: from memory)")
+  sub->add_option("--kv-slots", o->kv_slots, "KV pool size in tokens (0: the worker's default)")
       ->capture_default_str();
   sub->add_option("--threads", o->threads, "cpu: worker threads (0: all)")->capture_default_str();
   sub->add_option("--max-batch-tokens", o->max_batch_tokens, "tokens per step")

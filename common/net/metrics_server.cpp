@@ -10,7 +10,12 @@
 #include <vector>
 
 #include <microhttpd.h>
+#include <prometheus/gauge.h>
 #include <prometheus/text_serializer.h>
+
+#ifndef LITELLAMA_VERSION
+#error "LITELLAMA_VERSION is set by common/net/CMakeLists.txt"
+#endif
 
 namespace litellama::net {
 
@@ -133,6 +138,7 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::start(
   addrinfo* found = nullptr;
   LITELLAMA_RETURN_IF_ERROR(resolve_listen(listen, &found));
   std::unique_ptr<MetricsServer> server(new MetricsServer());
+  add_build_info(*registry);
   server->handlers_ = std::make_unique<Handlers>();
   server->handlers_->registry = std::move(registry);
   server->handlers_->ready = std::move(ready);
@@ -155,6 +161,15 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::start(
   const MHD_DaemonInfo* info = MHD_get_daemon_info(server->daemon_, MHD_DAEMON_INFO_BIND_PORT);
   server->port_ = info ? info->port : 0;
   return server;
+}
+
+void MetricsServer::add_build_info(prometheus::Registry& registry) {
+  prometheus::BuildGauge()
+      .Name("litellama_build_info")
+      .Help("1, labelled with the version of the running build")
+      .Register(registry)
+      .Add({{"version", LITELLAMA_VERSION}})
+      .Set(1);
 }
 
 MetricsServer::~MetricsServer() {

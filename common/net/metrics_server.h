@@ -1,6 +1,7 @@
 // MetricsServer: one HTTP listener per service (GNU libmicrohttpd) serving the service's
 // prometheus-cpp registry at /metrics, liveness at /health (200 while the process runs) and
 // readiness at /ready (200, or 503 with the reason while loading or while a peer is down).
+// Every registry it serves also carries litellama_build_info{version}.
 //
 // Not civetweb (which prometheus-cpp's own exposer uses): civetweb starts its threads with a
 // fixed small stack, and a process that links cuBLAS (the CUDA worker) carries ~100 KB of static
@@ -37,6 +38,9 @@ class MetricsServer {
   static Status check_available(const std::string& listen);
 
   int port() const { return port_; }
+
+  // Adds litellama_build_info{version="..."} 1 to `registry` (start() does it for its registry).
+  static void add_build_info(prometheus::Registry& registry);
 
   // What the HTTP thread reads; owned by the server, alive until the daemon has stopped.
   struct Handlers {

@@ -9,6 +9,7 @@
 
 #include "common/log.h"
 #include "common/net/child_process.h"
+#include "common/net/service_notify.h"
 #include "common/net/stop_signal.h"
 
 namespace litellama::net {
@@ -37,13 +38,20 @@ void add_common_service_flags(CLI::App& app, Options& options, std::string& run_
 // Starts the service and runs it until SIGINT/SIGTERM. Exit status: kExitConfigError when it
 // cannot start (nothing gets better by restarting: a port or endpoint taken, files missing), 1
 // when running fails, 0 after a clean stop.
+//
+// Service manager: READY=1 as soon as start() has returned (its sockets are bound and what it
+// loads synchronously is loaded), unless the service declares kNotifiesReadyItself and sends it
+// when its background loading is done (the worker); STOPPING=1 when the stop signal arrives.
 template <typename Service>
 int run_service(Service& service) {
   install_stop_signal(service.stop_flag());
   if (auto st = service.start(); !st) {
     LITELLAMA_LOG_ERROR("{}", st.to_string());
+    notify_status(st.to_string());
     return kExitConfigError;
   }
+  if constexpr (!requires { Service::kNotifiesReadyItself; }) notify_ready("serving");
+  const StoppingNotifier stopping(service.stop_flag());
   if constexpr (std::is_void_v<decltype(service.run())>) {
     service.run();
   } else {

@@ -59,6 +59,9 @@ SchedulerMetrics::SchedulerMetrics(std::shared_ptr<prometheus::Registry> reg)
   requests_waiting =
       gauge(r, "litellama_scheduler_requests_waiting", "Requests waiting for admission");
   kv_slots_used = gauge(r, "litellama_scheduler_kv_slots_used", "KV slots holding tokens");
+  kv_slots_reserved =
+      gauge(r, "litellama_scheduler_kv_slots_reserved",
+            "KV slots promised to running requests for their remaining output, not yet used");
   kv_slots_capacity =
       gauge(r, "litellama_scheduler_kv_slots_capacity", "KV slots of the worker's pool");
   worker_up = gauge(r, "litellama_scheduler_worker_up", "1 while a worker is registered");

@@ -27,6 +27,7 @@ struct SchedulerMetrics {
   prometheus::Gauge* requests_running;
   prometheus::Gauge* requests_waiting;
   prometheus::Gauge* kv_slots_used;
+  prometheus::Gauge* kv_slots_reserved;
   prometheus::Gauge* kv_slots_capacity;
   prometheus::Gauge* worker_up;
   prometheus::Gauge* tokenizers_up;

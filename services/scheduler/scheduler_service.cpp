@@ -343,6 +343,10 @@ void SchedulerService::flush(Request* r) {
           return;
         }
       } else {
+        // Latest token's step result to the chunk that carries it (detokenization included).
+        if (ids_end > r->n_ids_sent && r->n_generated() > 0) {
+          metrics_data_.hop_client_chunk->Observe(monotonic_seconds() - r->t_last_token);
+        }
         r->n_text_sent = text_end;
         r->n_ids_sent = ids_end;
       }
@@ -825,6 +829,7 @@ void SchedulerService::update_gauges() {
   metrics_data_.requests_running->Set(batcher_.n_running());
   metrics_data_.requests_waiting->Set(batcher_.n_waiting());
   metrics_data_.kv_slots_used->Set(allocator_.n_used());
+  metrics_data_.kv_slots_reserved->Set(static_cast<double>(allocator_.n_reserved()));
   metrics_data_.kv_slots_capacity->Set(allocator_.n_total());
   metrics_data_.worker_up->Set(worker_ ? 1 : 0);
   metrics_data_.tokenizers_up->Set(static_cast<double>(tokenizer_peers_.size()));

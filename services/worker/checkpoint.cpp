@@ -109,6 +109,7 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
       view.shape = std::move(e.shape);
       view.data = file->data() + e.offset_bytes;
       view.size_bytes = e.size_bytes;
+      view.shard = static_cast<int32_t>(ckpt.files_.size());
       ckpt.tensors_.emplace(view.name, std::move(view));
     }
     ckpt.files_.push_back(std::move(file));
@@ -141,7 +142,16 @@ Result<TensorView> Checkpoint::tensor(const std::string& name) const {
   if (it == tensors_.end()) {
     return make_error(StatusCode::kNotFound, "checkpoint has no tensor '{}'", name);
   }
+  if (read_observer_) read_observer_(it->second);
   return it->second;
+}
+
+std::vector<int64_t> Checkpoint::shard_bytes() const {
+  std::vector<int64_t> bytes(files_.size(), 0);
+  for (const auto& [name, view] : tensors_) {
+    bytes[static_cast<size_t>(view.shard)] += static_cast<int64_t>(view.size_bytes);
+  }
+  return bytes;
 }
 
 std::vector<std::string> Checkpoint::tensor_names() const {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -22,6 +23,7 @@ struct TensorView {
   std::vector<int64_t> shape;
   const void* data = nullptr;  // inside the mapping; valid while the Checkpoint lives
   size_t size_bytes = 0;
+  int32_t shard = 0;  // index of the file that holds it (Checkpoint::shard_bytes)
 
   int64_t numel() const;
   // Copies into float32 (upcasting bf16/fp16).
@@ -54,6 +56,14 @@ class Checkpoint {
 
   // Total bytes of all tensors (as stored).
   size_t size_bytes() const;
+  // Bytes of the tensors of each weight file, in file order (one entry when not sharded).
+  std::vector<int64_t> shard_bytes() const;
+
+  // Called with each tensor a backend takes through tensor(), before it reads the data: start-up
+  // progress. A tensor taken twice (tied embeddings) is reported twice.
+  void set_read_observer(std::function<void(const TensorView&)> observer) {
+    read_observer_ = std::move(observer);
+  }
 
  private:
   Status validate() const;
@@ -62,6 +72,7 @@ class Checkpoint {
   ModelConfig config_;
   std::vector<std::shared_ptr<MappedFile>> files_;
   std::map<std::string, TensorView> tensors_;
+  std::function<void(const TensorView&)> read_observer_;
 };
 
 }  // namespace litellama

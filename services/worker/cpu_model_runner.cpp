@@ -1,10 +1,12 @@
 #include "services/worker/cpu_model_runner.h"
 
 #include <omp.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cmath>
 #include <thread>
+#include <utility>
 
 #include "services/worker/checkpoint.h"
 #include "services/worker/cpu_sampler.h"
@@ -16,6 +18,45 @@ namespace {
 
 // Below this many multiply-adds an op runs on one thread.
 constexpr int64_t kMinParallelMacs = int64_t{1} << 18;
+
+// Full-length sequences the default KV pool holds (when --kv-slots is 0), within
+// RunnerOptions::kv_memory_bytes.
+constexpr int64_t kDefaultKvContexts = 4;
+
+// Zero-filled memory straight from the kernel, mapped page by page on first touch: a large KV pool
+// costs nothing at start-up, and only as much memory as the slots in use (the scheduler's
+// allocator hands out low slots first) instead of its full size.
+class LazyZeroBuffer {
+ public:
+  LazyZeroBuffer() = default;
+  static Result<LazyZeroBuffer> allocate(size_t n_floats) {
+    LazyZeroBuffer b;
+    b.bytes_ = std::max<size_t>(n_floats, 1) * sizeof(float);
+    void* p = mmap(nullptr, b.bytes_, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      return make_error(StatusCode::kResourceExhausted, "cannot map {} bytes for the KV pool",
+                        b.bytes_);
+    }
+    b.data_ = static_cast<float*>(p);
+    return b;
+  }
+  LazyZeroBuffer(LazyZeroBuffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  LazyZeroBuffer& operator=(LazyZeroBuffer&& o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  ~LazyZeroBuffer() {
+    if (data_ != nullptr) munmap(data_, bytes_);
+  }
+  float* data() const { return data_; }
+
+ private:
+  float* data_ = nullptr;
+  size_t bytes_ = 0;
+};
 
 struct CpuLayer {
   std::vector<float> input_norm, wq, wk, wv, bq, bk, bv, q_norm, k_norm, wo;
@@ -46,7 +87,7 @@ class CpuModelRunner final : public ModelRunner {
   int32_t n_threads_;
   std::vector<CpuLayer> layers_;
   std::vector<float> embed_, final_norm_, lm_head_;  // lm_head_ empty when tied
-  std::vector<std::vector<float>> k_pool_, v_pool_;  // [layer][n_slots, n_kv_heads, head_dim]
+  std::vector<LazyZeroBuffer> k_pool_, v_pool_;      // [layer][n_slots, n_kv_heads, head_dim]
 };
 
 Status CpuModelRunner::load(const Checkpoint& ckpt) {
@@ -82,8 +123,14 @@ Status CpuModelRunner::load(const Checkpoint& ckpt) {
     LITELLAMA_RETURN_IF_ERROR(get(n.down, &L.w_down));
   }
   const size_t pool = static_cast<size_t>(n_slots_) * config_.n_kv_heads * config_.head_dim;
-  k_pool_.assign(static_cast<size_t>(config_.n_layers), std::vector<float>(pool));
-  v_pool_.assign(static_cast<size_t>(config_.n_layers), std::vector<float>(pool));
+  k_pool_.clear();
+  v_pool_.clear();
+  for (int32_t l = 0; l < config_.n_layers; ++l) {
+    LITELLAMA_ASSIGN_OR_RETURN(LazyZeroBuffer k, LazyZeroBuffer::allocate(pool));
+    LITELLAMA_ASSIGN_OR_RETURN(LazyZeroBuffer v, LazyZeroBuffer::allocate(pool));
+    k_pool_.push_back(std::move(k));
+    v_pool_.push_back(std::move(v));
+  }
   return Status::ok();
 }
 
@@ -324,9 +371,12 @@ Result<std::unique_ptr<ModelRunner>> create_cpu_model_runner(const Checkpoint& c
   const ModelConfig& c = checkpoint.config();
   int32_t n_slots = options.n_kv_slots;
   if (n_slots <= 0) {
+    // A few full-length sequences (at least one step's tokens), within the memory budget.
     const int64_t per_slot = int64_t{2} * c.n_layers * c.n_kv_heads * c.head_dim * 4;
+    const int64_t wanted =
+        std::max<int64_t>(kDefaultKvContexts * c.max_position_embeddings, options.max_batch_tokens);
     n_slots = static_cast<int32_t>(
-        std::min<int64_t>(options.kv_memory_bytes / per_slot, int64_t{1} << 24));
+        std::min<int64_t>({options.kv_memory_bytes / per_slot, wanted, int64_t{1} << 24}));
   }
   if (n_slots <= 0) {
     return make_error(StatusCode::kResourceExhausted, "KV pool would hold no token");

@@ -102,10 +102,11 @@ Result<LayerKernelRepeats> parse_layer_kernel_repeats(std::string_view spec);
 struct RunnerOptions {
   Device device = Device::kCpu;
   DType compute_dtype = DType::kF32;  // CPU: float32 only
-  // KV pool size. 0: derive from kv_memory_fraction of free memory (CUDA) or kv_memory_bytes.
+  // KV pool size. 0: from kv_memory_fraction of free memory (CUDA), or four of the model's
+  // contexts within kv_memory_bytes (CPU).
   int32_t n_kv_slots = 0;
   double kv_memory_fraction = 0.85;            // CUDA: share of free device memory after weights
-  int64_t kv_memory_bytes = int64_t{1} << 30;  // CPU: bytes for the pool when n_kv_slots == 0
+  int64_t kv_memory_bytes = int64_t{1} << 30;  // CPU: the most the pool takes, n_kv_slots == 0
   int32_t n_threads = 0;                       // CPU: 0 = all hardware threads
   int32_t max_batch_tokens = 8192;             // largest n_tokens of one step (sizes workspaces)
   int32_t max_batch_seqs = 256;                // largest n_seqs of one step

@@ -23,7 +23,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "float32", "bfloat16", "float16"}));
   app.add_option("--scheduler", options.scheduler_endpoint,
                  "The scheduler's worker endpoint (default ipc://RUN_DIR/worker.sock)");
-  app.add_option("--kv-slots", options.runner.n_kv_slots, "KV pool size in tokens (0: from memory)")
+  app.add_option("--kv-slots", options.runner.n_kv_slots,
+                 "KV pool size in tokens (0: cuda: from free memory; cpu: four of the model's "
+                 "contexts, at most 1 GiB, mapped on first use)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 28));
   app.add_option("--threads", options.runner.n_threads, "CPU threads (0: all)")

@@ -4,9 +4,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
+#include <numeric>
+#include <set>
 
+#include "common/load_progress.h"
 #include "common/log.h"
+#include "common/net/service_notify.h"
 #include "common/net/zmq_util.h"
 #include "common/proto/heartbeat.h"
 #include "services/worker/checkpoint.h"
@@ -20,6 +25,9 @@ using net::monotonic_seconds;
 
 constexpr const char* kComputeEndpoint = "inproc://worker-compute";
 constexpr const char* kStopCompute = "stop";
+// Each report of loading progress gives the service manager this much more time to finish
+// starting: a load fails there only when it has stopped making progress.
+constexpr std::chrono::seconds kStartTimeoutExtension{120};
 
 prometheus::Histogram::BucketBoundaries step_buckets() {
   return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
@@ -67,14 +75,6 @@ WorkerService::WorkerService(WorkerOptions options)
                         .Help("Compute time of one step (batch read, forward, sampling)")
                         .Register(r)
                         .Add({}, step_buckets());
-  step_device_duration_ =
-      &prometheus::BuildHistogram()
-           .Name("litellama_worker_step_device_seconds")
-           .Help(
-               "Device time of one step, first copy to last (GPU backends only); the rest of "
-               "the step duration is host work and launch latency")
-           .Register(r)
-           .Add({}, step_buckets());
   doorbell_latency_ = &prometheus::BuildHistogram()
                            .Name("litellama_worker_doorbell_latency_seconds")
                            .Help(
@@ -102,19 +102,40 @@ WorkerService::WorkerService(WorkerOptions options)
                           .Help("Unknown or malformed messages")
                           .Register(r)
                           .Add({});
-  persistent_steps_ = &prometheus::BuildCounter()
-                           .Name("litellama_worker_persistent_decode_steps_total")
-                           .Help("Steps run as the persistent decode kernel (--persistent-decode)")
-                           .Register(r)
-                           .Add({});
-  auto& graph_steps = prometheus::BuildCounter()
-                          .Name("litellama_worker_graph_steps_total")
-                          .Help(
-                              "Steps launched as a CUDA graph: replayed (captured by an earlier "
-                              "step) or captured by this step; the other steps ran eagerly")
-                          .Register(r);
-  graph_replays_ = &graph_steps.Add({{"kind", "replayed"}});
-  graph_captures_ = &graph_steps.Add({{"kind", "captured"}});
+  // Series only a GPU backend writes exist only on one: every exported series can change.
+  if (options_.runner.device == Device::kCuda) {
+    step_device_duration_ =
+        &prometheus::BuildHistogram()
+             .Name("litellama_worker_step_device_seconds")
+             .Help(
+                 "Device time of one step, first copy to last (GPU backends only); the rest of "
+                 "the step duration is host work and launch latency")
+             .Register(r)
+             .Add({}, step_buckets());
+    if (options_.runner.persistent_decode_max_tokens > 0) {
+      persistent_steps_ =
+          &prometheus::BuildCounter()
+               .Name("litellama_worker_persistent_decode_steps_total")
+               .Help("Steps run as the persistent decode kernel (--persistent-decode)")
+               .Register(r)
+               .Add({});
+    }
+    if (options_.runner.use_cuda_graphs) {
+      auto& graph_steps = prometheus::BuildCounter()
+                              .Name("litellama_worker_graph_steps_total")
+                              .Help(
+                                  "Steps launched as a CUDA graph: replayed (captured by an "
+                                  "earlier step) or captured by this step; the other steps ran "
+                                  "eagerly")
+                              .Register(r);
+      graph_replays_ = &graph_steps.Add({{"kind", "replayed"}});
+      graph_captures_ = &graph_steps.Add({{"kind", "captured"}});
+    }
+  }
+  model_info_ = &prometheus::BuildGauge()
+                     .Name("litellama_model_info")
+                     .Help("1 for the model this worker serves, once it is loaded")
+                     .Register(r);
   kv_slots_capacity_ = &prometheus::BuildGauge()
                             .Name("litellama_worker_kv_slots_capacity")
                             .Help("KV slots of the pool")
@@ -179,8 +200,41 @@ Status WorkerService::load() {
   LITELLAMA_ASSIGN_OR_RETURN(runner_options.compute_dtype,
                              resolve_compute_dtype(runner_options.device, options_.dtype,
                                                    checkpoint.config().torch_dtype));
+  // Progress on stderr (and to the service manager) as the backend takes each tensor; once every
+  // weight is taken, what remains is the KV pool and the workspaces.
+  std::vector<int64_t> shard_left = checkpoint.shard_bytes();
+  const int64_t total_bytes = std::accumulate(shard_left.begin(), shard_left.end(), int64_t{0});
+  LoadProgress progress("weights", total_bytes, static_cast<int32_t>(shard_left.size()),
+                        [](const std::string& line) {
+                          net::notify_extend_start_timeout(kStartTimeoutExtension, line);
+                        });
+  std::set<std::string> taken;
+  double weights_taken_at = 0.0;
+  checkpoint.set_read_observer([&](const TensorView& t) {
+    if (!taken.insert(t.name).second) return;
+    progress.add(static_cast<int64_t>(t.size_bytes), t.shard);
+    int64_t& left = shard_left[static_cast<size_t>(t.shard)];
+    left -= static_cast<int64_t>(t.size_bytes);
+    if (left == 0) progress.shard_done(t.shard);
+    if (progress.done_bytes() == total_bytes) {
+      weights_taken_at = monotonic_seconds();
+      progress.finish();
+      net::notify_extend_start_timeout(kStartTimeoutExtension, "allocating the KV pool");
+      std::fprintf(stderr, "allocating the KV pool and workspaces\n");
+    }
+  });
   LITELLAMA_ASSIGN_OR_RETURN(runner_, create_model_runner(checkpoint, runner_options));
+  progress.finish();
+  checkpoint.set_read_observer(nullptr);
   const ModelConfig& config = runner_->config();
+  const int64_t kv_bytes_per_slot =
+      int64_t{2} * config.n_layers * config.n_kv_heads * config.head_dim *
+      static_cast<int64_t>(dtype_size_bytes(runner_options.compute_dtype));
+  std::fprintf(stderr, "KV pool: %d slots of %s, %s%s, ready %.2f s after the weights\n",
+               runner_->n_kv_slots(), format_bytes(kv_bytes_per_slot).c_str(),
+               format_bytes(kv_bytes_per_slot * runner_->n_kv_slots()).c_str(),
+               runner_options.device == Device::kCpu ? " (pages mapped on first use)" : "",
+               weights_taken_at > 0.0 ? monotonic_seconds() - weights_taken_at : 0.0);
   proto::StepRingLimits limits;
   limits.max_tokens = options_.runner.max_batch_tokens;
   limits.max_seqs = options_.runner.max_batch_seqs;
@@ -208,6 +262,7 @@ Status WorkerService::load() {
     info_ = info;
   }
   kv_slots_capacity_->Set(runner_->n_kv_slots());
+  model_info_->Add({{"model", info.model}, {"dtype", info.dtype}, {"device", info.device}}).Set(1);
   LITELLAMA_LOG_INFO("worker: loaded {} ({} {}, {} KV slots) in {:.2f} s", info.model, info.device,
                      info.dtype, info.n_kv_slots, monotonic_seconds() - start);
   return Status::ok();
@@ -221,8 +276,11 @@ void WorkerService::compute_main() {
   load_status_ = load();
   if (!load_status_) {
     failed_.store(true);
+    net::notify_status(load_status_.to_string());
   } else {
     ready_.store(true);
+    // Ready by itself: whether the scheduler is up is what /ready reports.
+    net::notify_ready("serving " + info_.model);
   }
   while (!stop_.load()) {
     zmq::message_t msg;
@@ -325,14 +383,14 @@ std::string WorkerService::run_step(const std::string& doorbell_bytes) {
   result.ok = true;
   result.compute_seconds = monotonic_seconds() - start;
   step_duration_->Observe(result.compute_seconds);
-  if (const auto device = runner_->last_step_device_seconds()) {
+  if (const auto device = runner_->last_step_device_seconds(); device && step_device_duration_) {
     step_device_duration_->Observe(*device);
   }
   steps_->Increment();
   step_tokens_->Increment(static_cast<double>(batch_.n_tokens()));
   // The runner's running counts, as increments of the counters.
   auto add_new = [](prometheus::Counter* counter, int64_t now, int64_t* seen) {
-    if (now > *seen) counter->Increment(static_cast<double>(now - *seen));
+    if (now > *seen && counter != nullptr) counter->Increment(static_cast<double>(now - *seen));
     *seen = std::max(*seen, now);
   };
   add_new(persistent_steps_, runner_->persistent_decode_steps(), &persistent_steps_seen_);

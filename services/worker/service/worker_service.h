@@ -46,6 +46,9 @@ struct WorkerOptions {
 
 class WorkerService {
  public:
+  // net::run_service leaves READY=1 to the service: it is sent once the model is loaded.
+  static constexpr bool kNotifiesReadyItself = true;
+
   explicit WorkerService(WorkerOptions options);
   ~WorkerService();
 
@@ -95,19 +98,20 @@ class WorkerService {
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<net::MetricsServer> metrics_;
   prometheus::Histogram* step_duration_ = nullptr;
-  prometheus::Histogram* step_device_duration_ = nullptr;
+  prometheus::Histogram* step_device_duration_ = nullptr;  // GPU backends only
   prometheus::Histogram* doorbell_latency_ = nullptr;
   prometheus::Counter* steps_ = nullptr;
   prometheus::Counter* step_errors_ = nullptr;
   prometheus::Counter* step_tokens_ = nullptr;
   prometheus::Counter* protocol_errors_ = nullptr;
-  prometheus::Counter* persistent_steps_ = nullptr;
+  prometheus::Counter* persistent_steps_ = nullptr;  // cuda with --persistent-decode only
   int64_t persistent_steps_seen_ = 0;  // the runner's count at the last step (compute thread)
-  prometheus::Counter* graph_replays_ = nullptr;
+  prometheus::Counter* graph_replays_ = nullptr;  // cuda with graphs only (and captures_)
   prometheus::Counter* graph_captures_ = nullptr;
   int64_t graph_replays_seen_ = 0;  // likewise
   int64_t graph_captures_seen_ = 0;
   prometheus::Gauge* kv_slots_capacity_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* model_info_ = nullptr;
   prometheus::Gauge* scheduler_up_ = nullptr;
 };
 
