@@ -22,6 +22,7 @@ char32_t cp_before(std::string_view s, size_t pos) {
 }  // namespace
 
 void AddedVocabulary::Trie::insert(std::string_view s, int32_t token) {
+  if (!s.empty()) first_byte[static_cast<unsigned char>(s[0])] = true;
   int32_t n = 0;
   for (const char ch : s) {
     const auto c = static_cast<unsigned char>(ch);
@@ -88,10 +89,8 @@ void AddedVocabulary::split(std::string_view text, bool normalized,
   const Trie& trie = normalized ? normalized_trie_ : raw_trie_;
   size_t gap_begin = 0;
   size_t pos = 0;
-  const auto& root = trie.nodes[0].next;
   while (pos < text.size()) {
-    const auto c = static_cast<unsigned char>(text[pos]);
-    if (std::none_of(root.begin(), root.end(), [c](const auto& e) { return e.first == c; })) {
+    if (!trie.first_byte[static_cast<unsigned char>(text[pos])]) {
       ++pos;
       continue;
     }

@@ -1,11 +1,12 @@
 #include "services/tokenizer/bpe_model.h"
 
+#include <algorithm>
 #include <mutex>
-#include <queue>
 #include <utility>
 
 #include <fmt/format.h>
 
+#include "services/tokenizer/byte_level.h"
 #include "services/tokenizer/utf8.h"
 
 namespace litellama {
@@ -150,13 +151,76 @@ void BpeModel::tokenize(std::string_view word, std::vector<int32_t>& ids) const 
   }
 }
 
+bool BpeModel::enable_raw_bytes() {
+  if (!continuing_subword_prefix_.empty() || !end_of_word_suffix_.empty()) return false;
+  const ByteLevel& bl = ByteLevel::get();
+  std::string mapped;
+  for (int b = 0; b < 256; ++b) {
+    mapped.clear();
+    const char c = static_cast<char>(b);
+    bl.encode(std::string_view(&c, 1), mapped);
+    const auto id = token_to_id(mapped);
+    if (!id) return false;
+    raw_byte_ids_[static_cast<size_t>(b)] = *id;
+  }
+  auto raw = std::make_unique<FlatTokenMap>(vocab_.size());
+  std::string bytes;
+  for (int32_t id = 0; id < size(); ++id) {
+    if (!has_id_[static_cast<size_t>(id)]) continue;
+    bytes.clear();
+    // Tokens with characters outside the alphabet can never come out of byte-level input.
+    if (bl.decode(id_to_token_[static_cast<size_t>(id)], bytes)) raw->insert(bytes, id);
+  }
+  raw_vocab_ = std::move(raw);
+  raw_cache_ = std::make_unique<Cache>();
+  return true;
+}
+
+void BpeModel::tokenize_bytes(std::string_view raw, std::vector<int32_t>& ids) const {
+  if (raw.empty()) return;
+  if (ignore_merges_) {
+    const int32_t id = raw_vocab_->find(raw);
+    if (id != FlatTokenMap::kMissing) {
+      ids.push_back(id);
+      return;
+    }
+  }
+  if (raw.size() == 1) {
+    ids.push_back(raw_byte_ids_[static_cast<unsigned char>(raw[0])]);
+    return;
+  }
+  const bool cacheable = raw.size() <= kCacheMaxWordBytes;
+  if (cacheable) {
+    std::lock_guard<std::mutex> lock(raw_cache_->mu);
+    auto it = raw_cache_->words.find(raw);
+    if (it != raw_cache_->words.end()) {
+      ids.insert(ids.end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  const size_t mark = ids.size();
+  merge_raw_bytes(raw, ids);
+  if (cacheable) {
+    std::lock_guard<std::mutex> lock(raw_cache_->mu);
+    if (raw_cache_->words.size() >= kCacheCapacity) raw_cache_->words.clear();
+    raw_cache_->words.emplace(
+        std::string(raw), std::vector<int32_t>(ids.begin() + static_cast<long>(mark), ids.end()));
+  }
+}
+
+void BpeModel::merge_raw_bytes(std::string_view raw, std::vector<int32_t>& ids) const {
+  thread_local std::vector<Symbol> symbols;
+  symbols.clear();
+  const auto n = static_cast<int32_t>(raw.size());
+  for (int32_t k = 0; k < n; ++k) {
+    symbols.push_back({raw_byte_ids_[static_cast<unsigned char>(raw[static_cast<size_t>(k)])],
+                       k - 1, k + 1, 1});
+  }
+  symbols.back().next = -1;
+  merge_symbols(symbols, ids);
+}
+
 void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& ids) const {
-  struct Symbol {
-    int32_t id;
-    int32_t prev;
-    int32_t next;
-    int32_t len;  // bytes; 0 once merged into its left neighbour
-  };
   std::vector<Symbol> symbols;
   symbols.reserve(word.size());
   auto add = [&](int32_t id, int32_t len) {
@@ -207,24 +271,53 @@ void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& ids) cons
   if (unk_len) add(*unk_id_, unk_len);
   if (symbols.empty()) return;
   symbols.back().next = -1;
+  merge_symbols(symbols, ids);
+}
 
-  struct Candidate {
-    int32_t rank;
-    int32_t pos;
-    int32_t new_id;
-  };
-  auto later = [](const Candidate& a, const Candidate& b) {
+namespace {
+
+// A merge that may apply at `pos`: a min-heap entry ordered by (rank, pos).
+struct Candidate {
+  int32_t rank;
+  int32_t pos;
+  int32_t new_id;
+};
+
+// A binary min-heap on storage reused by every word on this thread.
+class CandidateQueue {
+ public:
+  explicit CandidateQueue(std::vector<Candidate>& storage) : heap_(storage) { heap_.clear(); }
+  bool empty() const { return heap_.empty(); }
+  void push(Candidate c) {
+    heap_.push_back(c);
+    std::push_heap(heap_.begin(), heap_.end(), later);
+  }
+  Candidate pop() {
+    std::pop_heap(heap_.begin(), heap_.end(), later);
+    const Candidate top = heap_.back();
+    heap_.pop_back();
+    return top;
+  }
+
+ private:
+  static bool later(const Candidate& a, const Candidate& b) {
     return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos;
-  };
-  std::priority_queue<Candidate, std::vector<Candidate>, decltype(later)> queue(later);
+  }
+  std::vector<Candidate>& heap_;
+};
+
+}  // namespace
+
+void BpeModel::merge_symbols(std::vector<Symbol>& symbols, std::vector<int32_t>& ids) const {
+  thread_local std::vector<Candidate> storage;
+  CandidateQueue queue(storage);
   for (size_t k = 0; k + 1 < symbols.size(); ++k) {
     auto it = merges_.find(pair_key(symbols[k].id, symbols[k + 1].id));
     if (it != merges_.end())
       queue.push({it->second.rank, static_cast<int32_t>(k), it->second.new_id});
   }
   while (!queue.empty()) {
-    const Candidate top = queue.top();
-    queue.pop();
+    const Candidate top = queue.pop();
     Symbol& cur = symbols[static_cast<size_t>(top.pos)];
     if (cur.len == 0 || cur.next == -1) continue;
     const int32_t next_pos = cur.next;

@@ -6,6 +6,7 @@
 // all threads (a mutex guards it; the cache never changes results).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -17,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "services/tokenizer/flat_token_map.h"
 
 namespace litellama {
 
@@ -34,6 +36,15 @@ class BpeModel {
   // Appends the ids of one pre-tokenized word.
   void tokenize(std::string_view word, std::vector<int32_t>& ids) const;
 
+  // Byte-level models (GPT-2 alphabet: every byte is one character of the vocabulary) can take
+  // pre-tokenized words as raw bytes, skipping the mapping to the alphabet: tokenize_bytes(raw)
+  // appends exactly what tokenize(ByteLevel-encoded raw) does. enable_raw_bytes() builds the
+  // raw-byte vocabulary and says whether the model qualifies (all 256 byte characters in the
+  // vocabulary, no continuing_subword_prefix / end_of_word_suffix); call it once, before any
+  // encoding, and tokenize_bytes() only when it returned true.
+  bool enable_raw_bytes();
+  void tokenize_bytes(std::string_view raw, std::vector<int32_t>& ids) const;
+
   std::optional<int32_t> token_to_id(std::string_view token) const;
   // The vocabulary string of `id`, or nullptr when the model has no such id.
   const std::string* id_to_token(int32_t id) const;
@@ -47,6 +58,14 @@ class BpeModel {
  private:
   BpeModel();
   void merge_word(std::string_view word, std::vector<int32_t>& ids) const;
+  void merge_raw_bytes(std::string_view raw, std::vector<int32_t>& ids) const;
+  struct Symbol {
+    int32_t id;
+    int32_t prev;
+    int32_t next;
+    int32_t len;  // bytes; 0 once merged into its left neighbour
+  };
+  void merge_symbols(std::vector<Symbol>& symbols, std::vector<int32_t>& ids) const;
 
   struct Merge {
     int32_t rank;
@@ -66,6 +85,11 @@ class BpeModel {
   std::string end_of_word_suffix_;
   std::vector<int32_t> byte_ids_;  // id of "<0xXX>" per byte, -1 when absent
   std::unique_ptr<Cache> cache_;
+  // Raw-byte input (enable_raw_bytes): the vocabulary keyed by the bytes each token stands for,
+  // the id of each byte's single-character token, and a word cache of its own.
+  std::unique_ptr<FlatTokenMap> raw_vocab_;
+  std::array<int32_t, 256> raw_byte_ids_{};
+  std::unique_ptr<Cache> raw_cache_;
 };
 
 }  // namespace litellama
