@@ -135,7 +135,7 @@ def main():
     ap.add_argument("--corpus", required=True)
     ap.add_argument("--tokenizers", default="assets/tokenizers")
     ap.add_argument("--names", default="llama3")
-    ap.add_argument("--binary", default="build/bench/litellama-tokenizer-bench")
+    ap.add_argument("--binary", default="build/bin/litellama-tokenizer-bench")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json-out", help="also write the results here")
     args = ap.parse_args()

@@ -139,9 +139,7 @@ int run_tokenize(const TokenizeArgs& a, bool text_given, bool messages_given) {
     return fail(cmd, Status(StatusCode::kInvalidArgument,
                             "--add-generation-prompt needs --messages-json"));
   }
-  auto tok = load_tokenizer(a.tokenizer);
-  if (!tok.is_ok()) return fail(cmd, tok.status());
-
+  // The input is checked before the tokenizer is loaded (loading takes a while).
   std::string input = text_given ? a.text : a.messages_json;
   if (input == "-") input = read_stdin();
   if (const size_t bad = first_invalid_utf8(input); bad != std::string::npos) {
@@ -149,11 +147,17 @@ int run_tokenize(const TokenizeArgs& a, bool text_given, bool messages_given) {
                                 "the {} is not valid UTF-8 (byte offset {})",
                                 text_given ? "text" : "messages JSON", bad));
   }
+  std::vector<Tokenizer::ChatMessage> messages;
+  if (messages_given) {
+    auto parsed = parse_messages(input);
+    if (!parsed.is_ok()) return fail(cmd, parsed.status());
+    messages = std::move(parsed).value();
+  }
+  auto tok = load_tokenizer(a.tokenizer);
+  if (!tok.is_ok()) return fail(cmd, tok.status());
   std::string text = input;
   if (messages_given) {
-    auto messages = parse_messages(input);
-    if (!messages.is_ok()) return fail(cmd, messages.status());
-    auto rendered = tok->apply_chat_template(*messages, a.add_generation_prompt);
+    auto rendered = tok->apply_chat_template(messages, a.add_generation_prompt);
     if (!rendered.is_ok()) return fail(cmd, rendered.status());
     text = std::move(rendered).value();
   }
@@ -176,11 +180,11 @@ int run_tokenize(const TokenizeArgs& a, bool text_given, bool messages_given) {
 
 int run_detokenize(const DetokenizeArgs& a) {
   const char* cmd = "detokenize";
-  auto tok = load_tokenizer(a.tokenizer);
-  if (!tok.is_ok()) return fail(cmd, tok.status());
   const std::string input = a.ids == "-" ? read_stdin() : a.ids;
   auto ids = parse_ids(input);
   if (!ids.is_ok()) return fail(cmd, ids.status());
+  auto tok = load_tokenizer(a.tokenizer);
+  if (!tok.is_ok()) return fail(cmd, tok.status());
   for (const int32_t id : *ids) {
     if (tok->token_for_decode(id, /*skip_special_tokens=*/false) == nullptr) {
       return fail(cmd, make_error(StatusCode::kInvalidArgument,

@@ -1,6 +1,7 @@
 #include "services/tokenizer/bpe_model.h"
 
 #include <algorithm>
+#include <climits>
 #include <mutex>
 #include <utility>
 
@@ -14,10 +15,6 @@ namespace {
 
 constexpr size_t kCacheCapacity = 1 << 16;
 constexpr size_t kCacheMaxWordBytes = 256;
-
-uint64_t pair_key(int32_t a, int32_t b) {
-  return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
-}
 
 }  // namespace
 
@@ -99,7 +96,7 @@ Result<BpeModel> BpeModel::from_json(const nlohmann::json& model) {
         return make_error(StatusCode::kInvalidArgument,
                           "merge '{} {}' uses a token outside the vocab", a, b);
       }
-      m.merges_.emplace(pair_key(*ia, *ib), Merge{rank++, *inew});
+      m.merges_.insert(*ia, *ib, Merge{rank++, *inew});
     }
     m.byte_ids_.assign(256, -1);
     if (m.byte_fallback_) {
@@ -308,13 +305,92 @@ class CandidateQueue {
 
 }  // namespace
 
+void BpeModel::MergeTable::reserve(size_t n) {
+  size_t capacity = 16;
+  int bits = 4;
+  while (capacity < n * 2) {
+    capacity *= 2;
+    ++bits;
+  }
+  std::vector<Slot> old = std::move(slots_);
+  slots_.assign(capacity, Slot{});
+  mask_ = capacity - 1;
+  shift_ = 64 - bits;
+  size_ = 0;
+  for (const Slot& s : old) {
+    if (s.key != kEmptyKey) {
+      insert(static_cast<int32_t>(s.key >> 32), static_cast<int32_t>(s.key & 0xFFFFFFFFu),
+             s.merge);
+    }
+  }
+}
+
+void BpeModel::MergeTable::insert(int32_t left, int32_t right, Merge merge) {
+  if ((size_ + 1) * 2 > slots_.size()) reserve(std::max<size_t>(16, size_ * 2 + 2));
+  const uint64_t key = pair_key(left, right);
+  for (size_t i = slot_of(key);; i = (i + 1) & mask_) {
+    Slot& s = slots_[i];
+    if (s.key == key) return;
+    if (s.key == kEmptyKey) {
+      s = Slot{key, merge};
+      ++size_;
+      return;
+    }
+  }
+}
+
+void BpeModel::merge_by_scan(const std::vector<Symbol>& symbols,
+                             std::vector<int32_t>& ids) const {
+  // sym[k] are the current symbols; rank[k] / merged[k] describe the pair (sym[k], sym[k+1]).
+  constexpr int32_t kNoMerge = INT32_MAX;
+  thread_local std::vector<int32_t> sym, rank, merged;
+  const size_t n0 = symbols.size();
+  sym.resize(n0);
+  rank.resize(n0);
+  merged.resize(n0);
+  for (size_t k = 0; k < n0; ++k) sym[k] = symbols[k].id;
+  auto set_pair = [&](size_t k) {
+    const Merge* m = merges_.find(sym[k], sym[k + 1]);
+    rank[k] = m ? m->rank : kNoMerge;
+    merged[k] = m ? m->new_id : 0;
+  };
+  for (size_t k = 0; k + 1 < n0; ++k) set_pair(k);
+  size_t n = n0;
+  while (n > 1) {
+    size_t best = 0;
+    for (size_t k = 1; k + 1 < n; ++k) {
+      if (rank[k] < rank[best]) best = k;
+    }
+    if (rank[best] == kNoMerge) break;
+    sym[best] = merged[best];
+    for (size_t k = best + 1; k + 1 < n; ++k) {
+      sym[k] = sym[k + 1];
+      rank[k] = rank[k + 1];
+      merged[k] = merged[k + 1];
+    }
+    --n;
+    if (best > 0) set_pair(best - 1);
+    if (best + 1 < n) set_pair(best);
+  }
+  ids.insert(ids.end(), sym.begin(), sym.begin() + static_cast<long>(n));
+}
+
 void BpeModel::merge_symbols(std::vector<Symbol>& symbols, std::vector<int32_t>& ids) const {
+  // The heap below pops the lowest (rank, position) among the adjacent pairs; an entry whose
+  // pair has changed since it was pushed never passes the new_id check (its concatenation is
+  // longer than new_id's token), so each step merges the leftmost pair of lowest rank, which is
+  // what merge_by_scan finds directly. Short words take the scan.
+  constexpr size_t kScanMaxSymbols = 16;
+  if (symbols.size() <= kScanMaxSymbols) {
+    merge_by_scan(symbols, ids);
+    return;
+  }
   thread_local std::vector<Candidate> storage;
   CandidateQueue queue(storage);
   for (size_t k = 0; k + 1 < symbols.size(); ++k) {
-    auto it = merges_.find(pair_key(symbols[k].id, symbols[k + 1].id));
-    if (it != merges_.end())
-      queue.push({it->second.rank, static_cast<int32_t>(k), it->second.new_id});
+    if (const Merge* m = merges_.find(symbols[k].id, symbols[k + 1].id)) {
+      queue.push({m->rank, static_cast<int32_t>(k), m->new_id});
+    }
   }
   while (!queue.empty()) {
     const Candidate top = queue.pop();
@@ -322,20 +398,22 @@ void BpeModel::merge_symbols(std::vector<Symbol>& symbols, std::vector<int32_t>&
     if (cur.len == 0 || cur.next == -1) continue;
     const int32_t next_pos = cur.next;
     const Symbol right = symbols[static_cast<size_t>(next_pos)];
-    auto it = merges_.find(pair_key(cur.id, right.id));
-    if (it == merges_.end() || it->second.new_id != top.new_id) continue;  // stale entry
+    const Merge* current = merges_.find(cur.id, right.id);
+    if (current == nullptr || current->new_id != top.new_id) continue;  // stale entry
     cur.id = top.new_id;
     cur.len += right.len;
     cur.next = right.next;
     symbols[static_cast<size_t>(next_pos)].len = 0;
     if (right.next != -1) symbols[static_cast<size_t>(right.next)].prev = top.pos;
     if (cur.prev >= 0) {
-      auto p = merges_.find(pair_key(symbols[static_cast<size_t>(cur.prev)].id, cur.id));
-      if (p != merges_.end()) queue.push({p->second.rank, cur.prev, p->second.new_id});
+      if (const Merge* p = merges_.find(symbols[static_cast<size_t>(cur.prev)].id, cur.id)) {
+        queue.push({p->rank, cur.prev, p->new_id});
+      }
     }
     if (cur.next != -1) {
-      auto q = merges_.find(pair_key(cur.id, symbols[static_cast<size_t>(cur.next)].id));
-      if (q != merges_.end()) queue.push({q->second.rank, top.pos, q->second.new_id});
+      if (const Merge* q = merges_.find(cur.id, symbols[static_cast<size_t>(cur.next)].id)) {
+        queue.push({q->rank, top.pos, q->new_id});
+      }
     }
   }
   for (int32_t k = 0; k != -1; k = symbols[static_cast<size_t>(k)].next) {

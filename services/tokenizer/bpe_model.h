@@ -71,12 +71,49 @@ class BpeModel {
     int32_t rank;
     int32_t new_id;
   };
+  // (left id, right id) -> Merge: open addressing over a power-of-two table of 16-byte slots,
+  // one probe per lookup in the common case (BPE looks up every adjacent pair it considers).
+  class MergeTable {
+   public:
+    void reserve(size_t n);
+    // Keeps the first merge given for a pair.
+    void insert(int32_t left, int32_t right, Merge merge);
+    const Merge* find(int32_t left, int32_t right) const {
+      if (slots_.empty()) return nullptr;
+      const uint64_t key = pair_key(left, right);
+      for (size_t i = slot_of(key);; i = (i + 1) & mask_) {
+        const Slot& s = slots_[i];
+        if (s.key == key) return &s.merge;
+        if (s.key == kEmptyKey) return nullptr;
+      }
+    }
+
+   private:
+    static constexpr uint64_t kEmptyKey = ~0ull;
+    struct Slot {
+      uint64_t key = kEmptyKey;
+      Merge merge{0, 0};
+    };
+    static uint64_t pair_key(int32_t a, int32_t b) {
+      return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+    }
+    size_t slot_of(uint64_t key) const {
+      return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> shift_);
+    }
+    std::vector<Slot> slots_;
+    size_t mask_ = 0;
+    int shift_ = 64;
+    size_t size_ = 0;
+  };
+  // Merging by repeated scans for the lowest (rank, position) pair: for short words this is
+  // faster than the heap and gives the same merges (see merge_symbols).
+  void merge_by_scan(const std::vector<Symbol>& symbols, std::vector<int32_t>& ids) const;
   struct Cache;
 
   TokenIdMap vocab_;
   std::vector<std::string> id_to_token_;
   std::vector<bool> has_id_;
-  std::unordered_map<uint64_t, Merge> merges_;
+  MergeTable merges_;
   std::optional<int32_t> unk_id_;
   bool fuse_unk_ = false;
   bool byte_fallback_ = false;

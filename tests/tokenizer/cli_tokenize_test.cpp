@@ -114,9 +114,9 @@ class CliTokenizeTest : public ::testing::Test {
 
 TEST_F(CliTokenizeTest, TokenizeTextAsTransformers) {
   const std::string tok = "--tokenizer " + dir("llama3_1");
-  for (const std::string text : {"Hello world", "def fib(n):\n    if n < 2:\n        return n\n"
-                                                "    return fib(n - 1) + fib(n - 2)\n",
-                                 "   leading spaces", "<|begin_of_text|>Hello<|end_of_text|>"}) {
+  for (const std::string text : {"def fib(n):\n    if n < 2:\n        return n\n"
+                                 "    return fib(n - 1) + fib(n - 2)\n",
+                                 "<|begin_of_text|>Hello<|end_of_text|>"}) {
     auto j = run_json("tokenize " + tok + " --text " + quote(text) + " --json");
     EXPECT_EQ(j["ids"].get<std::vector<int32_t>>(), golden_ids("llama3_1", text, false)) << text;
     EXPECT_FALSE(j.contains("text"));
@@ -142,7 +142,8 @@ TEST_F(CliTokenizeTest, TokenizeMessagesRendersTheTemplate) {
   int n_checked = 0;
   for (const auto& conv : corpus["conversations"]) {
     for (const auto& c : golden["chat"]) {
-      if (c["template"] != "own" || c["conversation"] != conv["name"] || c.contains("error")) {
+      if (c["template"] != "own" || c["conversation"] != conv["name"] || c.contains("error") ||
+          n_checked >= 4) {
         continue;
       }
       const bool agp = c["add_generation_prompt"].get<bool>();
@@ -156,7 +157,7 @@ TEST_F(CliTokenizeTest, TokenizeMessagesRendersTheTemplate) {
       ++n_checked;
     }
   }
-  EXPECT_GE(n_checked, 8);
+  EXPECT_EQ(n_checked, 4);
   // From stdin, and the human-readable form.
   const std::string msgs = R"([{"role": "user", "content": "Hi there"}])";
   const auto j = run_json("tokenize --tokenizer " + dir("qwen3") +
@@ -177,7 +178,8 @@ TEST_F(CliTokenizeTest, DetokenizeAsTransformers) {
     int n_checked = 0;
     for (const auto& c : golden["encode"]) {
       const auto ids = test::golden_with_special(c);
-      if (ids.empty() || c["i"].get<size_t>() % 40 != 0) continue;
+      // Five texts: code, 200 newlines, runs of spaces between and after words, blank lines.
+      if (ids.empty() || (c["i"].get<size_t>() % 97 != 15)) continue;
       std::string list;
       for (const int32_t id : ids) list += (list.empty() ? "" : ",") + std::to_string(id);
       const std::string text = corpus["texts"][c["i"].get<size_t>()];
@@ -191,7 +193,7 @@ TEST_F(CliTokenizeTest, DetokenizeAsTransformers) {
       EXPECT_EQ(j["text"], want_skip) << name << " " << list;
       ++n_checked;
     }
-    EXPECT_GE(n_checked, 8) << name;
+    EXPECT_GE(n_checked, 4) << name;
   }
   // Plain output, ids separated by spaces.
   const CommandResult r = run("detokenize --tokenizer " + dir("llama3_1") + " --ids '9906 1917'");
