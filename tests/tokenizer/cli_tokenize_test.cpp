@@ -114,22 +114,19 @@ class CliTokenizeTest : public ::testing::Test {
 
 TEST_F(CliTokenizeTest, TokenizeTextAsTransformers) {
   const std::string tok = "--tokenizer " + dir("llama3_1");
-  for (const std::string text : {"def fib(n):\n    if n < 2:\n        return n\n"
-                                 "    return fib(n - 1) + fib(n - 2)\n",
-                                 "<|begin_of_text|>Hello<|end_of_text|>"}) {
-    auto j = run_json("tokenize " + tok + " --text " + quote(text) + " --json");
-    EXPECT_EQ(j["ids"].get<std::vector<int32_t>>(), golden_ids("llama3_1", text, false)) << text;
-    EXPECT_FALSE(j.contains("text"));
-    j = run_json("tokenize " + tok + " --text " + quote(text) + " --add-special-tokens --json");
-    EXPECT_EQ(j["ids"].get<std::vector<int32_t>>(), golden_ids("llama3_1", text, true)) << text;
-    // The same text from stdin.
-    j = run_json("tokenize " + tok + " --text - --json", text);
-    EXPECT_EQ(j["ids"].get<std::vector<int32_t>>(), golden_ids("llama3_1", text, false)) << text;
-  }
+  const std::string code =
+      "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n";
+  auto j = run_json("tokenize " + tok + " --text " + quote(code) + " --json");
+  EXPECT_EQ(j["ids"].get<std::vector<int32_t>>(), golden_ids("llama3_1", code, false));
+  EXPECT_FALSE(j.contains("text"));
+  // From stdin, with special tokens added, and with text that spells special tokens.
+  const std::string specials = "<|begin_of_text|>Hello<|end_of_text|>";
+  j = run_json("tokenize " + tok + " --text - --add-special-tokens --json", specials);
+  EXPECT_EQ(j["ids"].get<std::vector<int32_t>>(), golden_ids("llama3_1", specials, true));
   // Llama 2 (SentencePiece-style whitespace) with special tokens: BOS first.
   const std::string ws = "a  b   c    d";
-  auto j = run_json("tokenize --tokenizer " + dir("llama2") + " --text " + quote(ws) +
-                    " --add-special-tokens --json");
+  j = run_json("tokenize --tokenizer " + dir("llama2") + " --text " + quote(ws) +
+               " --add-special-tokens --json");
   EXPECT_EQ(j["ids"].get<std::vector<int32_t>>(), golden_ids("llama2", ws, true));
   EXPECT_EQ(j["ids"][0], 1);
 }
@@ -143,7 +140,7 @@ TEST_F(CliTokenizeTest, TokenizeMessagesRendersTheTemplate) {
   for (const auto& conv : corpus["conversations"]) {
     for (const auto& c : golden["chat"]) {
       if (c["template"] != "own" || c["conversation"] != conv["name"] || c.contains("error") ||
-          n_checked >= 4) {
+          n_checked >= 2) {
         continue;
       }
       const bool agp = c["add_generation_prompt"].get<bool>();
@@ -157,7 +154,7 @@ TEST_F(CliTokenizeTest, TokenizeMessagesRendersTheTemplate) {
       ++n_checked;
     }
   }
-  EXPECT_EQ(n_checked, 4);
+  EXPECT_EQ(n_checked, 2);
   // From stdin, and the human-readable form.
   const std::string msgs = R"([{"role": "user", "content": "Hi there"}])";
   const auto j = run_json("tokenize --tokenizer " + dir("qwen3") +
@@ -173,13 +170,15 @@ TEST_F(CliTokenizeTest, TokenizeMessagesRendersTheTemplate) {
 
 TEST_F(CliTokenizeTest, DetokenizeAsTransformers) {
   const auto corpus = test::read_golden("corpus.json");
+  // Llama 3.1 on two texts, Llama 2 (which loads fast) on five: code, 200 newlines, runs of
+  // spaces between and after words, blank lines.
   for (const std::string name : {"llama3_1", "llama2"}) {
     const auto golden = test::read_golden(name + ".json");
+    const int n_wanted = name == "llama2" ? 5 : 2;
     int n_checked = 0;
     for (const auto& c : golden["encode"]) {
       const auto ids = test::golden_with_special(c);
-      // Five texts: code, 200 newlines, runs of spaces between and after words, blank lines.
-      if (ids.empty() || (c["i"].get<size_t>() % 97 != 15)) continue;
+      if (ids.empty() || (c["i"].get<size_t>() % 97 != 15) || n_checked >= n_wanted) continue;
       std::string list;
       for (const int32_t id : ids) list += (list.empty() ? "" : ",") + std::to_string(id);
       const std::string text = corpus["texts"][c["i"].get<size_t>()];
@@ -193,12 +192,12 @@ TEST_F(CliTokenizeTest, DetokenizeAsTransformers) {
       EXPECT_EQ(j["text"], want_skip) << name << " " << list;
       ++n_checked;
     }
-    EXPECT_GE(n_checked, 4) << name;
+    EXPECT_EQ(n_checked, n_wanted) << name;
   }
   // Plain output, ids separated by spaces.
-  const CommandResult r = run("detokenize --tokenizer " + dir("llama3_1") + " --ids '9906 1917'");
+  const CommandResult r = run("detokenize --tokenizer " + dir("llama2") + " --ids '1 22557 1526'");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(r.out, "Hello world\n");
+  EXPECT_EQ(r.out, "<s> Hello world\n");
 }
 
 TEST_F(CliTokenizeTest, RoundTripThroughAPipe) {
@@ -218,12 +217,15 @@ TEST_F(CliTokenizeTest, ModelDirectory) {
   const fs::path model = tmp_.sub("model");
   fs::create_directories(model);
   for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
-    fs::copy_file(test::asset_dir("llama3_1") / f, model / f);
+    fs::copy_file(test::asset_dir("llama2") / f, model / f);
   }
   std::ofstream(model / "config.json") << R"({"architectures": ["LlamaForCausalLM"]})";
   const auto j = run_json("tokenize --tokenizer " + model.string() + " --text 'Hello world' --json");
-  EXPECT_EQ(j["ids"].get<std::vector<int32_t>>(), golden_ids("llama3_1", "Hello world", false));
-  const auto d = run_json("detokenize --tokenizer " + model.string() + " --ids 9906,1917 --json");
+  const auto want = golden_ids("llama2", "Hello world", false);
+  EXPECT_EQ(j["ids"].get<std::vector<int32_t>>(), want);
+  std::string list;
+  for (const int32_t id : want) list += (list.empty() ? "" : ",") + std::to_string(id);
+  const auto d = run_json("detokenize --tokenizer " + model.string() + " --ids " + list + " --json");
   EXPECT_EQ(d["text"], "Hello world");
 }
 
@@ -238,7 +240,8 @@ TEST_F(CliTokenizeTest, BadInputGivesClearErrors) {
   expect_error("detokenize " + tok + " --ids 12abc", "'12abc' is not a token id");
   expect_error("detokenize " + tok + " --ids=-5", "'-5' is not a token id");
   expect_error("detokenize " + tok + " --ids 99999999999", "'99999999999' is not a token id");
-  expect_error("detokenize " + tok + " --ids 128256", "token id 128256 is not in the vocabulary");
+  expect_error("detokenize --tokenizer " + dir("llama2") + " --ids 5,32000",
+               "token id 32000 is not in the vocabulary (ids 0..31999)");
   expect_error("detokenize " + tok + " --ids 1,,2", "empty element");
   expect_error("detokenize " + tok + " --ids -", "holds no ids", "  \n");
   expect_error("detokenize " + tok + " --ids -", "\"a\" is not a token id", R"(["a"])");
