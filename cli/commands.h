@@ -15,5 +15,7 @@ CommandMain register_make_model_command(CLI::App& app);
 CommandMain register_serve_command(CLI::App& app);
 CommandMain register_chat_command(CLI::App& app);
 CommandMain register_bench_command(CLI::App& app);
+CommandMain register_tokenize_command(CLI::App& app);
+CommandMain register_detokenize_command(CLI::App& app);
 
 }  // namespace litellama::cli

@@ -25,6 +25,8 @@ int main(int argc, char** argv) {
   add(litellama::cli::register_serve_command);
   add(litellama::cli::register_chat_command);
   add(litellama::cli::register_bench_command);
+  add(litellama::cli::register_tokenize_command);
+  add(litellama::cli::register_detokenize_command);
 
   try {
     app.parse(argc, argv);

@@ -1,6 +1,7 @@
 #include "services/tokenizer/added_vocabulary.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "services/tokenizer/utf8.h"
 
@@ -22,6 +23,15 @@ char32_t cp_before(std::string_view s, size_t pos) {
 }  // namespace
 
 void AddedVocabulary::Trie::insert(std::string_view s, int32_t token) {
+  if (!s.empty()) {
+    const auto b = static_cast<unsigned char>(s[0]);
+    if (nodes[0].next.empty()) {
+      only_first_byte = b;
+    } else if (only_first_byte != b) {
+      only_first_byte = -1;
+    }
+    first_byte[b] = true;
+  }
   int32_t n = 0;
   for (const char ch : s) {
     const auto c = static_cast<unsigned char>(ch);
@@ -88,11 +98,17 @@ void AddedVocabulary::split(std::string_view text, bool normalized,
   const Trie& trie = normalized ? normalized_trie_ : raw_trie_;
   size_t gap_begin = 0;
   size_t pos = 0;
-  const auto& root = trie.nodes[0].next;
   while (pos < text.size()) {
-    const auto c = static_cast<unsigned char>(text[pos]);
-    if (std::none_of(root.begin(), root.end(), [c](const auto& e) { return e.first == c; })) {
-      ++pos;
+    if (!trie.first_byte[static_cast<unsigned char>(text[pos])]) {
+      // Most vocabularies' added tokens all start with one byte ('<'): jump to the next one.
+      if (trie.nodes[0].next.empty()) {
+        pos = text.size();
+      } else if (trie.only_first_byte >= 0) {
+        const void* hit = std::memchr(text.data() + pos, trie.only_first_byte, text.size() - pos);
+        pos = hit ? static_cast<size_t>(static_cast<const char*>(hit) - text.data()) : text.size();
+      } else {
+        ++pos;
+      }
       continue;
     }
     auto match = trie.longest(text, pos);

@@ -4,6 +4,7 @@
 // token becomes that token, whether or not special tokens are being added.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -51,6 +52,8 @@ class AddedVocabulary {
   };
   struct Trie {
     std::vector<Node> nodes{Node{}};
+    std::array<bool, 256> first_byte{};  // bytes some token starts with
+    int only_first_byte = -1;            // the one such byte when all tokens share it, else -1
     void insert(std::string_view s, int32_t token);
     // Length and token index of the longest token starting at text[pos].
     std::optional<std::pair<size_t, int32_t>> longest(std::string_view text, size_t pos) const;

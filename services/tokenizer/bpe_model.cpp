@@ -1,11 +1,13 @@
 #include "services/tokenizer/bpe_model.h"
 
+#include <algorithm>
+#include <climits>
 #include <mutex>
-#include <queue>
 #include <utility>
 
 #include <fmt/format.h>
 
+#include "services/tokenizer/byte_level.h"
 #include "services/tokenizer/utf8.h"
 
 namespace litellama {
@@ -13,10 +15,6 @@ namespace {
 
 constexpr size_t kCacheCapacity = 1 << 16;
 constexpr size_t kCacheMaxWordBytes = 256;
-
-uint64_t pair_key(int32_t a, int32_t b) {
-  return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
-}
 
 }  // namespace
 
@@ -98,7 +96,7 @@ Result<BpeModel> BpeModel::from_json(const nlohmann::json& model) {
         return make_error(StatusCode::kInvalidArgument,
                           "merge '{} {}' uses a token outside the vocab", a, b);
       }
-      m.merges_.emplace(pair_key(*ia, *ib), Merge{rank++, *inew});
+      m.merges_.insert(*ia, *ib, Merge{rank++, *inew});
     }
     m.byte_ids_.assign(256, -1);
     if (m.byte_fallback_) {
@@ -150,13 +148,76 @@ void BpeModel::tokenize(std::string_view word, std::vector<int32_t>& ids) const 
   }
 }
 
+bool BpeModel::enable_raw_bytes() {
+  if (!continuing_subword_prefix_.empty() || !end_of_word_suffix_.empty()) return false;
+  const ByteLevel& bl = ByteLevel::get();
+  std::string mapped;
+  for (int b = 0; b < 256; ++b) {
+    mapped.clear();
+    const char c = static_cast<char>(b);
+    bl.encode(std::string_view(&c, 1), mapped);
+    const auto id = token_to_id(mapped);
+    if (!id) return false;
+    raw_byte_ids_[static_cast<size_t>(b)] = *id;
+  }
+  auto raw = std::make_unique<FlatTokenMap>(vocab_.size());
+  std::string bytes;
+  for (int32_t id = 0; id < size(); ++id) {
+    if (!has_id_[static_cast<size_t>(id)]) continue;
+    bytes.clear();
+    // Tokens with characters outside the alphabet can never come out of byte-level input.
+    if (bl.decode(id_to_token_[static_cast<size_t>(id)], bytes)) raw->insert(bytes, id);
+  }
+  raw_vocab_ = std::move(raw);
+  raw_cache_ = std::make_unique<Cache>();
+  return true;
+}
+
+void BpeModel::tokenize_bytes(std::string_view raw, std::vector<int32_t>& ids) const {
+  if (raw.empty()) return;
+  if (ignore_merges_) {
+    const int32_t id = raw_vocab_->find(raw);
+    if (id != FlatTokenMap::kMissing) {
+      ids.push_back(id);
+      return;
+    }
+  }
+  if (raw.size() == 1) {
+    ids.push_back(raw_byte_ids_[static_cast<unsigned char>(raw[0])]);
+    return;
+  }
+  const bool cacheable = raw.size() <= kCacheMaxWordBytes;
+  if (cacheable) {
+    std::lock_guard<std::mutex> lock(raw_cache_->mu);
+    auto it = raw_cache_->words.find(raw);
+    if (it != raw_cache_->words.end()) {
+      ids.insert(ids.end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  const size_t mark = ids.size();
+  merge_raw_bytes(raw, ids);
+  if (cacheable) {
+    std::lock_guard<std::mutex> lock(raw_cache_->mu);
+    if (raw_cache_->words.size() >= kCacheCapacity) raw_cache_->words.clear();
+    raw_cache_->words.emplace(
+        std::string(raw), std::vector<int32_t>(ids.begin() + static_cast<long>(mark), ids.end()));
+  }
+}
+
+void BpeModel::merge_raw_bytes(std::string_view raw, std::vector<int32_t>& ids) const {
+  thread_local std::vector<Symbol> symbols;
+  symbols.clear();
+  const auto n = static_cast<int32_t>(raw.size());
+  for (int32_t k = 0; k < n; ++k) {
+    symbols.push_back({raw_byte_ids_[static_cast<unsigned char>(raw[static_cast<size_t>(k)])],
+                       k - 1, k + 1, 1});
+  }
+  symbols.back().next = -1;
+  merge_symbols(symbols, ids);
+}
+
 void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& ids) const {
-  struct Symbol {
-    int32_t id;
-    int32_t prev;
-    int32_t next;
-    int32_t len;  // bytes; 0 once merged into its left neighbour
-  };
   std::vector<Symbol> symbols;
   symbols.reserve(word.size());
   auto add = [&](int32_t id, int32_t len) {
@@ -207,42 +268,152 @@ void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& ids) cons
   if (unk_len) add(*unk_id_, unk_len);
   if (symbols.empty()) return;
   symbols.back().next = -1;
+  merge_symbols(symbols, ids);
+}
 
-  struct Candidate {
-    int32_t rank;
-    int32_t pos;
-    int32_t new_id;
-  };
-  auto later = [](const Candidate& a, const Candidate& b) {
+namespace {
+
+// A merge that may apply at `pos`: a min-heap entry ordered by (rank, pos).
+struct Candidate {
+  int32_t rank;
+  int32_t pos;
+  int32_t new_id;
+};
+
+// A binary min-heap on storage reused by every word on this thread.
+class CandidateQueue {
+ public:
+  explicit CandidateQueue(std::vector<Candidate>& storage) : heap_(storage) { heap_.clear(); }
+  bool empty() const { return heap_.empty(); }
+  void push(Candidate c) {
+    heap_.push_back(c);
+    std::push_heap(heap_.begin(), heap_.end(), later);
+  }
+  Candidate pop() {
+    std::pop_heap(heap_.begin(), heap_.end(), later);
+    const Candidate top = heap_.back();
+    heap_.pop_back();
+    return top;
+  }
+
+ private:
+  static bool later(const Candidate& a, const Candidate& b) {
     return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos;
+  }
+  std::vector<Candidate>& heap_;
+};
+
+}  // namespace
+
+void BpeModel::MergeTable::reserve(size_t n) {
+  size_t capacity = 16;
+  int bits = 4;
+  while (capacity < n * 2) {
+    capacity *= 2;
+    ++bits;
+  }
+  std::vector<Slot> old = std::move(slots_);
+  slots_.assign(capacity, Slot{});
+  mask_ = capacity - 1;
+  shift_ = 64 - bits;
+  size_ = 0;
+  for (const Slot& s : old) {
+    if (s.key != kEmptyKey) {
+      insert(static_cast<int32_t>(s.key >> 32), static_cast<int32_t>(s.key & 0xFFFFFFFFu),
+             s.merge);
+    }
+  }
+}
+
+void BpeModel::MergeTable::insert(int32_t left, int32_t right, Merge merge) {
+  if ((size_ + 1) * 2 > slots_.size()) reserve(std::max<size_t>(16, size_ * 2 + 2));
+  const uint64_t key = pair_key(left, right);
+  for (size_t i = slot_of(key);; i = (i + 1) & mask_) {
+    Slot& s = slots_[i];
+    if (s.key == key) return;
+    if (s.key == kEmptyKey) {
+      s = Slot{key, merge};
+      ++size_;
+      return;
+    }
+  }
+}
+
+void BpeModel::merge_by_scan(const std::vector<Symbol>& symbols,
+                             std::vector<int32_t>& ids) const {
+  // sym[k] are the current symbols; rank[k] / merged[k] describe the pair (sym[k], sym[k+1]).
+  constexpr int32_t kNoMerge = INT32_MAX;
+  thread_local std::vector<int32_t> sym, rank, merged;
+  const size_t n0 = symbols.size();
+  sym.resize(n0);
+  rank.resize(n0);
+  merged.resize(n0);
+  for (size_t k = 0; k < n0; ++k) sym[k] = symbols[k].id;
+  auto set_pair = [&](size_t k) {
+    const Merge* m = merges_.find(sym[k], sym[k + 1]);
+    rank[k] = m ? m->rank : kNoMerge;
+    merged[k] = m ? m->new_id : 0;
   };
-  std::priority_queue<Candidate, std::vector<Candidate>, decltype(later)> queue(later);
+  for (size_t k = 0; k + 1 < n0; ++k) set_pair(k);
+  size_t n = n0;
+  while (n > 1) {
+    size_t best = 0;
+    for (size_t k = 1; k + 1 < n; ++k) {
+      if (rank[k] < rank[best]) best = k;
+    }
+    if (rank[best] == kNoMerge) break;
+    sym[best] = merged[best];
+    for (size_t k = best + 1; k + 1 < n; ++k) {
+      sym[k] = sym[k + 1];
+      rank[k] = rank[k + 1];
+      merged[k] = merged[k + 1];
+    }
+    --n;
+    if (best > 0) set_pair(best - 1);
+    if (best + 1 < n) set_pair(best);
+  }
+  ids.insert(ids.end(), sym.begin(), sym.begin() + static_cast<long>(n));
+}
+
+void BpeModel::merge_symbols(std::vector<Symbol>& symbols, std::vector<int32_t>& ids) const {
+  // The heap below pops the lowest (rank, position) among the adjacent pairs; an entry whose
+  // pair has changed since it was pushed never passes the new_id check (its concatenation is
+  // longer than new_id's token), so each step merges the leftmost pair of lowest rank, which is
+  // what merge_by_scan finds directly. Short words take the scan.
+  constexpr size_t kScanMaxSymbols = 16;
+  if (symbols.size() <= kScanMaxSymbols) {
+    merge_by_scan(symbols, ids);
+    return;
+  }
+  thread_local std::vector<Candidate> storage;
+  CandidateQueue queue(storage);
   for (size_t k = 0; k + 1 < symbols.size(); ++k) {
-    auto it = merges_.find(pair_key(symbols[k].id, symbols[k + 1].id));
-    if (it != merges_.end())
-      queue.push({it->second.rank, static_cast<int32_t>(k), it->second.new_id});
+    if (const Merge* m = merges_.find(symbols[k].id, symbols[k + 1].id)) {
+      queue.push({m->rank, static_cast<int32_t>(k), m->new_id});
+    }
   }
   while (!queue.empty()) {
-    const Candidate top = queue.top();
-    queue.pop();
+    const Candidate top = queue.pop();
     Symbol& cur = symbols[static_cast<size_t>(top.pos)];
     if (cur.len == 0 || cur.next == -1) continue;
     const int32_t next_pos = cur.next;
     const Symbol right = symbols[static_cast<size_t>(next_pos)];
-    auto it = merges_.find(pair_key(cur.id, right.id));
-    if (it == merges_.end() || it->second.new_id != top.new_id) continue;  // stale entry
+    const Merge* current = merges_.find(cur.id, right.id);
+    if (current == nullptr || current->new_id != top.new_id) continue;  // stale entry
     cur.id = top.new_id;
     cur.len += right.len;
     cur.next = right.next;
     symbols[static_cast<size_t>(next_pos)].len = 0;
     if (right.next != -1) symbols[static_cast<size_t>(right.next)].prev = top.pos;
     if (cur.prev >= 0) {
-      auto p = merges_.find(pair_key(symbols[static_cast<size_t>(cur.prev)].id, cur.id));
-      if (p != merges_.end()) queue.push({p->second.rank, cur.prev, p->second.new_id});
+      if (const Merge* p = merges_.find(symbols[static_cast<size_t>(cur.prev)].id, cur.id)) {
+        queue.push({p->rank, cur.prev, p->new_id});
+      }
     }
     if (cur.next != -1) {
-      auto q = merges_.find(pair_key(cur.id, symbols[static_cast<size_t>(cur.next)].id));
-      if (q != merges_.end()) queue.push({q->second.rank, top.pos, q->second.new_id});
+      if (const Merge* q = merges_.find(cur.id, symbols[static_cast<size_t>(cur.next)].id)) {
+        queue.push({q->rank, top.pos, q->new_id});
+      }
     }
   }
   for (int32_t k = 0; k != -1; k = symbols[static_cast<size_t>(k)].next) {

@@ -85,6 +85,28 @@ Status PreTokenizer::add(const nlohmann::json& j, std::vector<Step>& steps) {
   return Status::ok();
 }
 
+PreTokenizer& PreTokenizer::operator=(PreTokenizer&& other) noexcept {
+  steps_ = std::move(other.steps_);
+  other.steps_.clear();
+  other.byte_level_split_ = nullptr;
+  find_byte_level_split();
+  return *this;
+}
+
+void PreTokenizer::find_byte_level_split() {
+  byte_level_split_ = nullptr;
+  byte_level_prefix_space_ = false;
+  if (steps_.size() == 1 && steps_[0].kind == Kind::kByteLevel && steps_[0].use_regex) {
+    byte_level_split_ = &steps_[0].regex;
+    byte_level_prefix_space_ = steps_[0].add_prefix_space;
+  } else if (steps_.size() == 2 && steps_[0].kind == Kind::kSplit &&
+             steps_[0].behavior == Behavior::kIsolated && !steps_[0].invert &&
+             steps_[1].kind == Kind::kByteLevel && !steps_[1].use_regex &&
+             !steps_[1].add_prefix_space) {
+    byte_level_split_ = &steps_[0].regex;
+  }
+}
+
 Result<PreTokenizer> PreTokenizer::from_json(const nlohmann::json& j) {
   PreTokenizer p;
   try {
@@ -92,6 +114,7 @@ Result<PreTokenizer> PreTokenizer::from_json(const nlohmann::json& j) {
   } catch (const nlohmann::json::exception& e) {
     return make_error(StatusCode::kInvalidArgument, "malformed pre_tokenizer: {}", e.what());
   }
+  p.find_byte_level_split();
   return p;
 }
 

@@ -26,6 +26,19 @@ class PreTokenizer {
   // of the original input (Metaspace's "first" scheme prepends only there).
   void pre_tokenize(std::string_view text, bool at_origin, std::vector<std::string>& words) const;
 
+  // The byte-level pre-tokenizers of GPT-2 / Llama 3 / Qwen in one pass: when this one is a
+  // ByteLevel with its regex, or an Isolated, non-inverted Split followed by a ByteLevel without
+  // regex (and no other step), returns that regex: pre_tokenize() then gives the matches of the
+  // regex in the text (after byte_level_prefix_space()'s space), each mapped byte by byte to the
+  // GPT-2 alphabet. Encoding uses this to feed raw matches straight to the BPE model.
+  const UnicodeRegex* byte_level_split() const { return byte_level_split_; }
+  // Whether that ByteLevel prepends a space to text that does not start with one.
+  bool byte_level_prefix_space() const { return byte_level_prefix_space_; }
+
+  PreTokenizer() = default;
+  PreTokenizer(PreTokenizer&& other) noexcept { *this = std::move(other); }
+  PreTokenizer& operator=(PreTokenizer&& other) noexcept;
+
  private:
   enum class Kind { kSplit, kByteLevel, kMetaspace };
   enum class Behavior { kIsolated, kRemoved, kMergedWithPrevious, kMergedWithNext };
@@ -47,7 +60,10 @@ class PreTokenizer {
   static Status add(const nlohmann::json& j, std::vector<Step>& steps);
   static void split_pieces(const UnicodeRegex& regex, Behavior behavior, bool invert,
                            std::vector<Piece>& pieces);
+  void find_byte_level_split();
   std::vector<Step> steps_;
+  const UnicodeRegex* byte_level_split_ = nullptr;  // points into steps_
+  bool byte_level_prefix_space_ = false;
 };
 
 }  // namespace litellama

@@ -138,8 +138,11 @@ Result<Tokenizer> Tokenizer::load(const std::string& dir) {
     LITELLAMA_ASSIGN_OR_RETURN(PostProcessor post_processor,
                                PostProcessor::from_json(field("post_processor")));
 
+    // Byte-level pipelines (GPT-2, Llama 3, Qwen) hand raw pre-tokenized bytes to the model.
+    const bool raw_bytes = pre_tokenizer.byte_level_split() != nullptr && model.enable_raw_bytes();
     Tokenizer tok(std::move(model), std::move(normalizer), std::move(pre_tokenizer),
                   std::move(decoder), std::move(post_processor));
+    tok.raw_bytes_ = raw_bytes;
 
     // Added tokens: tokenizer.json first, then any that only tokenizer_config.json declares.
     if (tj.contains("added_tokens")) {
@@ -232,6 +235,26 @@ Result<Tokenizer> Tokenizer::load(const std::string& dir) {
   }
 }
 
+void Tokenizer::encode_byte_level(std::string_view text, std::vector<int32_t>& ids) const {
+  if (text.empty()) return;
+  std::string prefixed;
+  if (pre_tokenizer_.byte_level_prefix_space() && text[0] != ' ') {
+    prefixed.reserve(text.size() + 1);
+    prefixed += ' ';
+    prefixed += text;
+    text = prefixed;
+  }
+  // Isolated split: the matches and the text between them (none for the hand-written
+  // matchers, whose matches tile the text) are the words.
+  size_t prev = 0;
+  pre_tokenizer_.byte_level_split()->for_each(text, [&](size_t b, size_t e) {
+    if (b > prev) model_.tokenize_bytes(text.substr(prev, b - prev), ids);
+    model_.tokenize_bytes(text.substr(b, e - b), ids);
+    prev = e;
+  });
+  if (prev < text.size()) model_.tokenize_bytes(text.substr(prev), ids);
+}
+
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
   std::string sanitized;
   if (!utf8::is_valid(text)) {
@@ -239,26 +262,37 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
     text = sanitized;
   }
   std::vector<int32_t> ids;
-  std::vector<AddedVocabulary::Segment> segments, inner;
-  std::vector<std::string> words;
-  std::string piece;
+  ids.reserve(text.size() / 3 + 4);
+  // Scratch buffers reused by every call on this thread (encode allocates only its result).
+  thread_local std::vector<AddedVocabulary::Segment> segments, inner;
+  thread_local std::vector<std::string> words;
+  thread_local std::string piece;
+  segments.clear();
   added_.split(text, /*normalized=*/false, segments);
   for (const auto& seg : segments) {
     if (seg.id) {
       ids.push_back(*seg.id);
       continue;
     }
-    piece.assign(seg.text);
-    normalizer_.normalize(piece);
+    std::string_view normalized = seg.text;
+    if (!normalizer_.is_identity()) {
+      piece.assign(seg.text);
+      normalizer_.normalize(piece);
+      normalized = piece;
+    }
     inner.clear();
     if (added_.has_normalized()) {
-      added_.split(piece, /*normalized=*/true, inner);
+      added_.split(normalized, /*normalized=*/true, inner);
     } else {
-      inner.push_back({piece, std::nullopt, 0});
+      inner.push_back({normalized, std::nullopt, 0});
     }
     for (const auto& sub : inner) {
       if (sub.id) {
         ids.push_back(*sub.id);
+        continue;
+      }
+      if (raw_bytes_) {
+        encode_byte_level(sub.text, ids);
         continue;
       }
       words.clear();

@@ -81,11 +81,16 @@ class Tokenizer {
   Tokenizer(BpeModel model, Normalizer normalizer, PreTokenizer pre_tokenizer, Decoder decoder,
             PostProcessor post_processor);
 
+  // The byte-level fast path: pre_tokenizer_.byte_level_split()'s matches go to
+  // model_.tokenize_bytes() without building the byte-level strings.
+  void encode_byte_level(std::string_view text, std::vector<int32_t>& ids) const;
+
   BpeModel model_;
   Normalizer normalizer_;
   PreTokenizer pre_tokenizer_;
   Decoder decoder_;
   PostProcessor post_processor_;
+  bool raw_bytes_ = false;
   AddedVocabulary added_;
   int32_t vocab_size_ = 0;
   std::optional<int32_t> bos_token_id_;

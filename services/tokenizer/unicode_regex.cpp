@@ -60,7 +60,7 @@ struct UnicodeRegex::Code {
   ~Code() { pcre2_code_free(code); }
 };
 
-Result<UnicodeRegex> UnicodeRegex::compile(std::string_view pattern) {
+Result<UnicodeRegex> UnicodeRegex::compile(std::string_view pattern, Engine engine) {
   LITELLAMA_ASSIGN_OR_RETURN(const std::string translated, translate(pattern));
   int error = 0;
   PCRE2_SIZE offset = 0;
@@ -79,6 +79,7 @@ Result<UnicodeRegex> UnicodeRegex::compile(std::string_view pattern) {
   holder->code = code;
   r.code_ = std::move(holder);
   r.pattern_ = std::string(pattern);
+  if (engine == Engine::kAuto) r.splitter_ = PatternSplitter::find(pattern);
   return r;
 }
 
@@ -117,6 +118,10 @@ struct ThreadMatchState {
 
 void UnicodeRegex::for_each_match(std::string_view text,
                                   const std::function<void(size_t, size_t)>& on_match) const {
+  if (splitter_) {
+    splitter_->for_each_match(text, on_match);
+    return;
+  }
   thread_local ThreadMatchState state;
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t start = 0;

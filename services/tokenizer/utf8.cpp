@@ -1,5 +1,7 @@
 #include "services/tokenizer/utf8.h"
 
+#include <cstring>
+
 namespace litellama::utf8 {
 
 void append(std::string& out, char32_t cp) {
@@ -70,6 +72,15 @@ int incomplete_tail(std::string_view s) {
 bool is_valid(std::string_view s) {
   size_t i = 0;
   while (i < s.size()) {
+    // Eight ASCII bytes at a time.
+    if (i + 8 <= s.size()) {
+      uint64_t chunk;
+      std::memcpy(&chunk, s.data() + i, 8);
+      if ((chunk & 0x8080808080808080ull) == 0) {
+        i += 8;
+        continue;
+      }
+    }
     if (static_cast<unsigned char>(s[i]) < 0x80) {
       ++i;
       continue;

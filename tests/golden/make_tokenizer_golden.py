@@ -176,6 +176,97 @@ def build_corpus():
         ("The quick brown fox jumps over the lazy dog. " * 20).strip(),
         "Ä" * 300 + "\u0308" * 10,
     ]
+    texts += build_whitespace_corpus()
+    return texts
+
+
+CODE_SAMPLES = [
+    # Python, four-space indentation, a blank line inside a block, trailing spaces
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, x):  \n"
+    "        self.items.append(x)\n        return self\n\n\n"
+    "if __name__ == \"__main__\":\n    s = Stack()\n    for i in range(3):\n"
+    "        s.push(i)    # aligned comment\n",
+    # C with tabs, and alignment with spaces after tabs
+    "static int\nsum(const int *a, size_t n)\n{\n\tint s = 0;\n\tfor (size_t i = 0; i < n; i++) {\n"
+    "\t\ts += a[i];\t/* accumulate */\n\t}\n\treturn s;\n}\n",
+    # Go (gofmt: tabs for indentation, spaces for alignment)
+    "package main\n\nimport \"fmt\"\n\ntype Point struct {\n\tX    int\n\tY    int\n\tName string\n}\n\n"
+    "func main() {\n\tp := Point{X: 1, Y: 2}\n\tfmt.Println(p)\n}\n",
+    # Makefile: recipe lines start with a tab
+    "CC ?= cc\nCFLAGS += -O2 -Wall\n\nall: app\n\napp: main.o util.o\n\t$(CC) $(CFLAGS) -o $@ $^\n\n"
+    "clean:\n\trm -f *.o app\n",
+    # YAML, two-space indentation and a list
+    "services:\n  web:\n    image: \"nginx:1.25\"\n    ports:\n      - \"80:80\"\n      - \"443:443\"\n"
+    "    environment:\n      KEY: value   \n",
+    # JavaScript, two-space indentation
+    "function debounce(fn, ms) {\n  let t;\n  return (...args) => {\n    clearTimeout(t);\n"
+    "    t = setTimeout(() => fn(...args), ms);\n  };\n}\n",
+    # Rust, four spaces, a doc comment, a match with aligned arms
+    "/// Returns the sign.\nfn sign(x: i64) -> i8 {\n    match x {\n        i64::MIN..=-1 => -1,\n"
+    "        0             =>  0,\n        _             =>  1,\n    }\n}\n",
+    # Haskell, where-clause alignment
+    "quicksort :: Ord a => [a] -> [a]\nquicksort []     = []\nquicksort (p:xs) = lesser ++ [p] ++ greater\n"
+    "  where\n    lesser  = filter (< p) xs\n    greater = filter (>= p) xs\n",
+    # shell heredoc with mixed tabs and spaces
+    "#!/bin/sh\nset -eu\nfor f in *.txt; do\n    if [ -s \"$f\" ]; then\n\t\techo \"$f\"\n    fi\ndone\n"
+    "cat <<EOF\n  indented heredoc\n\ttabbed heredoc\nEOF\n",
+    # pretty-printed JSON with deep indentation
+    "{\n  \"a\": {\n    \"b\": {\n      \"c\": {\n        \"d\": [\n          1,\n          2\n        ]\n"
+    "      }\n    }\n  }\n}\n",
+    # a unified diff: context lines start with one space
+    "--- a/x.py\n+++ b/x.py\n@@ -1,4 +1,4 @@\n def f(x):\n-    return x\n+    return  x + 1\n \n"
+    " # end\n",
+    # Markdown: two trailing spaces are a line break, indented code block, nested list
+    "# Title\n\nFirst line  \nsecond line\n\n    code block line\n    another\n\n- item\n  - nested\n"
+    "    - deeper\n",
+    # SQL with aligned columns
+    "SELECT  u.id,\n        u.name,\n        COUNT(*)  AS n\nFROM    users u\nGROUP BY u.id, u.name;\n",
+    # Python with CRLF line endings
+    "def f():\r\n    x = 1\r\n\r\n    return x\r\n",
+    # C with tabs and CRLF
+    "int g(void)\r\n{\r\n\treturn 0;\r\n}\r\n",
+    # code with non-ASCII identifiers, strings and comments
+    "def grüße(名前):\n    # 挨拶を返す\n    return f\"  こんにちは、{名前}  \"\n\n\tprint(grüße(\"世界\"))\n",
+    "    let ω = 2.0 * π;   // angular frequency\n    let λ = c / f;     // 波長\n",
+]
+
+
+def build_whitespace_corpus():
+    """Whitespace-heavy texts: where SentencePiece-style (Metaspace) pre-tokenization, BPE merges
+    of runs of U+2581 and the regex splits of the byte-level tokenizers are easiest to get wrong."""
+    texts = list(CODE_SAMPLES)
+    # runs of 1..40 spaces: alone, between words, leading, trailing, after a newline
+    for n in range(1, 41):
+        sp = " " * n
+        texts += [sp, "a" + sp + "b", sp + "word", "word" + sp, "x\n" + sp + "y"]
+    # runs of tabs and mixed tabs/spaces
+    for n in (1, 2, 3, 4, 5, 8, 16):
+        texts += ["\t" * n + "x", "x" + "\t" * n, "a" + "\t" * n + "b", "\t" * n]
+    texts += ["\t \t \tx", " \t  \t   x", "x \t", "\t\n\t\n", "  \t  \n\t  \t\n"]
+    # leading and trailing spaces around words and punctuation
+    texts += [" x", "  x", "x ", "x  ", " x ", "  x  ", " .", "  .", ". ", " , ", "  (a)  ",
+              " Hello world", "  Hello  world  ", "Hello world ", " 123", "  123  ", " ' s",
+              " 's", "  'll", "  \"quoted\"  "]
+    # blank lines and lines of only whitespace
+    texts += ["a\n\nb", "a\n\n\nb", "a\n \nb", "a\n  \nb", "a\n\t\nb", "a\n \t \nb",
+              "\n\n", "\n\n\n\n", " \n", "  \n", "\n ", "\n  ", " \n \n ", "   \n\n   \n",
+              "\n\nx", "x\n\n", "\n \n\t\n  \n", "para one.\n\n\n\npara two.\n   \n\npara three."]
+    # CRLF and lone CR
+    texts += ["a\r\n\r\nb", " \r\n", "\r\n  x", "x  \r\n", "\r\n\r\n", "\r\n \r\n",
+              "a\r\n\tb\r\n", "a\r \rb", "\r", "  \r  ", "line\r\n    indented\r\n\r\n"]
+    # whitespace mixed with multi-byte text
+    texts += ["  你好  世界  ", "\t日本語\n    テキスト", "  😀  ", "😀   😀", "Привет,   мир",
+              "café  ", "  naïve\t\tcafé", "  مرحبا   بالعالم  ", "\u05e9\u05dc\u05d5\u05dd  \u05e2",
+              "नमस्ते    दुनिया", "   ▁  ▁▁ ", "▁▁▁x", " ▁x", "x▁ ", "한국어  \n  텍스트",
+              "  \u00a0  nbsp", "\u00a0\u00a0\u00a0", "\u3000\u3000x\u3000", " \u2003 em space",
+              "x\u200b \u200by", "  \ufeff  "]
+    # whitespace next to text that is a special token of some tokenizer
+    texts += ["<s>  x", "<s> x", " <s>", "  </s>  ", "</s>\n  y", "x\n<s>\n", "<|eot_id|>  z",
+              "<|begin_of_text|>\n\n  hi", "<|im_start|>user\n  hi  <|im_end|>\n",
+              "a <unk>  b", "<s>\t\tx", "<s>\r\n"]
+    # long whitespace-heavy inputs
+    texts += ["    " * 100 + "x", "\t" * 50 + "\n" + " " * 50, (" a" + " " * 7) * 60,
+              ("def f():\n    pass\n\n") * 40, ("\tx = 1;\r\n") * 40]
     return texts
 
 
