@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <memory>
 #include <random>
 #include <unordered_map>
@@ -47,6 +48,7 @@ struct RequestRecord {
   int32_t n_output = 0;
   std::vector<double> itl;
   bool ok = false;
+  std::string error;  // "code: message" of the request's error, if it got one
   bool done = false;
 };
 
@@ -75,6 +77,7 @@ Summary summarize(std::vector<double> v) {
 
 struct BenchResult {
   int64_t n_ok = 0, n_in = 0, n_out = 0;
+  std::map<std::string, int64_t> errors;  // the scheduler's error message -> requests
   double duration = 0;
   Summary ttft, tpot, itl, e2e;
 };
@@ -137,6 +140,7 @@ Result<BenchResult> run_load(net::SchedulerClient& c, const BenchArgs& a, int32_
         bool finished = false;
         if ((*event)->kind == net::ClientEvent::Kind::kError) {
           finished = true;
+          rec.error = (*event)->error.code + ": " + (*event)->error.message;
         } else {
           const auto& chunk = (*event)->chunk;
           if (!chunk.token_ids.empty()) {
@@ -173,6 +177,7 @@ Result<BenchResult> run_load(net::SchedulerClient& c, const BenchArgs& a, int32_
   result.duration = net::monotonic_seconds() - start;
   std::vector<double> ttft, tpot, itl, e2e;
   for (const RequestRecord& r : records) {
+    if (!r.error.empty()) ++result.errors[r.error];
     if (!r.ok) continue;
     ++result.n_ok;
     result.n_in += r.n_prompt;
@@ -214,6 +219,7 @@ nlohmann::json to_json(const BenchArgs& a, const BenchResult& r) {
   j["tpot"] = js(r.tpot);
   j["itl"] = js(r.itl);
   j["e2e_latency"] = js(r.e2e);
+  j["errors"] = r.errors;
   return j;
 }
 
@@ -222,6 +228,9 @@ void print_text(const BenchArgs& a, const BenchResult& r) {
   std::printf("============ Serving Benchmark Result ============\n");
   std::printf("%-40s %10lld / %d\n", "Successful requests:", static_cast<long long>(r.n_ok),
               a.n_requests);
+  for (const auto& [why, n] : r.errors) {
+    std::printf("Failed requests: %lld (%s)\n", static_cast<long long>(n), why.c_str());
+  }
   std::printf("%-40s %10.2f\n", "Benchmark duration (s):", r.duration);
   std::printf("%-40s %10lld\n", "Total input tokens:", static_cast<long long>(r.n_in));
   std::printf("%-40s %10lld\n", "Total generated tokens:", static_cast<long long>(r.n_out));
@@ -273,8 +282,11 @@ int run_bench(const BenchArgs& a) {
     if (!parsed.is_ok()) return fail(cmd, parsed.status());
     runs = std::move(parsed).value();
   }
-  auto client = net::SchedulerClient::connect(server_endpoint(a.server));
+  auto endpoint = server_endpoint(a.server);
+  if (!endpoint.is_ok()) return fail(cmd, endpoint.status());
+  auto client = net::SchedulerClient::connect(*endpoint);
   if (!client.is_ok()) return fail(cmd, client.status());
+  if (Status st = (*client)->wait_connected(kConnectTimeoutMs); !st) return fail(cmd, st);
   net::SchedulerClient& c = **client;
   if (Status st = c.wait_ready(30000); !st) return fail(cmd, st);
   auto info = c.server_info(5000);
@@ -320,6 +332,10 @@ int run_bench(const BenchArgs& a) {
                 static_cast<double>(r->n_out) / r->duration,
                 static_cast<double>(r->n_in + r->n_out) / r->duration, r->ttft.p50 * 1e3,
                 r->ttft.p99 * 1e3, r->tpot.p50 * 1e3, r->tpot.p99 * 1e3, r->itl.p99 * 1e3);
+    for (const auto& [why, n] : r->errors) {
+      std::fprintf(stderr, "bench: concurrency %d: %lld requests failed: %s\n", concurrency,
+                   static_cast<long long>(n), why.c_str());
+    }
     std::fflush(stdout);
   }
   if (a.json) std::printf("%s\n", all.dump(2).c_str());
@@ -357,7 +373,7 @@ CommandMain register_bench_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--top-k", a->sampling.top_k, "of every request (0: off)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative("off"));
   sub->add_option("--top-p", a->sampling.top_p, "of every request (1: off)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));

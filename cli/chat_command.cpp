@@ -73,7 +73,9 @@ Result<std::string> chat_turn(net::SchedulerClient& client, const ChatArgs& a,
 int run_chat(ChatArgs a) {
   const char* cmd = "chat";
   std::unique_ptr<ServiceLauncher> launcher;
-  std::string endpoint = server_endpoint(a.server);
+  auto resolved = server_endpoint(a.server);
+  if (!resolved.is_ok()) return fail(cmd, resolved.status());
+  std::string endpoint = *resolved;
   if (a.start_services) {
     if (a.launch.model_dir.empty()) {
       auto dir = default_model_dir();
@@ -90,6 +92,7 @@ int run_chat(ChatArgs a) {
   }
   auto client = net::SchedulerClient::connect(endpoint);
   if (!client.is_ok()) return fail(cmd, client.status());
+  if (Status st = (*client)->wait_connected(kConnectTimeoutMs); !st) return fail(cmd, st);
   if (Status st = (*client)->wait_ready(a.start_services ? 5000 : 30000); !st) {
     return fail(cmd, st);
   }

@@ -60,6 +60,34 @@ Result<std::vector<int32_t>> parse_id_list(const std::string& text) {
   return ids;
 }
 
+CLI::Validator non_negative(const std::string& meaning_of_zero) {
+  return CLI::Validator(
+      [meaning_of_zero](std::string& value) -> std::string {
+        char* tail = nullptr;
+        errno = 0;
+        const long long v = std::strtoll(value.c_str(), &tail, 10);
+        if (value.empty() || *tail != '\0' || errno != 0) return "'" + value + "' is not a number";
+        if (v < 0) return "must be 0 (" + meaning_of_zero + ") or more, not " + value;
+        return "";
+      },
+      "INT >= 0");
+}
+
+CLI::Validator port_number(int max_port) {
+  return CLI::Validator(
+      [max_port](std::string& value) -> std::string {
+        char* tail = nullptr;
+        errno = 0;
+        const long long v = std::strtoll(value.c_str(), &tail, 10);
+        if (value.empty() || *tail != '\0' || errno != 0 || v < 0 || v > max_port) {
+          return "'" + value + "' is not a port: use 1.." + std::to_string(max_port) +
+                 ", or 0 for off";
+        }
+        return "";
+      },
+      "PORT");
+}
+
 int fail(const char* command, const Status& status) {
   std::fprintf(stderr, "litellama %s: error: %s\n", command, status.message().c_str());
   return 1;

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "common/status.h"
 
 namespace litellama::cli {
@@ -18,6 +20,12 @@ std::string assets_dir();
 Result<std::string> default_model_dir();
 // "1,2,3" -> {1, 2, 3}; errors name the bad element.
 Result<std::vector<int32_t>> parse_id_list(const std::string& text);
+// A CLI11 check for an integer option that must be >= 0, whose message says so in words
+// ("--top-k must be 0 (off) or more, not -1") instead of a range up to DBL_MAX.
+CLI::Validator non_negative(const std::string& meaning_of_zero);
+// A CLI11 check for a TCP port option: 0 (off) or 1..max_port.
+CLI::Validator port_number(int max_port);
+
 // Prints "litellama <command>: error: <message>" to stderr and returns the exit code 1.
 int fail(const char* command, const Status& status);
 

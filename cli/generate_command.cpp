@@ -138,6 +138,17 @@ int run_generate(const GenerateArgs& a) {
   if (req.prompt_ids.empty()) {
     return fail(cmd, Status(StatusCode::kInvalidArgument, "the prompt encodes to no tokens"));
   }
+  // The same bound as the served path's admission (ContinuousBatcher::plan).
+  if (const int64_t context = ckpt->config().max_position_embeddings; context > 0) {
+    const int64_t need = static_cast<int64_t>(req.prompt_ids.size()) + a.max_new_tokens;
+    if (need > context) {
+      return fail(
+          cmd, make_error(StatusCode::kInvalidArgument,
+                          "the prompt ({} tokens) + --max-new-tokens ({}) = {} exceeds the "
+                          "model's context of {} tokens by {}",
+                          req.prompt_ids.size(), a.max_new_tokens, need, context, need - context));
+    }
+  }
   req.sampling = a.sampling;
   req.max_new_tokens = a.max_new_tokens;
   req.n_top_logits = a.top_logits;
@@ -218,7 +229,7 @@ CommandMain register_generate_command(CLI::App& app) {
   sub->add_option("--temperature", args->sampling.temperature, "0 = greedy")
       ->capture_default_str()
       ->check(CLI::Range(0.0f, 100.0f));
-  sub->add_option("--top-k", args->sampling.top_k, "0 = off")->check(CLI::NonNegativeNumber);
+  sub->add_option("--top-k", args->sampling.top_k, "0 = off")->check(non_negative("off"));
   sub->add_option("--top-p", args->sampling.top_p, "1 = off")
       ->check(CLI::Range(0.0f, 1.0f) & CLI::PositiveNumber);
   sub->add_option("--min-p", args->sampling.min_p, "0 = off")->check(CLI::Range(0.0f, 1.0f));

@@ -6,16 +6,37 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_util.h"
+#include "common/net/run_dir.h"
 #include "common/net/scheduler_client.h"
+#include "common/net/zmq_util.h"
 
 namespace litellama::cli {
 
-std::string server_endpoint(const std::string& address) {
-  if (address.empty()) return kDefaultServer;
-  if (address.find("://") != std::string::npos) return address;
+std::string default_server() {
+  return net::ipc_endpoint(net::default_run_dir(), "client");
+}
+
+Result<std::string> server_endpoint(const std::string& address) {
+  if (address.empty()) return default_server();
   std::error_code ec;
-  if (std::filesystem::is_directory(address, ec)) return "ipc://" + address + "/client.sock";
-  return "tcp://" + address;
+  std::string endpoint = address;
+  if (address.find("://") == std::string::npos) {
+    endpoint = std::filesystem::is_directory(address, ec) ? "ipc://" + address + "/client.sock"
+                                                          : "tcp://" + address;
+  }
+  if (endpoint.rfind("tcp://", 0) == 0) {
+    const size_t colon = endpoint.rfind(':');
+    const std::string port = colon > 5 ? endpoint.substr(colon + 1) : "";
+    const bool digits = !port.empty() && port.size() <= 5 &&
+                        port.find_first_not_of("0123456789") == std::string::npos;
+    if (!digits || std::stoi(port) < 1 || std::stoi(port) > 65535) {
+      return make_error(StatusCode::kInvalidArgument,
+                        "--server '{}': the port must be a number from 1 to 65535 (HOST:PORT, "
+                        "tcp://HOST:PORT, ipc://PATH or a run directory)",
+                        address);
+    }
+  }
+  return endpoint;
 }
 
 int run_generate_remote(const RemoteGenerateArgs& a) {
@@ -52,8 +73,11 @@ int run_generate_remote(const RemoteGenerateArgs& a) {
   req.ignore_eos = a.ignore_eos;
   req.top_logits = a.top_logits;
 
-  auto client = net::SchedulerClient::connect(server_endpoint(a.server));
+  auto endpoint = server_endpoint(a.server);
+  if (!endpoint.is_ok()) return fail(cmd, endpoint.status());
+  auto client = net::SchedulerClient::connect(*endpoint);
   if (!client.is_ok()) return fail(cmd, client.status());
+  if (Status st = (*client)->wait_connected(kConnectTimeoutMs); !st) return fail(cmd, st);
   const bool stream = !a.json;
   auto done = (*client)->generate(
       std::move(req),

@@ -7,14 +7,19 @@
 #include <string>
 #include <vector>
 
+#include "common/status.h"
+
 namespace litellama::cli {
 
-// Default client endpoint of `litellama serve`.
-inline constexpr const char* kDefaultServer = "ipc:///tmp/litellama/client.sock";
+// Default client endpoint of `litellama serve`: ipc://DEFAULT_RUN_DIR/client.sock (run_dir.h).
+std::string default_server();
+// How long a client waits for the connection to its server before it fails.
+inline constexpr int kConnectTimeoutMs = 2000;
 
 // "ipc://...", "tcp://..." pass through; "HOST:PORT" becomes tcp://HOST:PORT; a directory
-// becomes ipc://DIR/client.sock.
-std::string server_endpoint(const std::string& address);
+// becomes ipc://DIR/client.sock. A tcp address whose port is not a number in 1..65535 is refused
+// (ZeroMQ would accept it and never connect).
+Result<std::string> server_endpoint(const std::string& address);
 
 struct RemoteGenerateArgs {
   std::string server;

@@ -1,12 +1,34 @@
 // litellama: the command-line front end (offline generation, model tools, and the client/launcher
 // commands of the served path).
+#include <algorithm>
 #include <cstdio>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
+
+namespace {
+
+// Levenshtein distance, for suggesting the command a typo meant.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"LiteLLaMA: fast inference for LLaMA-family models"};
@@ -28,6 +50,29 @@ int main(int argc, char** argv) {
   add(litellama::cli::register_tokenize_command);
   add(litellama::cli::register_detokenize_command);
 
+  // CLI11 answers a misspelled command with "A subcommand is required"; say what was wrong.
+  if (argc >= 2 && argv[1][0] != '-') {
+    const std::string given = argv[1];
+    std::vector<std::string> names;
+    for (auto& [sub, run] : commands) names.push_back(sub->get_name());
+    if (std::find(names.begin(), names.end(), given) == names.end()) {
+      std::string list, closest;
+      size_t best = std::string::npos;
+      for (const std::string& name : names) {
+        list += (list.empty() ? "" : ", ") + name;
+        const size_t d = edit_distance(given, name);
+        if (d < best) {
+          best = d;
+          closest = name;
+        }
+      }
+      std::string hint;
+      if (best <= std::max<size_t>(2, given.size() / 3)) hint = "; did you mean '" + closest + "'?";
+      std::fprintf(stderr, "litellama: unknown command '%s'%s (commands: %s; try --help)\n",
+                   given.c_str(), hint.c_str(), list.c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -58,10 +58,16 @@ void add_launch_options(CLI::App* sub, LaunchOptions* o) {
                   "checkpoints), float32, bfloat16 or float16")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "float32", "bfloat16", "float16"}));
-  sub->add_option("--run-dir", o->run_dir, "directory of the ipc:// sockets")
+  sub->add_option("--run-dir", o->run_dir,
+                  "directory of the ipc:// sockets (created 0750; refused when another user owns "
+                  "it or others can write it)")
       ->capture_default_str();
   sub->add_option("--listen", o->client_endpoint,
-                  "client endpoint (default ipc://RUN_DIR/client.sock; e.g. tcp://0.0.0.0:5555)");
+                  "client endpoint (default ipc://RUN_DIR/client.sock; tcp://127.0.0.1:5555 for "
+                  "tcp on loopback)");
+  sub->add_flag("--insecure-tcp", o->insecure_tcp,
+                "allow a --listen tcp:// address off loopback: tcp is not authenticated, anyone "
+                "who reaches the port can send requests (only on a network you trust)");
   sub->add_option("--tokenizers", o->n_tokenizers, "tokenizer processes")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
@@ -79,6 +85,10 @@ void add_launch_options(CLI::App* sub, LaunchOptions* o) {
       ->check(CLI::Range(0, 8));
   sub->add_option("--metrics-port", o->metrics_port,
                   "scheduler metrics port; worker +1, tokenizers +2.. (0: off)")
+      ->capture_default_str()
+      ->check(port_number(65535 - 2 - 64));
+  sub->add_option("--metrics-host", o->metrics_host,
+                  "host the metrics listeners bind (0.0.0.0 for all interfaces)")
       ->capture_default_str();
   sub->add_option("--log-dir", o->log_dir, "write each service's log here (default: stderr)");
   sub->add_option("--log-level", o->log_level, "services' log level")->capture_default_str();

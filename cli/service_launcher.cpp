@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "common/net/metrics_server.h"
+#include "common/net/run_dir.h"
 #include "common/net/scheduler_client.h"
 #include "common/net/zmq_util.h"
 
@@ -68,15 +69,19 @@ Status ServiceLauncher::start() {
                         bin);
     }
   }
+  LITELLAMA_RETURN_IF_ERROR(net::prepare_run_dir(options_.run_dir));
   std::error_code ec;
-  std::filesystem::create_directories(options_.run_dir, ec);
   if (!options_.log_dir.empty()) std::filesystem::create_directories(options_.log_dir, ec);
   client_endpoint_ = options_.client_endpoint.empty()
                          ? net::ipc_endpoint(options_.run_dir, "client")
                          : options_.client_endpoint;
+  LITELLAMA_RETURN_IF_ERROR(net::prepare_endpoint(client_endpoint_, options_.insecure_tcp));
   auto metrics = [&](int offset) {
     return options_.metrics_port > 0
-               ? fmt::format("{}:{}", options_.metrics_host, options_.metrics_port + offset)
+               ? (options_.metrics_host.find(':') != std::string::npos
+                      ? fmt::format("[{}]:{}", options_.metrics_host,
+                                    options_.metrics_port + offset)
+                      : fmt::format("{}:{}", options_.metrics_host, options_.metrics_port + offset))
                : std::string();
   };
   const std::string worker_ep = net::ipc_endpoint(options_.run_dir, "worker");
@@ -94,6 +99,7 @@ Status ServiceLauncher::start() {
        options_.log_level, "--max-batch-tokens", std::to_string(options_.max_batch_tokens),
        "--max-batch-seqs", std::to_string(options_.max_batch_seqs)},
       metrics(0));
+  if (options_.insecure_tcp) services_.back().argv.push_back("--insecure-tcp");
   add("worker",
       {bin + "/litellama-worker",
        "--model",
@@ -125,6 +131,12 @@ Status ServiceLauncher::start() {
         {bin + "/litellama-tokenizer", "--model", options_.model_dir, "--scheduler", tokenizer_ep,
          "--metrics", metrics(2 + i), "--log-level", options_.log_level},
         metrics(2 + i));
+  }
+  // A server already on this run dir would refuse our scheduler, and our worker and tokenizers
+  // would join it: refuse before starting anything. The scheduler takes the locks for good.
+  for (const std::string& endpoint : {client_endpoint_, worker_ep, tokenizer_ep}) {
+    auto lock = net::ListenerLock::acquire(endpoint);
+    if (!lock) return lock.status();
   }
   // A taken port would make that service exit at once; say which and why before starting any.
   for (const Service& s : services_) {

@@ -18,6 +18,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/net/child_process.h"
+#include "common/net/run_dir.h"
 #include "common/status.h"
 
 namespace litellama::cli {
@@ -26,8 +27,9 @@ struct LaunchOptions {
   std::string model_dir;
   std::string device = "cpu";
   std::string dtype = "auto";  // litellama-worker --dtype
-  std::string run_dir = "/tmp/litellama";
+  std::string run_dir = net::default_run_dir();
   std::string client_endpoint;  // "" : ipc://RUN_DIR/client.sock
+  bool insecure_tcp = false;    // allow a client endpoint off loopback (--insecure-tcp)
   int32_t n_tokenizers = 1;
   int32_t kv_slots = 0;
   int32_t threads = 0;

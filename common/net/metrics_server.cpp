@@ -74,7 +74,10 @@ bool split_listen(const std::string& listen, std::string* host, std::string* por
       *host = host->substr(1, host->size() - 2);
     }
   }
-  if (port->empty() || port->find_first_not_of("0123456789") != std::string::npos) return false;
+  if (port->empty() || port->size() > 5 ||
+      port->find_first_not_of("0123456789") != std::string::npos) {
+    return false;
+  }
   return std::stol(*port) <= 65535;
 }
 
@@ -82,8 +85,13 @@ bool split_listen(const std::string& listen, std::string* host, std::string* por
 Status resolve_listen(const std::string& listen, addrinfo** found) {
   std::string host, port;
   if (!split_listen(listen, &host, &port)) {
-    return make_error(StatusCode::kInvalidArgument, "'{}' is not PORT or HOST:PORT", listen);
+    return make_error(StatusCode::kInvalidArgument,
+                      "'{}' is not PORT or HOST:PORT with a port from 0 to 65535", listen);
   }
+  // A bare port is loopback only: metrics and readiness say what the service is doing, and no
+  // listener of ours is reachable from elsewhere unless a host is named ("*" or 0.0.0.0: all).
+  if (host.empty()) host = "127.0.0.1";
+  if (host == "*") host.clear();
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;

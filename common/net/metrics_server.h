@@ -25,7 +25,8 @@ class MetricsServer {
   // Returns "" when ready, else why not. Called from the HTTP threads: must be thread-safe.
   using ReadyCheck = std::function<std::string()>;
 
-  // `listen` is "PORT" or "HOST:PORT" (port 0 picks a free one). A port another process holds
+  // `listen` is "PORT" (loopback only) or "HOST:PORT" ("*:PORT" or "0.0.0.0:PORT" for every
+  // interface; port 0 picks a free one). A port another process holds
   // fails with kResourceExhausted and a message that says so.
   static Result<std::unique_ptr<MetricsServer>> start(
       const std::string& listen, std::shared_ptr<prometheus::Registry> registry, ReadyCheck ready);

@@ -5,19 +5,32 @@
 #include <thread>
 
 #include "common/log.h"
+#include "common/net/run_dir.h"
 #include "common/net/zmq_util.h"
 
 namespace litellama::net {
 
 Result<std::unique_ptr<SchedulerClient>> SchedulerClient::connect(const std::string& endpoint) {
-  LITELLAMA_RETURN_IF_ERROR(prepare_endpoint(endpoint));
+  if (endpoint.rfind("ipc://", 0) != 0 && endpoint.rfind("tcp://", 0) != 0) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "server address '{}' must be ipc://PATH, tcp://HOST:PORT, HOST:PORT or a run "
+                      "directory",
+                      endpoint);
+  }
+  // The default directory is per user: one that someone else made is an attempt to stand in for
+  // the server. An explicit path may belong to the service user (its group gets client access).
+  if (const std::string dir = ipc_dir(endpoint); !dir.empty()) {
+    LITELLAMA_RETURN_IF_ERROR(check_client_run_dir(dir, dir == default_run_dir()));
+  }
   std::unique_ptr<SchedulerClient> client(new SchedulerClient());
+  client->endpoint_ = endpoint;
   try {
     client->socket_ = zmq::socket_t(client->context_, zmq::socket_type::dealer);
     configure_socket(client->socket_);
     // The context is the client's own, so one fixed inproc name cannot collide.
     constexpr const char* kMonitor = "inproc://scheduler-client-monitor";
-    if (zmq_socket_monitor(client->socket_.handle(), kMonitor, ZMQ_EVENT_DISCONNECTED) != 0) {
+    if (zmq_socket_monitor(client->socket_.handle(), kMonitor,
+                           ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0) {
       throw zmq::error_t();
     }
     client->monitor_ = zmq::socket_t(client->context_, zmq::socket_type::pair);
@@ -47,6 +60,38 @@ void SchedulerClient::connection_lost() {
   open_.clear();
 }
 
+void SchedulerClient::on_monitor_event(const std::vector<zmq::message_t>& frames) {
+  uint16_t event = 0;
+  if (!frames.empty() && frames[0].size() >= sizeof(event)) {
+    std::memcpy(&event, frames[0].data(), sizeof(event));
+  }
+  if (event == ZMQ_EVENT_CONNECTED) connected_ = true;
+  if (event == ZMQ_EVENT_DISCONNECTED) {
+    connected_ = false;
+    connection_lost();
+  }
+}
+
+Status SchedulerClient::wait_connected(int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  std::vector<zmq::message_t> frames;
+  while (!connected_) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now())
+                          .count();
+    if (left <= 0) {
+      return make_error(StatusCode::kUnavailable,
+                        "no server is listening on {} (waited {} ms); start one with `litellama "
+                        "serve`, or name the running one with --server",
+                        endpoint_, timeout_ms);
+    }
+    zmq::pollitem_t item{monitor_.handle(), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, std::chrono::milliseconds(left)) == 0) continue;
+    if (recv_frames(monitor_, &frames)) on_monitor_event(frames);
+  }
+  return Status::ok();
+}
+
 Result<uint64_t> SchedulerClient::submit(proto::GenerateRequest request) {
   request.request_id = next_request_id_++;
   if (send_one(socket_, proto::encode(request)) != SendResult::kSent) {
@@ -74,11 +119,7 @@ Result<bool> SchedulerClient::receive(int timeout_ms, std::optional<proto::Serve
   // Replies already received come before the news that the connection dropped after them.
   if (!recv_frames(socket_, &frames)) {
     if (!recv_frames(monitor_, &frames)) return false;
-    uint16_t event = 0;
-    if (!frames.empty() && frames[0].size() >= sizeof(event)) {
-      std::memcpy(&event, frames[0].data(), sizeof(event));
-    }
-    if (event == ZMQ_EVENT_DISCONNECTED) connection_lost();
+    on_monitor_event(frames);
     return true;
   }
   if (frames.size() != 1) {

@@ -54,6 +54,11 @@ class SchedulerClient {
   ~SchedulerClient();
 
   // Sends `request` under a fresh id (its request_id is overwritten) and returns that id.
+  // Waits until the connection to the server is up; fails after timeout_ms naming the address
+  // and how to start a server (ZeroMQ connects lazily, so without this a client with nothing to
+  // talk to would only learn it from its request's timeout).
+  Status wait_connected(int timeout_ms);
+
   Result<uint64_t> submit(proto::GenerateRequest request);
   Status abort(uint64_t request_id);
   // The next chunk or error of any request, or nullopt after timeout_ms without one.
@@ -78,10 +83,13 @@ class SchedulerClient {
 
   // Fails every open request (the scheduler that knew them is gone).
   void connection_lost();
+  void on_monitor_event(const std::vector<zmq::message_t>& frames);
 
   zmq::context_t context_{1};
   zmq::socket_t socket_;
-  zmq::socket_t monitor_;    // ZMQ_EVENT_DISCONNECTED of socket_
+  zmq::socket_t monitor_;  // ZMQ_EVENT_CONNECTED / DISCONNECTED of socket_
+  std::string endpoint_;
+  bool connected_ = false;
   std::set<uint64_t> open_;  // submitted, no final chunk or error yet
   uint64_t next_request_id_ = 1;
   std::deque<ClientEvent> events_;

@@ -2,6 +2,7 @@
 // listener, heartbeats, log level) and the start/run/exit-status policy.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <type_traits>
 
@@ -10,6 +11,7 @@
 #include "common/log.h"
 #include "common/net/child_process.h"
 #include "common/net/service_notify.h"
+#include "common/net/run_dir.h"
 #include "common/net/stop_signal.h"
 
 namespace litellama::net {
@@ -20,17 +22,39 @@ template <typename Options>
 void add_common_service_flags(CLI::App& app, Options& options, std::string& run_dir,
                               std::string& log_level, const std::string& default_metrics,
                               const char* peer_timeout_help) {
-  app.add_option("--run-dir", run_dir, "Directory of the default ipc:// endpoints")
+  run_dir = default_run_dir();
+  app.add_option("--run-dir", run_dir,
+                 "Directory of the default ipc:// endpoints (created 0750; refused when another "
+                 "user owns it or others can write it)")
       ->capture_default_str();
   options.metrics_listen = default_metrics;
   app.add_option("--metrics", options.metrics_listen,
-                 "HOST:PORT of /metrics, /health, /ready ('' disables)")
+                 "PORT or HOST:PORT of /metrics, /health, /ready (a bare PORT is loopback only; "
+                 "'' disables)")
       ->capture_default_str();
+  // Applied after parsing: --metrics-host replaces the host of --metrics.
+  auto metrics_host = std::make_shared<std::string>();
+  app.add_option("--metrics-host", *metrics_host,
+                 "Host the metrics listener binds (default loopback; 0.0.0.0 or :: for all "
+                 "interfaces)");
+  app.parse_complete_callback([&options, metrics_host] {
+    if (metrics_host->empty() || options.metrics_listen.empty()) return;
+    const size_t colon = options.metrics_listen.rfind(':');
+    const std::string port = colon == std::string::npos ? options.metrics_listen
+                                                        : options.metrics_listen.substr(colon + 1);
+    const bool v6 = metrics_host->find(':') != std::string::npos;
+    options.metrics_listen = (v6 ? "[" + *metrics_host + "]" : *metrics_host) + ":" + port;
+  });
+  app.add_flag("--insecure-tcp", options.allow_insecure_tcp,
+               "Allow tcp:// endpoints on addresses other than loopback (ZeroMQ tcp is not "
+               "authenticated: only on a network you trust)");
   app.add_option("--heartbeat-ms", options.heartbeat_interval_ms, "Heartbeat interval")
       ->capture_default_str()
       ->check(CLI::Range(10, 60000));
-  app.add_option("--peer-timeout-ms", options.peer_timeout_ms, peer_timeout_help)
-      ->capture_default_str();
+  app.add_option("--peer-timeout-ms", options.peer_timeout_ms,
+                 std::string(peer_timeout_help) + " (at least twice --heartbeat-ms)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3600000));
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
       ->capture_default_str();
 }

@@ -1,8 +1,9 @@
 #include "common/net/zmq_util.h"
 
 #include <chrono>
-#include <filesystem>
 #include <random>
+
+#include "common/net/run_dir.h"
 
 namespace litellama::net {
 
@@ -28,22 +29,45 @@ std::string ipc_endpoint(const std::string& dir, const std::string& name) {
   return "ipc://" + dir + "/" + name + ".sock";
 }
 
-Status prepare_endpoint(const std::string& endpoint) {
+bool is_loopback_tcp(const std::string& endpoint) {
+  constexpr std::string_view kTcp = "tcp://";
+  if (endpoint.rfind(kTcp, 0) != 0) return false;
+  std::string host = endpoint.substr(kTcp.size());
+  const size_t colon = host.rfind(':');
+  if (colon == std::string::npos) return false;
+  host = host.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+Status prepare_endpoint(const std::string& endpoint, bool allow_insecure_tcp) {
   constexpr std::string_view kIpc = "ipc://";
   constexpr std::string_view kTcp = "tcp://";
-  if (endpoint.rfind(kTcp, 0) == 0) return Status::ok();
+  if (endpoint.rfind(kTcp, 0) == 0) {
+    if (allow_insecure_tcp || is_loopback_tcp(endpoint)) return Status::ok();
+    return make_error(StatusCode::kInvalidArgument,
+                      "refusing '{}': tcp:// endpoints are not authenticated, so anyone who can "
+                      "reach the port could send requests or pose as a peer; use ipc:// or a "
+                      "loopback address, or pass --insecure-tcp on a network you trust",
+                      endpoint);
+  }
   if (endpoint.rfind(kIpc, 0) != 0) {
     return make_error(StatusCode::kInvalidArgument,
                       "endpoint '{}' must start with ipc:// or tcp://", endpoint);
   }
-  const std::filesystem::path path(endpoint.substr(kIpc.size()));
-  if (path.has_parent_path()) {
-    std::error_code ec;
-    std::filesystem::create_directories(path.parent_path(), ec);
-    if (ec) {
-      return make_error(StatusCode::kUnavailable, "cannot create '{}': {}",
-                        path.parent_path().string(), ec.message());
-    }
+  const std::string dir = ipc_dir(endpoint);
+  if (dir.empty() || dir == "/") return Status::ok();
+  return prepare_run_dir(dir);
+}
+
+Status check_liveness_flags(int32_t heartbeat_interval_ms, int32_t peer_timeout_ms) {
+  if (heartbeat_interval_ms <= 0 || peer_timeout_ms < 2 * heartbeat_interval_ms) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "--peer-timeout-ms {} is below two heartbeat intervals (--heartbeat-ms {}): "
+                      "peers would be declared down between two heartbeats; use at least {}",
+                      peer_timeout_ms, heartbeat_interval_ms, 2 * heartbeat_interval_ms);
   }
   return Status::ok();
 }

@@ -22,8 +22,17 @@ uint64_t random_id();
 
 // "ipc://<dir>/<name>.sock".
 std::string ipc_endpoint(const std::string& dir, const std::string& name);
-// Checks the scheme (ipc:// or tcp://) and creates the directory of an ipc:// path.
-Status prepare_endpoint(const std::string& endpoint);
+// Checks an endpoint a service binds or connects: the scheme (ipc:// or tcp://); for ipc:// the
+// run directory (created 0750 when missing, refused when another user owns it or others can write
+// it: run_dir.h); for tcp:// that the host is loopback unless allow_insecure_tcp, since ZeroMQ's
+// tcp transport as used here authenticates no one.
+Status prepare_endpoint(const std::string& endpoint, bool allow_insecure_tcp = false);
+// Whether a tcp://HOST:PORT endpoint's host is a loopback address (127.0.0.0/8, ::1, localhost).
+bool is_loopback_tcp(const std::string& endpoint);
+
+// A peer is down after peer_timeout_ms without a heartbeat; less than two heartbeat intervals
+// would declare healthy peers down whenever one heartbeat is late.
+Status check_liveness_flags(int32_t heartbeat_interval_ms, int32_t peer_timeout_ms);
 
 // Socket options every LiteLLaMA socket gets: no linger on close, generous queues.
 void configure_socket(zmq::socket_t& socket);

@@ -36,6 +36,9 @@ struct SamplingOptions {
 };
 
 inline constexpr int32_t kMaxTopLogits = kMaxStepTopLogits;
+// Default bound on a text prompt (prompt text plus chat messages), well under the codec's 16 MB
+// string limit: larger prompts are refused before anything tokenizes them.
+inline constexpr int64_t kDefaultMaxPromptBytes = int64_t{4} << 20;
 
 // client -> scheduler. The input is prompt_ids when non-empty, else messages (the chat template is
 // applied with a generation prompt) when non-empty, else the text prompt.
@@ -85,12 +88,16 @@ struct AbortRequest {
 
 // scheduler -> client: the request failed (or the message with this id was not understood); no
 // further message about it follows. `code` is a status_code_name; `message` is fixed text.
+// request_id names the request this error ends. A generate_request refused because its id is
+// still in use gets request_id 0 (the live request with that id goes on) and the id in
+// duplicate_request_id.
 struct RequestError {
   static constexpr MessageType kType = MessageType::kRequestError;
   uint64_t request_id = 0;
   std::string code;
   std::string message;
-  MSGPACK_DEFINE_MAP(request_id, code, message);
+  uint64_t duplicate_request_id = 0;
+  MSGPACK_DEFINE_MAP(request_id, code, message, duplicate_request_id);
 };
 
 // client -> scheduler: what is being served and whether it is ready.

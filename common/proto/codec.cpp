@@ -80,6 +80,22 @@ std::optional<MessageType> parse_message_type(std::string_view name) {
   return std::nullopt;
 }
 
+uint64_t peek_request_id(std::string_view bytes) {
+  try {
+    size_t offset = 0;
+    const msgpack::unpack_limit limit(kMaxArrayElements, kMaxMapEntries, kMaxStringBytes,
+                                      kMaxBinBytes, 0, kMaxDepth);
+    msgpack::object_handle handle =
+        msgpack::unpack(bytes.data(), bytes.size(), offset, nullptr, nullptr, limit);
+    const msgpack::object& root = handle.get();
+    if (root.type != msgpack::type::MAP) return 0;
+    const msgpack::object* id = find_key(root, "request_id");
+    if (id != nullptr && id->type == msgpack::type::POSITIVE_INTEGER) return id->via.u64;
+  } catch (const std::exception&) {
+  }
+  return 0;
+}
+
 Result<Envelope> Envelope::parse(std::string_view bytes) {
   auto handle = std::make_shared<msgpack::object_handle>();
   try {
@@ -103,7 +119,8 @@ Result<Envelope> Envelope::parse(std::string_view bytes) {
     return make_error(StatusCode::kInvalidArgument, "message has no protocol version 'v'");
   }
   if (v->via.u64 != kProtocolVersion) {
-    return make_error(StatusCode::kUnsupported, "protocol version {} (this build speaks {})",
+    return make_error(StatusCode::kUnsupported,
+                      "protocol version {} is not supported (this build speaks version {})",
                       v->via.u64, kProtocolVersion);
   }
   const msgpack::object* type = find_key(root, "type");

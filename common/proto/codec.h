@@ -68,16 +68,46 @@ class Envelope {
       T message;
       handle_->get().convert(message);
       return message;
-    } catch (const std::exception& e) {
+    } catch (const std::exception&) {
       return make_error(StatusCode::kInvalidArgument, "malformed '{}' message: {}",
-                        message_type_name(type_), e.what());
+                        message_type_name(type_), describe_bad_field<T>(handle_->get()));
     }
   }
 
  private:
+  // Which field made the conversion to T fail: each key alone is converted into a fresh T (a
+  // MSGPACK_DEFINE_MAP conversion skips absent keys, and unknown keys never fail), so the first
+  // that throws is one of T's own field names, safe to report.
+  template <typename T>
+  static std::string describe_bad_field(const msgpack::object& root) {
+    if (root.type == msgpack::type::MAP) {
+      for (uint32_t i = 0; i < root.via.map.size; ++i) {
+        msgpack::object_kv kv = root.via.map.ptr[i];
+        if (kv.key.type != msgpack::type::STR) continue;
+        msgpack::object single;
+        single.type = msgpack::type::MAP;
+        single.via.map.size = 1;
+        single.via.map.ptr = &kv;
+        try {
+          T message;
+          single.convert(message);
+        } catch (const std::exception&) {
+          return "field '" + std::string(kv.key.via.str.ptr, kv.key.via.str.size) +
+                 "' has the wrong type";
+        }
+      }
+    }
+    return "a field has the wrong type";
+  }
+
   std::shared_ptr<msgpack::object_handle> handle_;
   MessageType type_ = MessageType::kGenerateRequest;
 };
+
+// The request_id of a frame that could not be decoded as its message, so that the error can go
+// back under the sender's own id: the value of a non-negative integer "request_id" key when the
+// frame is a msgpack map, else 0.
+uint64_t peek_request_id(std::string_view bytes);
 
 // Encodes `message` (a struct with kType and MSGPACK_DEFINE_MAP) as one flat msgpack map.
 template <typename T>

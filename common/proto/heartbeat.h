@@ -11,7 +11,10 @@ namespace litellama::proto {
 struct SchedulerHeartbeat {
   static constexpr MessageType kType = MessageType::kSchedulerHeartbeat;
   uint64_t incarnation = 0;  // random per scheduler start
-  MSGPACK_DEFINE_MAP(incarnation);
+  // To a worker: true while the scheduler serves another worker and keeps this one as standby
+  // (it is used once the serving worker is gone). Always false to tokenizers.
+  bool standby = false;
+  MSGPACK_DEFINE_MAP(incarnation, standby);
 };
 
 }  // namespace litellama::proto

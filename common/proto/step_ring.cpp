@@ -100,7 +100,10 @@ Result<std::unique_ptr<StepRing>> StepRing::create(const std::string& name,
   try {
     bip::shared_memory_object::remove(name.c_str());
     auto impl = std::make_unique<Impl>();
-    impl->shm = bip::shared_memory_object(bip::create_only, name.c_str(), bip::read_write);
+    // 0600: the ring carries every prompt's token ids; only the service user's processes (the
+    // worker and the scheduler) may map it. Boost sets the mode with fchmod, past the umask.
+    impl->shm = bip::shared_memory_object(bip::create_only, name.c_str(), bip::read_write,
+                                          bip::permissions(0600));
     const size_t size = region_size(limits);
     impl->shm.truncate(static_cast<bip::offset_t>(size));
     impl->region = bip::mapped_region(impl->shm, bip::read_write);

@@ -1,5 +1,7 @@
 #include "services/scheduler/continuous_batcher.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 namespace litellama {
@@ -167,10 +169,23 @@ std::optional<PlannedStep> ContinuousBatcher::plan(uint64_t step_id, proto::Step
   while (!waiting_.empty() && h.n_seqs < max_seqs && budget_tokens > 0) {
     Request* r = waiting_.front();
     const int64_t need = static_cast<int64_t>(r->n_prompt()) + r->max_tokens;
-    const bool bad_id = std::any_of(r->prompt_ids.begin(), r->prompt_ids.end(),
-                                    [&](int32_t id) { return id < 0 || id >= vocab_size_; });
-    if (need > allocator_.n_total() || need > limits.max_slots || bad_id ||
-        (max_model_len_ > 0 && need > max_model_len_)) {
+    const auto bad_id = std::find_if(r->prompt_ids.begin(), r->prompt_ids.end(),
+                                     [&](int32_t id) { return id < 0 || id >= vocab_size_; });
+    const int64_t pool = std::min<int64_t>(allocator_.n_total(), limits.max_slots);
+    std::string& why = r->reject_reason;
+    if (bad_id != r->prompt_ids.end()) {
+      why = fmt::format("prompt id {} is outside the vocabulary of {} ids", *bad_id, vocab_size_);
+    } else if (max_model_len_ > 0 && need > max_model_len_) {
+      why = fmt::format(
+          "prompt ({} tokens) + max_tokens ({}) = {} exceeds the model's context of {} tokens by "
+          "{}",
+          r->n_prompt(), r->max_tokens, need, max_model_len_, need - max_model_len_);
+    } else if (need > pool) {
+      why = fmt::format(
+          "prompt ({} tokens) + max_tokens ({}) = {} exceeds the KV pool of {} slots by {}",
+          r->n_prompt(), r->max_tokens, need, pool, need - pool);
+    }
+    if (!why.empty()) {
       waiting_.pop_front();
       r->finish = RequestFinish::kError;
       r->state = RequestState::kFinished;

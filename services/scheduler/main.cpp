@@ -8,7 +8,7 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"litellama-scheduler: request lifecycle, continuous batching, streaming"};
-  std::string run_dir = "/tmp/litellama";
+  std::string run_dir;  // add_common_service_flags sets the default
   litellama::SchedulerOptions options;
   std::string log_level = "info";
   app.add_option("--client-endpoint", options.client_endpoint,
@@ -31,6 +31,18 @@ int main(int argc, char** argv) {
                  "Prompt tokens of one request per step")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--max-prompt-bytes", options.max_prompt_bytes,
+                 "Largest text prompt (prompt + chat messages) in bytes; larger is refused")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{15} << 20));
+  app.add_option("--encode-timeout-ms", options.encode_timeout_ms,
+                 "A prompt not tokenized in this long fails its request")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3600000));
+  app.add_option("--max-tokenizer-retries", options.max_tokenizer_retries,
+                 "Times a request's work is re-sent after the tokenizer holding it died")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 100));
   litellama::net::add_common_service_flags(app, options, run_dir, log_level, "127.0.0.1:9400",
                                            "A peer silent this long is down");
   CLI11_PARSE(app, argc, argv);

@@ -61,6 +61,10 @@ struct Request {
   size_t n_text_sent = 0;
   size_t n_ids_sent = 0;
   uint64_t tokenizer_op = 0;  // pending encode or detokenize batch id (0: none)
+  // Tokenizers that died or went silent holding this request's work; past a limit the request
+  // fails instead of being re-sent (a prompt that kills every tokenizer must not loop forever).
+  int32_t n_tokenizer_losses = 0;
+  std::string reject_reason;  // why the batcher refused it (which limit, by how much)
 
   // Timings (monotonic seconds).
   double t_arrival = 0.0;

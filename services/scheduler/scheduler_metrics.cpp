@@ -74,6 +74,11 @@ SchedulerMetrics::SchedulerMetrics(std::shared_ptr<prometheus::Registry> reg)
                    "Requests aborted by the client or because the client went away");
   worker_restarts = counter(r, "litellama_scheduler_worker_lost_total",
                             "Times the registered worker was lost or replaced");
+  workers_refused = counter(r, "litellama_scheduler_workers_refused_total",
+                            "Other workers kept as standby because a worker was already serving");
+  tokenizer_retries_exhausted =
+      counter(r, "litellama_scheduler_tokenizer_retries_exhausted_total",
+              "Requests failed because every tokenizer given their work died or stalled on it");
   requests_finished_family = &prometheus::BuildCounter()
                                   .Name("litellama_scheduler_requests_finished_total")
                                   .Help("Finished requests by finish reason")

@@ -36,6 +36,8 @@ struct SchedulerMetrics {
   prometheus::Counter* steps;
   prometheus::Counter* aborts;
   prometheus::Counter* worker_restarts;
+  prometheus::Counter* workers_refused;
+  prometheus::Counter* tokenizer_retries_exhausted;
   prometheus::Family<prometheus::Counter>* requests_finished_family;
   prometheus::Family<prometheus::Counter>* protocol_errors_family;
 

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "common/log.h"
+#include "common/net/run_dir.h"
 #include "common/net/zmq_util.h"
 #include "common/proto/heartbeat.h"
 
@@ -64,6 +65,8 @@ SchedulerService::SchedulerService(SchedulerOptions options)
 SchedulerService::~SchedulerService() = default;
 
 Status SchedulerService::start() {
+  LITELLAMA_RETURN_IF_ERROR(
+      net::check_liveness_flags(options_.heartbeat_interval_ms, options_.peer_timeout_ms));
   try {
     clients_ = zmq::socket_t(context_, zmq::socket_type::router);
     workers_ = zmq::socket_t(context_, zmq::socket_type::router);
@@ -73,9 +76,13 @@ Status SchedulerService::start() {
         {&workers_, &options_.worker_endpoint},
         {&tokenizers_, &options_.tokenizer_endpoint}};
     for (const auto& [socket, endpoint] : sockets) {
-      LITELLAMA_RETURN_IF_ERROR(net::prepare_endpoint(*endpoint));
+      LITELLAMA_RETURN_IF_ERROR(net::prepare_endpoint(*endpoint, options_.allow_insecure_tcp));
+      // Held until the scheduler exits: a second scheduler on these paths is refused.
+      LITELLAMA_ASSIGN_OR_RETURN(auto lock, net::ListenerLock::acquire(*endpoint));
+      listener_locks_.push_back(std::move(lock));
       net::configure_router(*socket);
       socket->bind(*endpoint);
+      LITELLAMA_RETURN_IF_ERROR(net::restrict_ipc_socket(*endpoint));
     }
   } catch (const zmq::error_t& e) {
     return make_error(StatusCode::kUnavailable, "cannot bind the scheduler's sockets: {}",
@@ -138,49 +145,71 @@ void SchedulerService::protocol_error(const char* socket, const Status& why) {
 // ---- clients -----------------------------------------------------------------------------------
 
 void SchedulerService::on_client_frames(std::vector<zmq::message_t>& frames) {
+  if (frames.size() < 2) return;  // a ROUTER always prepends the sender's identity
+  const std::string client(frame_view(frames[0]));
   if (frames.size() != 2) {
-    protocol_error("client", Status(StatusCode::kInvalidArgument, "expected 1 frame"));
+    protocol_error("client", make_error(StatusCode::kInvalidArgument, "expected 1 frame, got {}",
+                                        frames.size() - 1));
+    send_error(client, proto::peek_request_id(frame_view(frames[1])), StatusCode::kInvalidArgument,
+               fmt::format("a message must be one ZeroMQ frame; this one had {} (nothing of it "
+                           "was done)",
+                           frames.size() - 1));
     return;
   }
-  const std::string client(frame_view(frames[0]));
   auto envelope = proto::Envelope::parse(frame_view(frames[1]));
   if (!envelope) {
     protocol_error("client", envelope.status());
-    send_error(client, 0, StatusCode::kInvalidArgument, "malformed message");
+    // The envelope's error names the version or what is missing, never the sender's bytes.
+    send_error(client, proto::peek_request_id(frame_view(frames[1])), envelope.status().code(),
+               envelope.status().message());
     return;
   }
+  Status malformed;
   switch (envelope->type()) {
     case proto::MessageType::kGenerateRequest: {
       auto msg = envelope->as<proto::GenerateRequest>();
-      if (!msg) break;
+      if (!msg) {
+        malformed = msg.status();
+        break;
+      }
       on_generate(client, *msg);
       return;
     }
     case proto::MessageType::kAbortRequest: {
       auto msg = envelope->as<proto::AbortRequest>();
-      if (!msg) break;
+      if (!msg) {
+        malformed = msg.status();
+        break;
+      }
       on_abort(client, *msg);
       return;
     }
     case proto::MessageType::kServerInfoRequest: {
       auto msg = envelope->as<proto::ServerInfoRequest>();
-      if (!msg) break;
+      if (!msg) {
+        malformed = msg.status();
+        break;
+      }
       on_server_info(client, *msg);
       return;
     }
     default:
+      malformed = make_error(StatusCode::kInvalidArgument, "'{}' is not a message clients send",
+                             proto::message_type_name(envelope->type()));
       break;
   }
-  protocol_error("client", Status(StatusCode::kInvalidArgument,
-                                  fmt::format("unexpected or malformed '{}' message",
-                                              proto::message_type_name(envelope->type()))));
-  send_error(client, 0, StatusCode::kInvalidArgument, "malformed message");
+  protocol_error("client", malformed);
+  // as<T>() names the message and the field of the wrong type (one of our field names).
+  send_error(client, proto::peek_request_id(frame_view(frames[1])), StatusCode::kInvalidArgument,
+             malformed.message());
 }
 
 void SchedulerService::send_error(const std::string& client, uint64_t client_request_id,
-                                  StatusCode code, const std::string& message) {
+                                  StatusCode code, const std::string& message,
+                                  uint64_t duplicate_request_id) {
   proto::RequestError error;
   error.request_id = client_request_id;
+  error.duplicate_request_id = duplicate_request_id;
   error.code = status_code_name(code);
   error.message = message;
   (void)net::send_to(clients_, client, proto::encode(error));
@@ -190,16 +219,40 @@ void SchedulerService::on_generate(const std::string& client, const proto::Gener
   auto reject = [&](const std::string& why) {
     send_error(client, msg.request_id, StatusCode::kInvalidArgument, why);
   };
-  if (by_client_.count({client, msg.request_id})) return reject("duplicate request_id");
+  if (by_client_.count({client, msg.request_id})) {
+    // Not under the live request's id: the client would take it for that request's end.
+    send_error(client, 0, StatusCode::kInvalidArgument,
+               fmt::format("duplicate request_id {}: a request with this id is still open on "
+                           "this connection; this one was refused and the open one goes on",
+                           msg.request_id),
+               msg.request_id);
+    return;
+  }
   if (msg.max_tokens < 1 || msg.max_tokens > options_.max_tokens_limit) {
-    return reject("max_tokens out of range");
+    return reject(
+        fmt::format("max_tokens {} is outside [1, {}]", msg.max_tokens, options_.max_tokens_limit));
   }
   if (Status st = validate_sampling(msg.sampling); !st) return reject(st.message());
   if (msg.stop.size() > kMaxStopStrings) return reject("too many stop strings");
   for (const auto& s : msg.stop) {
     if (s.empty() || s.size() > kMaxStopStringBytes) return reject("bad stop string length");
   }
-  if (msg.prompt_ids.size() > kMaxPromptIds) return reject("prompt too long");
+  if (msg.prompt_ids.size() > kMaxPromptIds) {
+    return reject(fmt::format("prompt_ids has {} ids, over the limit of {}", msg.prompt_ids.size(),
+                              kMaxPromptIds));
+  }
+  if (msg.prompt_ids.empty()) {
+    int64_t n_bytes = static_cast<int64_t>(msg.prompt.size());
+    for (const auto& m : msg.messages) {
+      n_bytes += static_cast<int64_t>(m.role.size() + m.content.size());
+    }
+    if (n_bytes > options_.max_prompt_bytes) {
+      return reject(
+          fmt::format("the prompt is {} bytes, over the limit of {} bytes "
+                      "(--max-prompt-bytes)",
+                      n_bytes, options_.max_prompt_bytes));
+    }
+  }
   static_assert(proto::kMaxTopLogits == 64, "update the message below");
   if (msg.top_logits < 0 || msg.top_logits > proto::kMaxTopLogits) {
     return reject("top_logits must be in [0, 64]");
@@ -226,7 +279,6 @@ void SchedulerService::on_generate(const std::string& client, const proto::Gener
     r->prompt_ids = msg.prompt_ids;
     r->detok_prefix = std::max(0, r->n_prompt() - kDetokenizeContext);
     r->detok_read = r->n_prompt();
-    metrics_data_.prompt_tokens->Increment(r->n_prompt());
     batcher_.enqueue(r);
     LITELLAMA_LOG_INFO("request {}: accepted ({} prompt ids, max_tokens {})", r->id, r->n_prompt(),
                        r->max_tokens);
@@ -404,12 +456,33 @@ void SchedulerService::on_worker_heartbeat(const std::string& identity,
     worker_->last_seen = now;
     return;
   }
-  if (worker_) {
+  if (worker_ && identity != worker_->identity) {
+    // Another worker process while ours is up. If our worker's connection is gone it died and
+    // this is its replacement; otherwise the newcomer waits as standby and ours keeps serving
+    // (one worker per scheduler: each ring and KV pool is one worker's).
+    proto::SchedulerHeartbeat probe;
+    probe.incarnation = incarnation_;
+    if (net::send_to(workers_, worker_->identity, proto::encode(probe)) == SendResult::kPeerGone) {
+      worker_lost("replaced by a new worker", true);
+    } else {
+      if (standby_workers_.count(identity) == 0) {
+        metrics_data_.workers_refused->Increment();
+        LITELLAMA_LOG_WARN(
+            "scheduler: a second worker ({}) announced itself while {} serves; it is kept as "
+            "standby (is a worker unit started twice, or a second serve on this run dir?)",
+            identity, worker_->identity);
+      }
+      standby_workers_[identity] = now;
+      return;
+    }
+  } else if (worker_) {
+    // Same connection, new incarnation: that worker restarted behind the same identity.
     const std::string old_ring = worker_->info.step_ring_name;
-    worker_lost("replaced by a new worker", false);
+    worker_lost("restarted", false);
     // Its owner is gone; do not leak the segment (unless the new worker reuses the name).
     if (old_ring != hb.step_ring_name) proto::StepRing::remove(old_ring);
   }
+  standby_workers_.erase(identity);
   if (!hb.ready) {
     worker_loading_.store(true);
     return;
@@ -472,7 +545,7 @@ void SchedulerService::schedule_steps() {
                               &rejected);
     for (Request* r : rejected) {
       fail(r, StatusCode::kInvalidArgument,
-           "the request does not fit the model (context, KV pool or vocabulary)");
+           "the request does not fit the model: " + r->reject_reason);
     }
     rejected.clear();
     if (!plan) break;
@@ -480,8 +553,10 @@ void SchedulerService::schedule_steps() {
     for (uint64_t id : plan->request_ids) {
       auto it = requests_.find(id);
       if (it != requests_.end() && it->second->t_scheduled == 0.0) {
+        // Admitted now: only prompts that get to run count as prompt tokens.
         it->second->t_scheduled = now;
         metrics_data_.queue_time->Observe(now - it->second->t_arrival);
+        metrics_data_.prompt_tokens->Increment(it->second->n_prompt());
       }
     }
     proto::StepRequest doorbell;
@@ -604,6 +679,7 @@ void SchedulerService::tokenizer_lost(const std::string& identity, const char* w
   tokenizer_peers_.erase(identity);
   n_tokenizers_up_.store(static_cast<int32_t>(tokenizer_peers_.size()));
   // Tokenizers are stateless: put their pending work back in line for another one.
+  std::vector<Request*> exhausted;
   for (auto it = tokenizer_ops_.begin(); it != tokenizer_ops_.end();) {
     if (it->second.tokenizer != identity) {
       ++it;
@@ -613,6 +689,11 @@ void SchedulerService::tokenizer_lost(const std::string& identity, const char* w
       auto r = requests_.find(id);
       if (r == requests_.end()) continue;
       r->second->tokenizer_op = 0;
+      if (++r->second->n_tokenizer_losses > options_.max_tokenizer_retries) {
+        exhausted.push_back(r->second.get());
+        if (!it->second.encode) r->second->detok_in_flight = false;
+        continue;
+      }
       if (it->second.encode) {
         encode_queue_.push_front(id);
       } else {
@@ -621,13 +702,36 @@ void SchedulerService::tokenizer_lost(const std::string& identity, const char* w
     }
     it = tokenizer_ops_.erase(it);
   }
+  for (Request* r : exhausted) {
+    metrics_data_.tokenizer_retries_exhausted->Increment();
+    fail(r, StatusCode::kUnavailable,
+         fmt::format("{} tokenizers died or went silent while holding this request's work; it "
+                     "is not sent to another",
+                     r->n_tokenizer_losses));
+  }
 }
 
 const SchedulerService::TokenizerPeer* SchedulerService::pick_tokenizer() {
   if (tokenizer_peers_.empty()) return nullptr;
+  // The one with the fewest messages outstanding, round robin among equals: a tokenizer busy
+  // with a huge prompt is passed over while another is free.
+  std::map<std::string, size_t> load;
+  for (const auto& [id, op] : tokenizer_ops_) ++load[op.tokenizer];
+  const size_t n = tokenizer_peers_.size();
+  const size_t first = next_tokenizer_++ % n;
+  const TokenizerPeer* best = nullptr;
+  size_t best_load = 0;
   auto it = tokenizer_peers_.begin();
-  std::advance(it, static_cast<ptrdiff_t>(next_tokenizer_++ % tokenizer_peers_.size()));
-  return &it->second;
+  std::advance(it, static_cast<ptrdiff_t>(first));
+  for (size_t k = 0; k < n; ++k) {
+    const size_t l = load[it->first];
+    if (best == nullptr || l < best_load) {
+      best = &it->second;
+      best_load = l;
+    }
+    if (++it == tokenizer_peers_.end()) it = tokenizer_peers_.begin();
+  }
+  return best;
 }
 
 void SchedulerService::dispatch_encodes() {
@@ -660,6 +764,10 @@ void SchedulerService::on_encode_reply(const proto::EncodeReply& reply) {
   auto op = tokenizer_ops_.find(reply.request_id);
   if (op == tokenizer_ops_.end() || !op->second.encode) return;
   metrics_data_.hop_tokenizer_encode->Observe(monotonic_seconds() - op->second.t_sent);
+  if (op->second.request_ids.empty()) {  // its request failed for taking too long
+    tokenizer_ops_.erase(op);
+    return;
+  }
   const uint64_t id = op->second.request_ids.front();
   tokenizer_ops_.erase(op);
   auto it = requests_.find(id);
@@ -678,7 +786,6 @@ void SchedulerService::on_encode_reply(const proto::EncodeReply& reply) {
   r->prompt_ids = reply.token_ids;
   r->detok_prefix = std::max(0, r->n_prompt() - kDetokenizeContext);
   r->detok_read = r->n_prompt();
-  metrics_data_.prompt_tokens->Increment(r->n_prompt());
   batcher_.enqueue(r);
 }
 
@@ -785,6 +892,14 @@ void SchedulerService::on_tick() {
     if (worker_ && net::send_to(workers_, worker_->identity, bytes) == SendResult::kPeerGone) {
       worker_lost("disconnected", true);
     }
+    proto::SchedulerHeartbeat standby_hb = hb;
+    standby_hb.standby = true;
+    const std::string standby_bytes = proto::encode(standby_hb);
+    for (auto it = standby_workers_.begin(); it != standby_workers_.end();) {
+      const bool gone = now - it->second > timeout ||
+                        net::send_to(workers_, it->first, standby_bytes) == SendResult::kPeerGone;
+      it = gone ? standby_workers_.erase(it) : std::next(it);
+    }
     std::vector<std::string> gone;
     for (const auto& [identity, peer] : tokenizer_peers_) {
       if (net::send_to(tokenizers_, identity, bytes) == SendResult::kPeerGone) {
@@ -807,6 +922,23 @@ void SchedulerService::on_tick() {
     if (now - peer.last_seen > timeout) silent.push_back(identity);
   }
   for (const auto& identity : silent) tokenizer_lost(identity, "no heartbeat");
+
+  // An encode past its budget fails its request alone. The op stays (without its request) until
+  // the tokenizer answers or is lost, so pick_tokenizer still sees that tokenizer as busy.
+  const double encode_budget = options_.encode_timeout_ms / 1000.0;
+  std::vector<Request*> slow;
+  for (auto& [op_id, op] : tokenizer_ops_) {
+    if (!op.encode || op.request_ids.empty() || now - op.t_sent <= encode_budget) continue;
+    auto r = requests_.find(op.request_ids.front());
+    op.request_ids.clear();
+    if (r != requests_.end()) slow.push_back(r->second.get());
+  }
+  for (Request* r : slow) {
+    r->tokenizer_op = 0;
+    fail(r, StatusCode::kResourceExhausted,
+         fmt::format("tokenizing the prompt took longer than {} ms (--encode-timeout-ms)",
+                     options_.encode_timeout_ms));
+  }
 
   // Requests blocked on a missing peer fail after peer_wait_ms.
   const double wait = options_.peer_wait_ms / 1000.0;

@@ -22,6 +22,7 @@
 #include <zmq.hpp>
 
 #include "common/net/metrics_server.h"
+#include "common/net/run_dir.h"
 #include "common/proto/client_messages.h"
 #include "common/proto/step_ring.h"
 #include "common/proto/tokenizer_messages.h"
@@ -41,11 +42,19 @@ struct SchedulerOptions {
   std::string metrics_listen;  // "" : no HTTP listener
   int32_t heartbeat_interval_ms = 200;
   int32_t peer_timeout_ms = 2000;
+  bool allow_insecure_tcp = false;  // tcp:// endpoints off loopback (--insecure-tcp)
   // How long a request may wait for a missing peer (worker for admission, tokenizer for
   // encoding or text) before it fails.
   int32_t peer_wait_ms = 30000;
   BatcherOptions batcher;
   int32_t max_tokens_limit = 1 << 20;  // largest max_tokens a request may ask for
+  // Largest text prompt (prompt + every chat message's role and content), in bytes.
+  int64_t max_prompt_bytes = proto::kDefaultMaxPromptBytes;
+  // An encode not answered this long fails its request (the tokenizer may be stuck on it).
+  int32_t encode_timeout_ms = 30000;
+  // A request whose tokenizer work was lost this many times (the tokenizer died or went silent
+  // holding it) fails instead of being re-sent again.
+  int32_t max_tokenizer_retries = 2;
 };
 
 class SchedulerService {
@@ -99,7 +108,7 @@ class SchedulerService {
   void on_abort(const std::string& client, const proto::AbortRequest& msg);
   void on_server_info(const std::string& client, const proto::ServerInfoRequest& msg);
   void send_error(const std::string& client, uint64_t client_request_id, StatusCode code,
-                  const std::string& message);
+                  const std::string& message, uint64_t duplicate_request_id = 0);
   // Sends what is new for r; erases r once its last chunk went out.
   void flush(Request* r);
   void fail(Request* r, StatusCode code, const std::string& message);
@@ -130,6 +139,7 @@ class SchedulerService {
   SchedulerOptions options_;
   std::atomic<bool> stop_{false};
   uint64_t incarnation_ = 0;
+  std::vector<std::unique_ptr<net::ListenerLock>> listener_locks_;  // one per ipc:// endpoint
   zmq::context_t context_{1};
   zmq::socket_t clients_;
   zmq::socket_t workers_;
@@ -150,6 +160,9 @@ class SchedulerService {
   std::atomic<bool> worker_loading_{false};
   std::deque<InFlightStep> in_flight_;
   std::set<uint64_t> dead_workers_;  // incarnations whose connection was lost
+  // Other workers that announced themselves while worker_ was up (a unit started twice, a second
+  // serve on this run dir): kept out of service, by identity, with when they were last heard.
+  std::map<std::string, double> standby_workers_;
   uint64_t next_step_id_ = 1;
   int32_t next_buffer_ = 0;
 

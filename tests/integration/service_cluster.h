@@ -113,11 +113,63 @@ class ServiceCluster {
   }
 
   void start_scheduler() {
-    start("scheduler", {bin_ + "/litellama-scheduler", "--run-dir", run_, "--metrics",
-                        "127.0.0.1:" + std::to_string(scheduler_port_), "--heartbeat-ms", "50",
-                        "--peer-timeout-ms", "600", "--peer-wait-ms", "20000", "--max-batch-tokens",
-                        "512", "--max-batch-seqs", "32"});
+    std::vector<std::string> argv = {bin_ + "/litellama-scheduler",
+                                     "--run-dir",
+                                     run_,
+                                     "--metrics",
+                                     "127.0.0.1:" + std::to_string(scheduler_port_),
+                                     "--heartbeat-ms",
+                                     "50",
+                                     "--peer-timeout-ms",
+                                     "600",
+                                     "--peer-wait-ms",
+                                     "20000",
+                                     "--max-batch-tokens",
+                                     "512",
+                                     "--max-batch-seqs",
+                                     "32"};
+    argv.insert(argv.end(), scheduler_args_.begin(), scheduler_args_.end());
+    start("scheduler", argv);
   }
+  // Flags appended to the scheduler's command line, before start_scheduler().
+  void add_scheduler_args(const std::vector<std::string>& args) {
+    scheduler_args_.insert(scheduler_args_.end(), args.begin(), args.end());
+  }
+  // The worker's command line as start_worker() runs it, with another metrics port.
+  std::vector<std::string> worker_argv(int metrics_port) const {
+    std::vector<std::string> argv = {bin_ + "/litellama-worker",
+                                     "--model",
+                                     model_,
+                                     "--run-dir",
+                                     run_,
+                                     "--metrics",
+                                     "127.0.0.1:" + std::to_string(metrics_port),
+                                     "--kv-slots",
+                                     std::to_string(kKvSlots),
+                                     "--threads",
+                                     "1",
+                                     "--heartbeat-ms",
+                                     "50",
+                                     "--peer-timeout-ms",
+                                     "600",
+                                     "--max-batch-tokens",
+                                     "512",
+                                     "--max-batch-seqs",
+                                     "32"};
+    argv.insert(argv.end(), worker_args_.begin(), worker_args_.end());
+    return argv;
+  }
+  // Starts any program under `name` (its log is dir()/name.log); see log(name).
+  void start_process(const std::string& name, const std::vector<std::string>& argv) {
+    start(name, argv);
+  }
+  std::string log(const std::string& name) const {
+    std::ifstream f(dir_ / (name + ".log"));
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  }
+  const std::string& run_dir() const { return run_; }
   void start_worker() {
     std::vector<std::string> argv = {
         bin_ + "/litellama-worker", "--model", model_, "--run-dir", run_, "--metrics",
@@ -204,6 +256,7 @@ class ServiceCluster {
   std::filesystem::path dir_;
   std::string model_, run_;
   std::vector<std::string> worker_args_;
+  std::vector<std::string> scheduler_args_;
   int scheduler_port_ = 0, worker_port_ = 0, tokenizer_port_ = 0;
   std::map<std::string, net::ChildProcess> processes_;
 };

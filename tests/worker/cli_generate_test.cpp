@@ -143,7 +143,7 @@ TEST_F(CliGenerateTest, BadInputGetsAClearError) {
   expect_error("generate --model " + model() + " --input-ids 1 --temperature -1", "temperature");
   expect_error("generate --model " + model() + " --input-ids 1 --prompt ''", "--prompt is empty");
   expect_error("make-model --preset nope --out " + tmp_->sub("x"), "no model preset 'nope'");
-  expect_error("frobnicate", "subcommand");
+  expect_error("frobnicate", "unknown command 'frobnicate'");
 }
 
 }  // namespace

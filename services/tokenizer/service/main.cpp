@@ -9,13 +9,17 @@
 int main(int argc, char** argv) {
   CLI::App app{"litellama-tokenizer: stateless encode and incremental detokenize"};
   litellama::TokenizerOptions options;
-  std::string run_dir = "/tmp/litellama";
+  std::string run_dir;  // add_common_service_flags sets the default
   std::string log_level = "info";
   app.add_option("--model", options.tokenizer_dir,
                  "Model (or tokenizer) directory with tokenizer.json")
       ->required();
   app.add_option("--scheduler", options.scheduler_endpoint,
                  "The scheduler's tokenizer endpoint (default ipc://RUN_DIR/tokenizer.sock)");
+  app.add_option("--max-prompt-bytes", options.max_prompt_bytes,
+                 "Largest text to encode in bytes (after the chat template); larger is refused")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{15} << 20));
   litellama::net::add_common_service_flags(app, options, run_dir, log_level, "127.0.0.1:9402",
                                            "The scheduler silent this long is down");
   CLI11_PARSE(app, argc, argv);

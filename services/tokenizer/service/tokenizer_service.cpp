@@ -17,6 +17,9 @@ namespace {
 using net::frame_view;
 using net::monotonic_seconds;
 
+constexpr const char* kWorkEndpoint = "inproc://tokenizer-work";
+constexpr const char* kStopWork = "stop";
+
 prometheus::Histogram::BucketBoundaries op_buckets() {
   return {0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
           0.005,   0.01,     0.025,   0.05,   0.1,     0.25,   0.5,   1.0};
@@ -64,7 +67,16 @@ TokenizerService::TokenizerService(TokenizerOptions options)
                           .Add({});
 }
 
-TokenizerService::~TokenizerService() = default;
+TokenizerService::~TokenizerService() {
+  stop_.store(true);
+  if (work_thread_.joinable()) {
+    try {
+      (void)net::send_one(work_io_, kStopWork);
+    } catch (const zmq::error_t&) {
+    }
+    work_thread_.join();
+  }
+}
 
 std::string TokenizerService::ready_reason() const {
   if (!loaded_.load()) return "loading the tokenizer";
@@ -75,6 +87,10 @@ std::string TokenizerService::ready_reason() const {
 }
 
 Status TokenizerService::start() {
+  LITELLAMA_RETURN_IF_ERROR(
+      net::check_liveness_flags(options_.heartbeat_interval_ms, options_.peer_timeout_ms));
+  LITELLAMA_RETURN_IF_ERROR(
+      net::prepare_endpoint(options_.scheduler_endpoint, options_.allow_insecure_tcp));
   if (!options_.metrics_listen.empty()) {
     LITELLAMA_ASSIGN_OR_RETURN(metrics_,
                                net::MetricsServer::start(options_.metrics_listen, registry_,
@@ -88,12 +104,14 @@ Status TokenizerService::start() {
   impl_->bos_token_id = tok.bos_token_id().value_or(-1);
   loaded_.store(true);
 
-  LITELLAMA_RETURN_IF_ERROR(net::prepare_endpoint(options_.scheduler_endpoint));
   try {
     scheduler_ = zmq::socket_t(context_, zmq::socket_type::dealer);
     net::configure_socket(scheduler_);
     scheduler_.set(zmq::sockopt::routing_id, fmt::format("tokenizer-{:016x}", incarnation_));
     scheduler_.connect(options_.scheduler_endpoint);
+    work_io_ = zmq::socket_t(context_, zmq::socket_type::pair);
+    work_io_.set(zmq::sockopt::linger, 0);
+    work_io_.bind(kWorkEndpoint);
   } catch (const zmq::error_t& e) {
     return make_error(StatusCode::kUnavailable, "cannot connect to '{}': {}",
                       options_.scheduler_endpoint, e.what());
@@ -101,6 +119,7 @@ Status TokenizerService::start() {
   LITELLAMA_LOG_INFO("tokenizer: {} loaded, scheduler at {}, metrics on {}", options_.tokenizer_dir,
                      options_.scheduler_endpoint,
                      metrics_ ? std::to_string(metrics_->port()) : std::string("(off)"));
+  work_thread_ = std::thread([this] { work_main(); });
   return Status::ok();
 }
 
@@ -120,6 +139,11 @@ proto::EncodeReply TokenizerService::encode(const proto::EncodeRequest& request)
     }
     text = std::move(templated).value();
     add_special = false;  // the template writes BOS itself
+  }
+  if (static_cast<int64_t>(text.size()) > options_.max_prompt_bytes) {
+    reply.error = fmt::format("the prompt is {} bytes, over the limit of {} bytes", text.size(),
+                              options_.max_prompt_bytes);
+    return reply;
   }
   reply.token_ids = tok.encode(text, add_special);
   return reply;
@@ -144,6 +168,57 @@ proto::DetokenizeReply TokenizerService::detokenize(const proto::DetokenizeReque
   return reply;
 }
 
+std::string TokenizerService::handle(const std::string& bytes) {
+  auto envelope = proto::Envelope::parse(bytes);
+  if (!envelope) {
+    protocol_errors_->Increment();
+    return "";
+  }
+  const double start = monotonic_seconds();
+  auto observe_hop = [&](int64_t sent_unix_ns) {
+    if (sent_unix_ns > 0) {
+      request_latency_->Observe(std::max<int64_t>(0, net::unix_now_ns() - sent_unix_ns) * 1e-9);
+    }
+  };
+  if (envelope->type() == proto::MessageType::kEncodeRequest) {
+    auto request = envelope->as<proto::EncodeRequest>();
+    if (!request) {
+      protocol_errors_->Increment();
+      return "";
+    }
+    observe_hop(request->sent_unix_ns);
+    std::string reply = proto::encode(encode(*request));
+    encode_requests_->Increment();
+    encode_duration_->Observe(monotonic_seconds() - start);
+    return reply;
+  }
+  auto request = envelope->as<proto::DetokenizeRequest>();
+  if (!request) {
+    protocol_errors_->Increment();
+    return "";
+  }
+  observe_hop(request->sent_unix_ns);
+  std::string reply = proto::encode(detokenize(*request));
+  detokenize_items_->Increment(static_cast<double>(request->items.size()));
+  detokenize_duration_->Observe(monotonic_seconds() - start);
+  return reply;
+}
+
+void TokenizerService::work_main() {
+  zmq::socket_t io(context_, zmq::socket_type::pair);
+  io.set(zmq::sockopt::linger, 0);
+  io.set(zmq::sockopt::rcvtimeo, 200);
+  io.connect(kWorkEndpoint);
+  while (!stop_.load()) {
+    zmq::message_t msg;
+    if (!io.recv(msg, zmq::recv_flags::none)) continue;
+    const std::string bytes(frame_view(msg));
+    if (bytes == kStopWork) break;
+    const std::string reply = handle(bytes);
+    if (!reply.empty()) io.send(zmq::buffer(reply), zmq::send_flags::none);
+  }
+}
+
 void TokenizerService::run() {
   std::vector<zmq::message_t> frames;
   double last_heartbeat = 0.0;
@@ -158,12 +233,17 @@ void TokenizerService::run() {
       last_heartbeat = now;
       (void)net::send_one(scheduler_, hb_bytes);
     }
-    zmq::pollitem_t item{scheduler_.handle(), 0, ZMQ_POLLIN, 0};
+    zmq::pollitem_t items[] = {{scheduler_.handle(), 0, ZMQ_POLLIN, 0},
+                               {work_io_.handle(), 0, ZMQ_POLLIN, 0}};
     try {
-      zmq::poll(&item, 1,
+      zmq::poll(items, 2,
                 std::chrono::milliseconds(std::max(1, options_.heartbeat_interval_ms / 2)));
     } catch (const zmq::error_t& e) {
       if (e.num() != EINTR) throw;
+    }
+    // Replies first: the scheduler is waiting on them.
+    while (net::recv_frames(work_io_, &frames)) {
+      for (auto& f : frames) (void)net::send_one(scheduler_, frame_view(f));
     }
     while (net::recv_frames(scheduler_, &frames)) {
       if (frames.size() != 1) {
@@ -177,40 +257,14 @@ void TokenizerService::run() {
         continue;
       }
       last_scheduler_seen_.store(monotonic_seconds());
-      const double start = monotonic_seconds();
       switch (envelope->type()) {
         case proto::MessageType::kSchedulerHeartbeat:
           break;
-        case proto::MessageType::kEncodeRequest: {
-          auto request = envelope->as<proto::EncodeRequest>();
-          if (!request) {
-            protocol_errors_->Increment();
-            break;
-          }
-          if (request->sent_unix_ns > 0) {
-            request_latency_->Observe(
-                std::max<int64_t>(0, net::unix_now_ns() - request->sent_unix_ns) * 1e-9);
-          }
-          (void)net::send_one(scheduler_, proto::encode(encode(*request)));
-          encode_requests_->Increment();
-          encode_duration_->Observe(monotonic_seconds() - start);
+        case proto::MessageType::kEncodeRequest:
+        case proto::MessageType::kDetokenizeRequest:
+          // The work thread decodes and serves it; messages queue there in order.
+          (void)work_io_.send(frames[0], zmq::send_flags::none);
           break;
-        }
-        case proto::MessageType::kDetokenizeRequest: {
-          auto request = envelope->as<proto::DetokenizeRequest>();
-          if (!request) {
-            protocol_errors_->Increment();
-            break;
-          }
-          if (request->sent_unix_ns > 0) {
-            request_latency_->Observe(
-                std::max<int64_t>(0, net::unix_now_ns() - request->sent_unix_ns) * 1e-9);
-          }
-          (void)net::send_one(scheduler_, proto::encode(detokenize(*request)));
-          detokenize_items_->Increment(static_cast<double>(request->items.size()));
-          detokenize_duration_->Observe(monotonic_seconds() - start);
-          break;
-        }
         default:
           protocol_errors_->Increment();
           LITELLAMA_LOG_WARN("tokenizer: dropped an unexpected '{}' message",
@@ -218,6 +272,8 @@ void TokenizerService::run() {
       }
     }
   }
+  (void)net::send_one(work_io_, kStopWork);
+  if (work_thread_.joinable()) work_thread_.join();
   LITELLAMA_LOG_INFO("tokenizer: stopped");
 }
 

@@ -2,12 +2,18 @@
 // tokenizer endpoint, announces itself with heartbeats, and answers EncodeRequest (text, or chat
 // messages through the model's chat template) and batched DetokenizeRequest. Any number of them
 // may serve one scheduler.
+//
+// Two threads, as in the worker: the I/O thread (run()) owns the socket and sends heartbeats; the
+// work thread encodes and detokenizes, fed over an inproc pair in arrival order. However long one
+// prompt takes, heartbeats never wait on it, so the scheduler does not mistake a busy tokenizer
+// for a dead one (and re-send the same prompt to the next).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
@@ -16,6 +22,7 @@
 #include <zmq.hpp>
 
 #include "common/net/metrics_server.h"
+#include "common/proto/client_messages.h"
 #include "common/proto/tokenizer_messages.h"
 #include "common/status.h"
 
@@ -27,6 +34,9 @@ struct TokenizerOptions {
   std::string metrics_listen;      // "" : no HTTP listener
   int32_t heartbeat_interval_ms = 200;
   int32_t peer_timeout_ms = 2000;
+  bool allow_insecure_tcp = false;  // tcp:// endpoints off loopback (--insecure-tcp)
+  // Text prompts (after the chat template) longer than this are refused, not encoded.
+  int64_t max_prompt_bytes = proto::kDefaultMaxPromptBytes;
 };
 
 class TokenizerService {
@@ -44,6 +54,9 @@ class TokenizerService {
   struct Impl;
   proto::EncodeReply encode(const proto::EncodeRequest& request);
   proto::DetokenizeReply detokenize(const proto::DetokenizeRequest& request);
+  void work_main();
+  // Serves one encode or detokenize message; "" when it was malformed (counted).
+  std::string handle(const std::string& bytes);
   std::string ready_reason() const;
 
   TokenizerOptions options_;
@@ -54,6 +67,8 @@ class TokenizerService {
   std::atomic<double> last_scheduler_seen_{0.0};
   zmq::context_t context_{1};
   zmq::socket_t scheduler_;
+  zmq::socket_t work_io_;  // I/O thread's end of the inproc pair to the work thread
+  std::thread work_thread_;
 
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<net::MetricsServer> metrics_;

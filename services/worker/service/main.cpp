@@ -9,7 +9,7 @@
 int main(int argc, char** argv) {
   CLI::App app{"litellama-worker: owns the device, runs prefill/decode steps, samples"};
   litellama::WorkerOptions options;
-  std::string run_dir = "/tmp/litellama";
+  std::string run_dir;  // add_common_service_flags sets the default
   std::string device = "cpu";
   std::string log_level = "info";
   app.add_option("--model", options.model_dir, "Hugging Face model directory")->required();

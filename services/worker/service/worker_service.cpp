@@ -165,11 +165,15 @@ std::string WorkerService::ready_reason() const {
   if (monotonic_seconds() - last_scheduler_seen_.load() > options_.peer_timeout_ms / 1000.0) {
     return "the scheduler is down";
   }
+  if (standby_.load()) return "standby: the scheduler is served by another worker";
   return "";
 }
 
 Status WorkerService::start() {
-  LITELLAMA_RETURN_IF_ERROR(net::prepare_endpoint(options_.scheduler_endpoint));
+  LITELLAMA_RETURN_IF_ERROR(
+      net::check_liveness_flags(options_.heartbeat_interval_ms, options_.peer_timeout_ms));
+  LITELLAMA_RETURN_IF_ERROR(
+      net::prepare_endpoint(options_.scheduler_endpoint, options_.allow_insecure_tcp));
   try {
     scheduler_ = zmq::socket_t(context_, zmq::socket_type::dealer);
     net::configure_socket(scheduler_);
@@ -450,8 +454,17 @@ Status WorkerService::run() {
       }
       switch (envelope->type()) {
         case proto::MessageType::kSchedulerHeartbeat:
-          if (envelope->as<proto::SchedulerHeartbeat>()) {
+          if (auto hb = envelope->as<proto::SchedulerHeartbeat>()) {
             last_scheduler_seen_.store(monotonic_seconds());
+            if (hb->standby != standby_.exchange(hb->standby)) {
+              if (hb->standby) {
+                LITELLAMA_LOG_WARN(
+                    "worker: the scheduler already has a worker; this one is standby until that "
+                    "one is gone");
+              } else {
+                LITELLAMA_LOG_INFO("worker: the scheduler serves through this worker now");
+              }
+            }
           } else {
             protocol_errors_->Increment();
           }

@@ -42,6 +42,7 @@ struct WorkerOptions {
   std::string metrics_listen;  // "" : no HTTP listener
   int32_t heartbeat_interval_ms = 200;
   int32_t peer_timeout_ms = 2000;
+  bool allow_insecure_tcp = false;  // tcp:// endpoints off loopback (--insecure-tcp)
 };
 
 class WorkerService {
@@ -79,6 +80,7 @@ class WorkerService {
   std::atomic<bool> stop_{false};
   std::atomic<bool> ready_{false};
   std::atomic<bool> failed_{false};
+  std::atomic<bool> standby_{false};  // the scheduler keeps this worker out of service
   std::atomic<double> last_scheduler_seen_{0.0};
   Status load_status_;
   mutable std::mutex info_mutex_;
