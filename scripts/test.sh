@@ -76,7 +76,7 @@ stage_main() {
   # Each label the suite is made of must have tests built: a label with none fails loudly
   # instead of passing on nothing (gpu tests build wherever nvcc is, and skip at run time
   # without a device).
-  local labels=(unit integration) label
+  local labels=(unit integration fault) label
   if grep -q '^LITELLAMA_CUDA_BUILT:INTERNAL=ON' build/CMakeCache.txt; then labels+=(gpu); fi
   for label in "${labels[@]}"; do
     ctest --test-dir build -N -L "^${label}\$" --no-tests=error > /dev/null ||
@@ -98,7 +98,7 @@ stage_asan() {
 
 stage_tsan() {
   # Only what the selected tests run (their service programs are dependencies of the tests).
-  build_cpu build-tsan "scheduler_unit_test services_integration_test soak_test" \
+  build_cpu build-tsan "scheduler_unit_test services_integration_test soak_test services_fault_test" \
     -DLITELLAMA_SANITIZE=thread || return 1
   sanitizer_env "$root/build-tsan/sanitizer-reports"
   local rc=0
