@@ -133,8 +133,8 @@ TEST_F(CliTokenizeTest, TokenizeTextAsTransformers) {
 
 TEST_F(CliTokenizeTest, TokenizeMessagesRendersTheTemplate) {
   const auto corpus = test::read_golden("corpus.json");
-  const auto golden = test::read_golden("qwen3.json");
-  const Tokenizer* tok = test::shared_tokenizer("qwen3");
+  const auto golden = test::read_golden("llama3_1.json");
+  const Tokenizer* tok = test::shared_tokenizer("llama3_1");
   ASSERT_NE(tok, nullptr);
   int n_checked = 0;
   for (const auto& conv : corpus["conversations"]) {
@@ -144,7 +144,7 @@ TEST_F(CliTokenizeTest, TokenizeMessagesRendersTheTemplate) {
         continue;
       }
       const bool agp = c["add_generation_prompt"].get<bool>();
-      const std::string args = "tokenize --tokenizer " + dir("qwen3") + " --messages-json " +
+      const std::string args = "tokenize --tokenizer " + dir("llama3_1") + " --messages-json " +
                                quote(conv["messages"].dump()) +
                                (agp ? " --add-generation-prompt" : "") + " --json";
       const auto j = run_json(args);
@@ -158,14 +158,14 @@ TEST_F(CliTokenizeTest, TokenizeMessagesRendersTheTemplate) {
   // From stdin, and the human-readable form.
   const std::string msgs = R"([{"role": "user", "content": "Hi there"}])";
   const auto j = run_json(
-      "tokenize --tokenizer " + dir("qwen3") + " --messages-json - --add-generation-prompt --json",
+      "tokenize --tokenizer " + dir("llama3_1") + " --messages-json - --add-generation-prompt --json",
       msgs);
   const CommandResult r = run(
-      "tokenize --tokenizer " + dir("qwen3") + " --messages-json - --add-generation-prompt", msgs);
+      "tokenize --tokenizer " + dir("llama3_1") + " --messages-json - --add-generation-prompt", msgs);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find(j["text"].get<std::string>()), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(std::to_string(j["ids"].size()) + " tokens"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("\"<|im_start|>\"  (special)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"<|start_header_id|>\"  (special)"), std::string::npos) << r.out;
 }
 
 TEST_F(CliTokenizeTest, DetokenizeAsTransformers) {
