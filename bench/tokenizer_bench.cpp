@@ -7,8 +7,8 @@
 // (1 MB = 10^6 bytes). With
 // --ids-out it writes the ids of every record (one line of space-separated ids per record), which
 // the driver compares with the reference implementations line by line.
-#include <algorithm>
 #include <time.h>
+#include <algorithm>
 
 #include <chrono>
 #include <cstdio>
@@ -89,13 +89,14 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  nlohmann::json result = {{"bytes", n_bytes},
-                           {"records", records.size()},
-                           {"repeat", n_repeat},
-                           {"best_seconds", sorted.front()},
-                           {"median_seconds", sorted[sorted.size() / 2]},
-                           {"best_cpu_seconds", *std::min_element(cpu_seconds.begin(), cpu_seconds.end())},
-                           {"mb_per_s", static_cast<double>(n_bytes) / 1e6 / sorted.front()}};
+  nlohmann::json result = {
+      {"bytes", n_bytes},
+      {"records", records.size()},
+      {"repeat", n_repeat},
+      {"best_seconds", sorted.front()},
+      {"median_seconds", sorted[sorted.size() / 2]},
+      {"best_cpu_seconds", *std::min_element(cpu_seconds.begin(), cpu_seconds.end())},
+      {"mb_per_s", static_cast<double>(n_bytes) / 1e6 / sorted.front()}};
   std::printf("%s\n", result.dump().c_str());
   return 0;
 }

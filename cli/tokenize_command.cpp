@@ -81,8 +81,8 @@ Result<std::vector<Tokenizer::ChatMessage>> parse_messages(const std::string& te
   std::vector<Tokenizer::ChatMessage> messages;
   for (size_t i = 0; i < j.size(); ++i) {
     const auto& m = j[i];
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
-        !m.contains("content") || !m["content"].is_string()) {
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
+        !m["content"].is_string()) {
       return make_error(StatusCode::kInvalidArgument,
                         "--messages-json: message {} is not an object with string \"role\" and "
                         "\"content\"",
@@ -132,20 +132,20 @@ Result<std::vector<int32_t>> parse_ids(const std::string& text) {
 int run_tokenize(const TokenizeArgs& a, bool text_given, bool messages_given) {
   const char* cmd = "tokenize";
   if (text_given == messages_given) {
-    return fail(cmd,
-                Status(StatusCode::kInvalidArgument, "give exactly one of --text and --messages-json"));
+    return fail(cmd, Status(StatusCode::kInvalidArgument,
+                            "give exactly one of --text and --messages-json"));
   }
   if (a.add_generation_prompt && !messages_given) {
-    return fail(cmd, Status(StatusCode::kInvalidArgument,
-                            "--add-generation-prompt needs --messages-json"));
+    return fail(
+        cmd, Status(StatusCode::kInvalidArgument, "--add-generation-prompt needs --messages-json"));
   }
   // The input is checked before the tokenizer is loaded (loading takes a while).
   std::string input = text_given ? a.text : a.messages_json;
   if (input == "-") input = read_stdin();
   if (const size_t bad = first_invalid_utf8(input); bad != std::string::npos) {
-    return fail(cmd, make_error(StatusCode::kInvalidArgument,
-                                "the {} is not valid UTF-8 (byte offset {})",
-                                text_given ? "text" : "messages JSON", bad));
+    return fail(
+        cmd, make_error(StatusCode::kInvalidArgument, "the {} is not valid UTF-8 (byte offset {})",
+                        text_given ? "text" : "messages JSON", bad));
   }
   std::vector<Tokenizer::ChatMessage> messages;
   if (messages_given) {
@@ -245,8 +245,8 @@ CommandMain register_tokenize_command(CLI::App& app) {
 
 CommandMain register_detokenize_command(CLI::App& app) {
   auto args = std::make_shared<DetokenizeArgs>();
-  CLI::App* sub = app.add_subcommand(
-      "detokenize", "Decode token ids into text, as transformers' decode() does");
+  CLI::App* sub = app.add_subcommand("detokenize",
+                                     "Decode token ids into text, as transformers' decode() does");
   sub->add_option("--tokenizer", args->tokenizer,
                   "tokenizer or model directory (holding tokenizer.json)")
       ->required();

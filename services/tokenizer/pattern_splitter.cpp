@@ -97,7 +97,9 @@ inline char32_t fold(char32_t cp) {
   return cp;
 }
 
-inline bool is_newline(char32_t cp) { return cp == '\r' || cp == '\n'; }
+inline bool is_newline(char32_t cp) {
+  return cp == '\r' || cp == '\n';
+}
 
 }  // namespace
 
@@ -136,9 +138,8 @@ size_t PatternSplitter::match_at(std::string_view text, size_t pos) const {
   // [^\r\n\p{L}\p{N}]?\p{L}+  or   ?\p{L}+
   if (c.cls == kLetter) return run_end(text, p1, kLetter, t);
   if (next.cls == kLetter && has_next) {
-    const bool prefix_ok = options_.letters_any_prefix
-                               ? (!is_newline(c.cp) && c.cls != kNumber)
-                               : c.cp == ' ';
+    const bool prefix_ok =
+        options_.letters_any_prefix ? (!is_newline(c.cp) && c.cls != kNumber) : c.cp == ' ';
     if (prefix_ok) return run_end(text, p1 + next.len, kLetter, t);
   }
   // \p{N}{1,max}  or   ?\p{N}+
@@ -173,7 +174,7 @@ size_t PatternSplitter::match_at(std::string_view text, size_t pos) const {
   }
   // c is white space: \s*[\r\n]+ | \s+(?!\S) | \s+
   size_t end = p1;
-  size_t last_begin = pos;                              // the run's last character
+  size_t last_begin = pos;                                // the run's last character
   size_t newline_end = is_newline(c.cp) ? p1 : SIZE_MAX;  // after its last \r or \n
   while (end < n) {
     const Char w = char_at(text, end, t);

@@ -133,8 +133,8 @@ TEST_F(CliTokenizeTest, TokenizeTextAsTransformers) {
 
 TEST_F(CliTokenizeTest, TokenizeMessagesRendersTheTemplate) {
   const auto corpus = test::read_golden("corpus.json");
-  const auto golden = test::read_golden("qwen3.json");
-  const Tokenizer* tok = test::shared_tokenizer("qwen3");
+  const auto golden = test::read_golden("llama3_1.json");
+  const Tokenizer* tok = test::shared_tokenizer("llama3_1");
   ASSERT_NE(tok, nullptr);
   int n_checked = 0;
   for (const auto& conv : corpus["conversations"]) {
@@ -144,7 +144,7 @@ TEST_F(CliTokenizeTest, TokenizeMessagesRendersTheTemplate) {
         continue;
       }
       const bool agp = c["add_generation_prompt"].get<bool>();
-      const std::string args = "tokenize --tokenizer " + dir("qwen3") + " --messages-json " +
+      const std::string args = "tokenize --tokenizer " + dir("llama3_1") + " --messages-json " +
                                quote(conv["messages"].dump()) +
                                (agp ? " --add-generation-prompt" : "") + " --json";
       const auto j = run_json(args);
@@ -157,15 +157,15 @@ TEST_F(CliTokenizeTest, TokenizeMessagesRendersTheTemplate) {
   EXPECT_EQ(n_checked, 2);
   // From stdin, and the human-readable form.
   const std::string msgs = R"([{"role": "user", "content": "Hi there"}])";
-  const auto j = run_json("tokenize --tokenizer " + dir("qwen3") +
-                              " --messages-json - --add-generation-prompt --json",
-                          msgs);
-  const CommandResult r = run("tokenize --tokenizer " + dir("qwen3") +
-                              " --messages-json - --add-generation-prompt", msgs);
+  const auto j = run_json(
+      "tokenize --tokenizer " + dir("llama3_1") + " --messages-json - --add-generation-prompt --json",
+      msgs);
+  const CommandResult r = run(
+      "tokenize --tokenizer " + dir("llama3_1") + " --messages-json - --add-generation-prompt", msgs);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find(j["text"].get<std::string>()), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(std::to_string(j["ids"].size()) + " tokens"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("\"<|im_start|>\"  (special)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"<|start_header_id|>\"  (special)"), std::string::npos) << r.out;
 }
 
 TEST_F(CliTokenizeTest, DetokenizeAsTransformers) {
@@ -202,9 +202,8 @@ TEST_F(CliTokenizeTest, DetokenizeAsTransformers) {
 
 TEST_F(CliTokenizeTest, RoundTripThroughAPipe) {
   const std::string text = "Grüße, 世界! 😀\n\tindented  twice";
-  const CommandResult enc =
-      run("tokenize --tokenizer " + dir("llama3_1") + " --text - --add-special-tokens --json",
-          text);
+  const CommandResult enc = run(
+      "tokenize --tokenizer " + dir("llama3_1") + " --text - --add-special-tokens --json", text);
   ASSERT_EQ(enc.exit_code, 0) << enc.err;
   const auto j = run_json(
       "detokenize --tokenizer " + dir("llama3_1") + " --ids - --skip-special-tokens --json",
@@ -220,12 +219,14 @@ TEST_F(CliTokenizeTest, ModelDirectory) {
     fs::copy_file(test::asset_dir("llama2") / f, model / f);
   }
   std::ofstream(model / "config.json") << R"({"architectures": ["LlamaForCausalLM"]})";
-  const auto j = run_json("tokenize --tokenizer " + model.string() + " --text 'Hello world' --json");
+  const auto j =
+      run_json("tokenize --tokenizer " + model.string() + " --text 'Hello world' --json");
   const auto want = golden_ids("llama2", "Hello world", false);
   EXPECT_EQ(j["ids"].get<std::vector<int32_t>>(), want);
   std::string list;
   for (const int32_t id : want) list += (list.empty() ? "" : ",") + std::to_string(id);
-  const auto d = run_json("detokenize --tokenizer " + model.string() + " --ids " + list + " --json");
+  const auto d =
+      run_json("detokenize --tokenizer " + model.string() + " --ids " + list + " --json");
   EXPECT_EQ(d["text"], "Hello world");
 }
 
@@ -276,8 +277,7 @@ TEST_F(CliTokenizeTest, HelpSaysWhenSpecialTokensAreAdded) {
   const CommandResult r = run("tokenize --help");
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_NE(r.out.find("--add-special-tokens"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("Special tokens (BOS/EOS) are added only with"), std::string::npos)
-      << r.out;
+  EXPECT_NE(r.out.find("Special tokens (BOS/EOS) are added only with"), std::string::npos) << r.out;
   const CommandResult d = run("detokenize --help");
   EXPECT_NE(d.out.find("--skip-special-tokens"), std::string::npos) << d.out;
 }
