@@ -92,8 +92,10 @@ stage_tsan() {
     -DLITELLAMA_SANITIZE=thread || return 1
   sanitizer_env "$root/build-tsan/sanitizer-reports"
   local rc=0
-  ctest --test-dir build-tsan --output-on-failure --timeout 900 -j"$jobs" \
-    -L 'scheduler|integration|fault' || rc=$?
+  ctest --test-dir build-tsan --output-on-failure --timeout 900 -j"$jobs" -L 'integration|fault' \
+    || rc=$?
+  # The scheduler's unit tests, all of them (their label is unit, like every other unit test).
+  LITELLAMA_SOURCE_DIR="$root" build-tsan/tests/scheduler_unit_test || rc=$?
   check_reports "$root/build-tsan/sanitizer-reports" || rc=1
   return "$rc"
 }
