@@ -6,9 +6,10 @@
 #   asan   build-asan/  unit and integration suites under ASan + UBSan
 #   tsan   build-tsan/  scheduler, service and integration (net) tests under TSan
 #   fuzz   build-fuzz/  each libFuzzer target of tests/fuzz/ for LITELLAMA_FUZZ_SECONDS (20) s
-# A sanitizer finding stops the process that made it (halt_on_error) and leaves a report under
-# build-*/sanitizer-reports/; any report there fails the stage, including one from a service
-# process that a test started and whose exit the test did not look at.
+# A sanitizer finding stops the process that made it (halt_on_error). ASan, LSan and TSan reports
+# go to build-*/sanitizer-reports/ and any report there fails the stage, including one from a
+# service process a test started; UBSan (not recoverable in these builds) prints to the process's
+# stderr and exits 1, which fails the test itself or, in a service, the test that needs it up.
 # Usage: scripts/test.sh [extra ctest arguments for the main stage, e.g. -L unit]
 #   LITELLAMA_TEST_STAGES="main asan" scripts/test.sh   runs only the stages named
 set -euo pipefail
