@@ -98,7 +98,8 @@ struct Entry {
   Plan plan = Plan::kNormal;
   int32_t max_tokens = 0;
   Clock::time_point submitted;
-  size_t n_tokens = 0;
+  size_t n_tokens = 0;   // ids streamed
+  size_t n_counted = 0;  // the last chunk's n_generated_tokens
   int n_ends = 0;
   bool aborted = false;
   bool error = false;
@@ -129,10 +130,16 @@ class Ledger {
     }
     const proto::GenerateChunk& c = e.chunk;
     r->n_tokens += c.token_ids.size();
-    if (static_cast<size_t>(c.n_generated_tokens) != r->n_tokens) {
-      violation(id, "n_generated_tokens " + std::to_string(c.n_generated_tokens) + " but " +
-                        std::to_string(r->n_tokens) + " ids streamed");
+    // Ids go out with their text, so a chunk may count ids that follow later; the final chunk
+    // carries the rest.
+    const size_t n_counted = static_cast<size_t>(std::max(0, c.n_generated_tokens));
+    if (n_counted < r->n_tokens || n_counted < r->n_counted ||
+        (c.finished && n_counted != r->n_tokens)) {
+      violation(id, "n_generated_tokens " + std::to_string(c.n_generated_tokens) + " after " +
+                        std::to_string(r->n_tokens) + " ids streamed" +
+                        (c.finished ? " (final chunk)" : ""));
     }
+    r->n_counted = n_counted;
     if (r->n_tokens > static_cast<size_t>(r->max_tokens)) violation(id, "more than max_tokens");
     if (r->plan == Plan::kMustBeRefused) violation(id, "a request that must be refused streamed");
     if (!c.finished) return;
