@@ -452,18 +452,7 @@ std::string map_case(const std::string& s, bool upper) {
   return out;
 }
 
-bool is_alpha_cp(char32_t cp) {
-  switch (utf8proc_category(static_cast<utf8proc_int32_t>(cp))) {
-    case UTF8PROC_CATEGORY_LU:
-    case UTF8PROC_CATEGORY_LL:
-    case UTF8PROC_CATEGORY_LT:
-    case UTF8PROC_CATEGORY_LM:
-    case UTF8PROC_CATEGORY_LO:
-      return true;
-    default:
-      return false;
-  }
-}
+bool is_alpha_cp(char32_t cp) { return utf8::is_letter(cp); }
 
 namespace {
 

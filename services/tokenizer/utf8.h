@@ -49,5 +49,7 @@ inline int char_length(unsigned char lead) {
 bool is_python_space(char32_t cp);
 // Unicode White_Space (what the split regexes call \s).
 bool is_white_space(char32_t cp);
+// A letter of Unicode general category L (Lu, Ll, Lt, Lm, Lo): regex \p{L}, Python str.isalpha().
+bool is_letter(char32_t cp);
 
 }  // namespace litellama::utf8
