@@ -129,6 +129,8 @@ TEST(Observability, InfoGaugesAndEveryNonFailureSeriesIsWritten) {
   const std::vector<std::string> failure_only = {
       "litellama_scheduler_aborts_total",
       "litellama_scheduler_worker_lost_total",
+      "litellama_scheduler_workers_refused_total",
+      "litellama_scheduler_tokenizer_retries_exhausted_total",
       "litellama_scheduler_protocol_errors_total",
       "litellama_scheduler_requests_finished_total{reason=\"abort\"}",
       "litellama_scheduler_requests_finished_total{reason=\"error\"}",
