@@ -821,7 +821,9 @@ bool attention_decode_supports(DType dtype, int32_t head_dim, int32_t n_heads, i
           attention_general_supports(dtype, head_dim, n_heads, n_kv_heads));
 }
 
-bool attention_decode_tuned(int32_t head_dim) { return head_dim == 64 || head_dim == 128; }
+bool attention_decode_tuned(int32_t head_dim) {
+  return head_dim == 64 || head_dim == 128;
+}
 
 int32_t attention_decode_n_splits(int32_t n_work, int32_t n_heads, int32_t n_kv_heads,
                                   int32_t head_dim, int32_t max_kv_len, int32_t n_sms) {

@@ -503,7 +503,9 @@ bool attention_prefill_supports(DType dtype, int32_t head_dim, int32_t n_heads,
           attention_general_supports(dtype, head_dim, n_heads, n_kv_heads));
 }
 
-bool attention_prefill_tuned(int32_t head_dim) { return head_dim == 64 || head_dim == 128; }
+bool attention_prefill_tuned(int32_t head_dim) {
+  return head_dim == 64 || head_dim == 128;
+}
 
 Status launch_attention_prefill(void* out, const void* q, const void* k_pool, const void* v_pool,
                                 const int32_t* token_start, const int32_t* kv_len,

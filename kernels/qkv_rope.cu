@@ -181,16 +181,16 @@ __global__ void qkv_rope_general_kernel(
 
 template <typename T>
 Status launch_general(int32_t head_dim, void* q_out, void* k_pool, void* v_pool, const void* qkv,
-                      const float* qkv_bias, const float* q_norm_weight,
-                      const float* k_norm_weight, const float* inv_freq, const int32_t* positions,
-                      const int32_t* token_slot, const int32_t* token_freq_row, int32_t n_tokens,
-                      int32_t n_heads, int32_t n_kv_heads, float attention_scaling,
-                      float norm_eps, cudaStream_t stream) {
+                      const float* qkv_bias, const float* q_norm_weight, const float* k_norm_weight,
+                      const float* inv_freq, const int32_t* positions, const int32_t* token_slot,
+                      const int32_t* token_freq_row, int32_t n_tokens, int32_t n_heads,
+                      int32_t n_kv_heads, float attention_scaling, float norm_eps,
+                      cudaStream_t stream) {
   const int64_t work = static_cast<int64_t>(n_tokens) * (n_heads + 2 * n_kv_heads);
   const int64_t blocks = (work + kWarpsPerBlock - 1) / kWarpsPerBlock;
   LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(
-      qkv_rope_general_kernel<T>, dim3(static_cast<unsigned>(blocks)), dim3(kWarpsPerBlock * 32),
-      0, stream, static_cast<T*>(q_out), static_cast<T*>(k_pool), static_cast<T*>(v_pool),
+      qkv_rope_general_kernel<T>, dim3(static_cast<unsigned>(blocks)), dim3(kWarpsPerBlock * 32), 0,
+      stream, static_cast<T*>(q_out), static_cast<T*>(k_pool), static_cast<T*>(v_pool),
       static_cast<const T*>(qkv), qkv_bias, q_norm_weight, k_norm_weight, inv_freq, positions,
       token_slot, token_freq_row, n_tokens, n_heads, n_kv_heads, head_dim, attention_scaling,
       norm_eps));

@@ -10,8 +10,8 @@
 
 #include "common/log.h"
 #include "common/net/child_process.h"
-#include "common/net/service_notify.h"
 #include "common/net/run_dir.h"
+#include "common/net/service_notify.h"
 #include "common/net/stop_signal.h"
 
 namespace litellama::net {

@@ -210,8 +210,8 @@ void BpeModel::merge_raw_bytes(std::string_view raw, std::vector<int32_t>& ids) 
   symbols.clear();
   const auto n = static_cast<int32_t>(raw.size());
   for (int32_t k = 0; k < n; ++k) {
-    symbols.push_back({raw_byte_ids_[static_cast<unsigned char>(raw[static_cast<size_t>(k)])],
-                       k - 1, k + 1, 1});
+    symbols.push_back(
+        {raw_byte_ids_[static_cast<unsigned char>(raw[static_cast<size_t>(k)])], k - 1, k + 1, 1});
   }
   symbols.back().next = -1;
   merge_symbols(symbols, ids);
@@ -319,8 +319,7 @@ void BpeModel::MergeTable::reserve(size_t n) {
   size_ = 0;
   for (const Slot& s : old) {
     if (s.key != kEmptyKey) {
-      insert(static_cast<int32_t>(s.key >> 32), static_cast<int32_t>(s.key & 0xFFFFFFFFu),
-             s.merge);
+      insert(static_cast<int32_t>(s.key >> 32), static_cast<int32_t>(s.key & 0xFFFFFFFFu), s.merge);
     }
   }
 }
@@ -339,8 +338,7 @@ void BpeModel::MergeTable::insert(int32_t left, int32_t right, Merge merge) {
   }
 }
 
-void BpeModel::merge_by_scan(const std::vector<Symbol>& symbols,
-                             std::vector<int32_t>& ids) const {
+void BpeModel::merge_by_scan(const std::vector<Symbol>& symbols, std::vector<int32_t>& ids) const {
   // sym[k] are the current symbols; rank[k] / merged[k] describe the pair (sym[k], sym[k+1]).
   constexpr int32_t kNoMerge = INT32_MAX;
   thread_local std::vector<int32_t> sym, rank, merged;

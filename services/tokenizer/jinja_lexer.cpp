@@ -283,6 +283,8 @@ class Lexer {
 
 }  // namespace
 
-std::vector<Token> tokenize(std::string source) { return Lexer(std::move(source)).run(); }
+std::vector<Token> tokenize(std::string source) {
+  return Lexer(std::move(source)).run();
+}
 
 }  // namespace litellama::jinja

@@ -607,6 +607,8 @@ class Parser {
 
 }  // namespace
 
-Body parse(std::vector<Token> tokens) { return Parser(std::move(tokens)).parse_template(); }
+Body parse(std::vector<Token> tokens) {
+  return Parser(std::move(tokens)).parse_template();
+}
 
 }  // namespace litellama::jinja

@@ -452,7 +452,9 @@ std::string map_case(const std::string& s, bool upper) {
   return out;
 }
 
-bool is_alpha_cp(char32_t cp) { return utf8::is_letter(cp); }
+bool is_alpha_cp(char32_t cp) {
+  return utf8::is_letter(cp);
+}
 
 namespace {
 

@@ -1,7 +1,8 @@
 // The values a chat template sees (Python objects: None, bool, int, float, str, list, dict,
-// callables, and Jinja's undefined) and the Python semantics the evaluator gives them: str()/repr(),
-// json.dumps, comparisons, string methods. Internal to ChatTemplate (services/tokenizer/
-// chat_template.h); errors are thrown as TemplateError and become a Status at that API.
+// callables, and Jinja's undefined) and the Python semantics the evaluator gives them:
+// str()/repr(), json.dumps, comparisons, string methods. Internal to ChatTemplate
+// (services/tokenizer/ chat_template.h); errors are thrown as TemplateError and become a Status at
+// that API.
 #pragma once
 
 #include <cstddef>

@@ -143,8 +143,7 @@ std::vector<RandomCheckpointPreset> make_presets() {
   }
   {
     json c = with_llama2_ids(llama_config(32000, 192, 256, 2, 6, 2, 4096, 10000.0, true, 32));
-    p.push_back({"hd32-tiny", "Llama 2 graph, head_dim 32, GQA 6/2, tied embeddings", c,
-                 "llama2"});
+    p.push_back({"hd32-tiny", "Llama 2 graph, head_dim 32, GQA 6/2, tied embeddings", c, "llama2"});
   }
   {
     json c = with_llama2_ids(llama_config(32000, 64, 128, 2, 4, 4, 4096, 10000.0, false, 48));

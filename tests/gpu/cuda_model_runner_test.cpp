@@ -60,7 +60,7 @@ const ModelCase kModels[] = {
     {"hd16-tiny", 7, 1, 128, 0, 16},
     {"hd32-tiny", 6, 2, 192, 0, 32},
     {"hd48-tiny", 4, 4, 128, 0, 48},
-    {"hd80-tiny", 4, 1, 128, 0, 80},    // q/k/v bias
+    {"hd80-tiny", 4, 1, 128, 0, 80},  // q/k/v bias
     {"hd96-tiny", 7, 1, 448, 0, 96},
     {"hd256-tiny", 4, 2, 128, 0, 256},  // q/k RMSNorm
 };

@@ -489,9 +489,10 @@ TEST(Soak, MixedLoadWithRestartsEndsCleanly) {
       // A sanitizer's own memory (ASan's quarantine of freed blocks, TSan's shadow and history)
       // grows with the work done, so resident size says nothing about ours there; leaks are
       // LeakSanitizer's to find in that build.
-      std::printf("soak: %s resident %ld KiB (%ld after warm-up), not compared in a sanitizer "
-                  "build\n",
-                  name, rss, warm[name].rss);
+      std::printf(
+          "soak: %s resident %ld KiB (%ld after warm-up), not compared in a sanitizer "
+          "build\n",
+          name, rss, warm[name].rss);
       continue;
     }
     EXPECT_LE(rss, warm[name].rss + warm[name].rss / 10)

@@ -486,8 +486,7 @@ std::string param_name(const ::testing::TestParamInfo<std::tuple<DType, int32_t>
 INSTANTIATE_TEST_SUITE_P(Attention, AttentionTest,
                          ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16,
                                                               DType::kF16),
-                                            ::testing::Values(16, 32, 48, 64, 80, 96, 128,
-                                                              256)),
+                                            ::testing::Values(16, 32, 48, 64, 80, 96, 128, 256)),
                          param_name);
 
 TEST(AttentionSupport, RefusesUnsupportedShapes) {

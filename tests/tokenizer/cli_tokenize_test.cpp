@@ -157,11 +157,12 @@ TEST_F(CliTokenizeTest, TokenizeMessagesRendersTheTemplate) {
   EXPECT_EQ(n_checked, 2);
   // From stdin, and the human-readable form.
   const std::string msgs = R"([{"role": "user", "content": "Hi there"}])";
-  const auto j = run_json(
-      "tokenize --tokenizer " + dir("llama3_1") + " --messages-json - --add-generation-prompt --json",
-      msgs);
-  const CommandResult r = run(
-      "tokenize --tokenizer " + dir("llama3_1") + " --messages-json - --add-generation-prompt", msgs);
+  const auto j = run_json("tokenize --tokenizer " + dir("llama3_1") +
+                              " --messages-json - --add-generation-prompt --json",
+                          msgs);
+  const CommandResult r =
+      run("tokenize --tokenizer " + dir("llama3_1") + " --messages-json - --add-generation-prompt",
+          msgs);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find(j["text"].get<std::string>()), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(std::to_string(j["ids"].size()) + " tokens"), std::string::npos) << r.out;

@@ -286,8 +286,8 @@ namespace {
 // "model_type"; every preset's config parses to the same model either way.
 TEST(ModelConfigTest, ModelTypeStandsInForMissingArchitectures) {
   const std::pair<const char*, Architecture> expected[] = {
-      {"llama3-tiny", Architecture::kLlama},  {"mistral-tiny", Architecture::kMistral},
-      {"qwen2-tiny", Architecture::kQwen2},   {"qwen3-tiny", Architecture::kQwen3},
+      {"llama3-tiny", Architecture::kLlama}, {"mistral-tiny", Architecture::kMistral},
+      {"qwen2-tiny", Architecture::kQwen2},  {"qwen3-tiny", Architecture::kQwen3},
       {"hd80-tiny", Architecture::kQwen2},
   };
   for (const auto& [name, arch] : expected) {

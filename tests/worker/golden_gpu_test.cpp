@@ -151,10 +151,11 @@ TEST_P(GoldenGpuTest, HalfPrecisionMatchesTransformersInThatDtype) {
             << " tokens";
       }
     }
-    std::printf("[ %s ] %s vs transformers %s: largest top-logit error %.4f of the scale "
-                "(tolerance %.4f), %d of %zu cases decisive\n",
-                GetParam().c_str(), name.c_str(), name.c_str(), worst, tolerance, n_decisive,
-                golden["cases"].size());
+    std::printf(
+        "[ %s ] %s vs transformers %s: largest top-logit error %.4f of the scale "
+        "(tolerance %.4f), %d of %zu cases decisive\n",
+        GetParam().c_str(), name.c_str(), name.c_str(), worst, tolerance, n_decisive,
+        golden["cases"].size());
   }
 }
 

@@ -40,8 +40,8 @@ inline bool decisive(const json& c, double tolerance) {
 
 // <preset>.json: float32 on the CPU; <preset>.<dtype>.json: transformers in that dtype on the GPU.
 inline json load_golden(const std::string& preset, const std::string& dtype_name = "float32") {
-  const std::string file = dtype_name == "float32" ? preset + ".json"
-                                                   : preset + "." + dtype_name + ".json";
+  const std::string file =
+      dtype_name == "float32" ? preset + ".json" : preset + "." + dtype_name + ".json";
   const fs::path path = fs::path(test::source_dir()) / "tests/golden/models" / file;
   std::ifstream in(path);
   EXPECT_TRUE(in.good()) << "missing golden file " << path
