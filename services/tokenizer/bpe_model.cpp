@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "services/tokenizer/byte_level.h"
+#include "services/tokenizer/json_token_id.h"
 #include "services/tokenizer/utf8.h"
 
 namespace litellama {
@@ -37,8 +38,7 @@ Result<BpeModel> BpeModel::from_json(const nlohmann::json& model) {
     m.vocab_.reserve(vocab.size());
     int32_t max_id = -1;
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-      const int32_t id = it.value().get<int32_t>();
-      if (id < 0) return make_error(StatusCode::kInvalidArgument, "negative token id {}", id);
+      LITELLAMA_ASSIGN_OR_RETURN(const int32_t id, json_token_id(it.value(), "BPE vocab token"));
       m.vocab_.emplace(it.key(), id);
       max_id = std::max(max_id, id);
     }

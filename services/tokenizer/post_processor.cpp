@@ -1,5 +1,7 @@
 #include "services/tokenizer/post_processor.h"
 
+#include "services/tokenizer/json_token_id.h"
+
 namespace litellama {
 
 Status PostProcessor::add(const nlohmann::json& j) {
@@ -26,11 +28,16 @@ Status PostProcessor::add(const nlohmann::json& j) {
                           "TemplateProcessing uses '{}' which is not in its special_tokens", name);
       }
       auto& target = seen_sequence ? suffix_ : prefix_;
-      for (const auto& id : specials.at(name).at("ids")) target.push_back(id.get<int32_t>());
+      for (const auto& id : specials.at(name).at("ids")) {
+        LITELLAMA_ASSIGN_OR_RETURN(const int32_t v, json_token_id(id, "TemplateProcessing"));
+        target.push_back(v);
+      }
     }
   } else if (type == "RobertaProcessing" || type == "BertProcessing") {
-    prefix_.push_back(j.at("cls").at(1).get<int32_t>());
-    suffix_.push_back(j.at("sep").at(1).get<int32_t>());
+    LITELLAMA_ASSIGN_OR_RETURN(const int32_t cls, json_token_id(j.at("cls").at(1), "cls"));
+    LITELLAMA_ASSIGN_OR_RETURN(const int32_t sep, json_token_id(j.at("sep").at(1), "sep"));
+    prefix_.push_back(cls);
+    suffix_.push_back(sep);
   } else {
     return make_error(StatusCode::kUnsupported, "unsupported post_processor type '{}'", type);
   }

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "services/tokenizer/json_token_id.h"
 #include "services/tokenizer/utf8.h"
 
 namespace litellama {
@@ -43,17 +44,9 @@ std::optional<std::string> token_content(const nlohmann::json& config, const cha
   return std::nullopt;
 }
 
-// Token ids above this are taken for a corrupt file: the largest published vocabularies have a
-// few hundred thousand tokens, and vocab_size() (the largest id + 1) sizes tables downstream.
-constexpr int64_t kMaxTokenId = int64_t{1} << 24;
-
 // An added token's id from tokenizer.json ("id") or tokenizer_config.json (a decimal key).
 Result<int32_t> added_token_id(const nlohmann::json& id) {
-  if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= kMaxTokenId) {
-    return make_error(StatusCode::kInvalidArgument, "added token id {} is not in [0, {})",
-                      id.dump(), kMaxTokenId);
-  }
-  return static_cast<int32_t>(id.get<int64_t>());
+  return json_token_id(id, "added token");
 }
 
 AddedToken added_token_from_json(const nlohmann::json& t, int32_t id) {

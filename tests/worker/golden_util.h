@@ -19,8 +19,12 @@ using nlohmann::json;
 
 // The presets with transformers references under tests/golden/models.
 inline std::vector<std::string> golden_presets() {
+  // The hd* presets cover the head sizes other than 64 and 128 (16 to 256) and GQA ratios from
+  // 1 (MHA) to 7 on the general attention kernels.
   return {"llama3-tiny",  "llama3-untied-tiny", "llama2-linear-tiny", "llama2-dynamic-tiny",
-          "mistral-tiny", "qwen2-tiny",         "qwen2-yarn-tiny",    "qwen3-tiny"};
+          "mistral-tiny", "qwen2-tiny",         "qwen2-yarn-tiny",    "qwen3-tiny",
+          "hd16-tiny",    "hd32-tiny",          "hd48-tiny",          "hd80-tiny",
+          "hd96-tiny",    "hd256-tiny"};
 }
 
 // Tolerance of a 16-bit run against transformers in the same dtype, relative to the logit

@@ -958,6 +958,17 @@ Status check_supported(const ModelConfig& c, const RunnerOptions& options) {
                         "layer_kernel_repeats: counts are 0, 1 or 2 (got {})", count);
     }
   }
+  // The repeats act on the fused (GEMV) layer path only; a model whose layer widths that path
+  // does not take would ignore them, so a profile of it would measure nothing: refused instead.
+  const int32_t q_dim = c.n_heads * c.head_dim;
+  if (r != LayerKernelRepeats{} &&
+      !(options.gemv_max_tokens > 0 && gemv_supports(dt, dt, 1, c.hidden_size) &&
+        gemv_supports(dt, dt, 1, q_dim) && gemv_supports(dt, dt, 1, c.intermediate_size))) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "layer_kernel_repeats act on the GEMV layer path, which this model (hidden "
+                      "{}, query width {}, intermediate {}) or gemv_max_tokens {} does not take",
+                      c.hidden_size, q_dim, c.intermediate_size, options.gemv_max_tokens);
+  }
   return Status::ok();
 }
 
