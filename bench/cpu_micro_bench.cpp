@@ -93,7 +93,7 @@ BENCHMARK(BM_CpuSampler)->Arg(0)->Arg(1)->ArgNames({"top_k_top_p"});
 void BM_CpuDecodeStep(benchmark::State& state) {
   const auto dir = std::filesystem::temp_directory_path() / "litellama-micro-bench-default";
   if (!std::filesystem::exists(dir / "model.safetensors")) {
-    auto preset = find_random_checkpoint_preset("default");
+    auto preset = find_random_checkpoint_preset("default-random");
     RandomCheckpointOptions options;
     options.storage_dtype = DType::kBF16;
     if (!preset.is_ok() ||

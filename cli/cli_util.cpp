@@ -7,7 +7,6 @@
 #include <filesystem>
 
 #include "common/net/child_process.h"
-#include "services/worker/random_checkpoint.h"
 
 namespace litellama::cli {
 
@@ -21,19 +20,14 @@ std::string assets_dir() {
 }
 
 Result<std::string> default_model_dir() {
-  const fs::path dir = fs::path(assets_dir()) / "models" / "default";
+  // share/litellama/{assets,models}: installed, and in the build tree as links to the checkout.
+  const fs::path dir = fs::path(assets_dir()).parent_path() / "models" / "default";
   std::error_code ec;
-  if (fs::exists(dir / "model.safetensors", ec)) return dir.string();
-  LITELLAMA_ASSIGN_OR_RETURN(RandomCheckpointPreset preset,
-                             find_random_checkpoint_preset("default"));
-  RandomCheckpointOptions options;
-  options.storage_dtype = DType::kBF16;
-  const fs::path tok = fs::path(assets_dir()) / "tokenizers" / preset.tokenizer;
-  if (fs::exists(tok / "tokenizer.json", ec)) options.tokenizer_dir = tok.string();
-  std::fprintf(stderr, "litellama: creating the embedded default model (random weights) in %s\n",
-               dir.string().c_str());
-  LITELLAMA_RETURN_IF_ERROR(write_random_checkpoint(dir.string(), preset.config, options));
-  return dir.string();
+  if (fs::exists(dir / "config.json", ec)) return dir.string();
+  return make_error(StatusCode::kNotFound,
+                    "the embedded default model is not in '{}' (it ships in the checkout's "
+                    "models/default and is installed beside the assets); pass --model DIR",
+                    dir.string());
 }
 
 Result<std::vector<int32_t>> parse_id_list(const std::string& text) {

@@ -17,8 +17,9 @@ set(LITELLAMA_DATA_DIR ${CMAKE_INSTALL_DATADIR}/litellama)
 # not tracked: what exists at install time is installed.
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/assets/tokenizers
   DESTINATION ${LITELLAMA_DATA_DIR}/assets OPTIONAL)
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/assets/models/default
-  DESTINATION ${LITELLAMA_DATA_DIR}/assets/models OPTIONAL)
+# The embedded default model is tracked in the checkout (models/default, see docs/default-model.md).
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/models/default
+  DESTINATION ${LITELLAMA_DATA_DIR}/models)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/deploy/systemd ${PROJECT_SOURCE_DIR}/deploy/prometheus
   ${PROJECT_SOURCE_DIR}/deploy/grafana
   DESTINATION ${LITELLAMA_DATA_DIR}/deploy)
@@ -27,6 +28,8 @@ install(FILES ${PROJECT_SOURCE_DIR}/deploy/litellama.env ${PROJECT_SOURCE_DIR}/d
 install(PROGRAMS ${PROJECT_SOURCE_DIR}/deploy/docker-entrypoint.sh
   DESTINATION ${LITELLAMA_DATA_DIR}/deploy)
 
-# build/share/litellama/assets -> the checkout's assets/ (the installed layout, in the build tree).
+# build/share/litellama/{assets,models} -> the checkout's assets/ and models/ (the installed
+# layout, in the build tree).
 file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/share/litellama)
 file(CREATE_LINK ${PROJECT_SOURCE_DIR}/assets ${CMAKE_BINARY_DIR}/share/litellama/assets SYMBOLIC)
+file(CREATE_LINK ${PROJECT_SOURCE_DIR}/models ${CMAKE_BINARY_DIR}/share/litellama/models SYMBOLIC)

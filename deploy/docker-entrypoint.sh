@@ -4,7 +4,7 @@
 set -eu
 service="${1:-scheduler}"
 [ $# -gt 0 ] && shift
-: "${LITELLAMA_MODEL_DIR:=/opt/litellama/share/litellama/assets/models/default}"
+: "${LITELLAMA_MODEL_DIR:=/opt/litellama/share/litellama/models/default}"
 : "${LITELLAMA_DEVICE:=cpu}"
 : "${LITELLAMA_DTYPE:=auto}"
 : "${LITELLAMA_CLIENT_ENDPOINT:=ipc:///run/litellama/client.sock}"

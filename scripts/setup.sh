@@ -35,9 +35,4 @@ if [ "$do_build" -eq 1 ]; then
   jobs="$(nproc)"
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE="$build_type"
   cmake --build build -j"$jobs"
-  # The embedded default model: random weights generated from a fixed seed, with the Llama 3
-  # tokenizer's files beside it.
-  if [ ! -f assets/models/default/model.safetensors ]; then
-    build/bin/litellama make-model --preset default --out assets/models/default
-  fi
 fi

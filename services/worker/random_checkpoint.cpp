@@ -161,12 +161,13 @@ std::vector<RandomCheckpointPreset> make_presets() {
     json c = qwen_config("Qwen3ForCausalLM", "qwen3", 64, 128, 2, 4, 2, 256, 40960, true);
     p.push_back({"hd256-tiny", "Qwen3 graph (q/k RMSNorm), head_dim 256, GQA 4/2", c, "qwen3"});
   }
-  // The embedded default model: a small Llama 3 with the real Llama 3.1 tokenizer.
+  // The former embedded default (before models/default was trained): a small Llama 3 with the
+  // real Llama 3.1 tokenizer and seeded random weights, kept for tests and benchmarks.
   {
     json c = llama_config(128256, 256, 768, 4, 8, 2, 131072, 500000.0, true);
     c["rope_scaling"] = llama3_rope(8.0, 8192);
-    p.push_back({"default", "embedded default: Llama 3.1 graph, 4 layers, hidden 256, random", c,
-                 "llama3_1"});
+    p.push_back(
+        {"default-random", "Llama 3.1 graph, 4 layers, hidden 256, random weights", c, "llama3_1"});
   }
   // Benchmark shapes (published architectures, random weights).
   {

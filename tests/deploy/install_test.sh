@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `cmake --install` of a build tree into a scratch prefix: the four programs land in bin/, the
-# assets in share/litellama/assets, the deployment files in share/litellama/deploy; an installed
-# program takes its assets from its own prefix, and with the installed tokenizers removed it finds
-# none (it never falls back to the checkout's assets/).
+# assets in share/litellama/assets, the embedded default model in share/litellama/models/default,
+# the deployment files in share/litellama/deploy; an installed program takes its assets and default
+# model from its own prefix, and with the installed tokenizers removed it finds none (it never
+# falls back to the checkout's assets/).
 # Usage: install_test.sh BUILD_DIR
 set -euo pipefail
 build="$1"
@@ -16,7 +17,8 @@ for program in litellama litellama-scheduler litellama-worker litellama-tokenize
 done
 for file in deploy/systemd/litellama-worker.service deploy/litellama.env \
   deploy/prometheus/prometheus.yml deploy/grafana/litellama-dashboard.json \
-  assets/tokenizers/llama3_1/tokenizer.json; do
+  assets/tokenizers/llama3_1/tokenizer.json models/default/config.json \
+  models/default/model-00001-of-00002.safetensors models/default/tokenizer.json; do
   [ -f "$prefix/share/litellama/$file" ] || fail "share/litellama/$file not installed"
 done
 
@@ -30,4 +32,15 @@ rm -rf "$prefix/share/litellama/assets/tokenizers"
   fail "installed make-model failed without tokenizers"
 [ ! -e "$prefix/model2/tokenizer.json" ] ||
   fail "make-model found a tokenizer after the installed ones were removed (in the checkout?)"
+
+# Without --model the installed CLI generates with the installed default model.
+out="$("$prefix/bin/litellama" generate --prompt "The kernel is" --max-new-tokens 4 --json)" ||
+  fail "installed generate without --model failed"
+case "$out" in *'"output_ids"'*) ;;
+  *) fail "installed generate printed no output: $out" ;; esac
+mv "$prefix/share/litellama/models" "$prefix/share/litellama/models.moved"
+if err="$("$prefix/bin/litellama" generate --prompt "The kernel is" --max-new-tokens 4 2>&1)"; then
+  fail "generate without --model succeeded with the installed default model removed"
+fi
+case "$err" in *"default model"*) ;; *) fail "no clear error without the default model: $err" ;; esac
 echo "install: ok"
