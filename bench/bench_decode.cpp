@@ -93,7 +93,6 @@ struct Args {
   int32_t gemv = RunnerOptions{}.gemv_max_tokens;
   int32_t gemv_gate_up = RunnerOptions{}.gemv_gate_up_max_tokens;
   bool pdl = true;
-  int32_t persistent = RunnerOptions{}.persistent_decode_max_tokens;
   bool copy_bandwidth = true;
   std::string kernel_repeats;  // RunnerOptions::layer_kernel_repeats, "qkv=2,attention=0"
   std::string block_trace;     // CSV file the block timeline of one decode step is appended to
@@ -190,7 +189,6 @@ int run(const Args& a) {
   o.layer_kernel_repeats = *repeats;
   o.gemv_gate_up_max_tokens = a.gemv_gate_up;
   o.use_programmatic_launch = a.pdl;
-  o.persistent_decode_max_tokens = a.persistent;
   int64_t slots = 0;
   for (int32_t b : batches) {
     slots = std::max<int64_t>(slots, int64_t{b} * (a.context + a.n_warmup + a.n_steps + 2));
@@ -252,7 +250,6 @@ int run(const Args& a) {
                      {"gemv", a.gemv},
                      {"gemv_gate_up", a.gemv_gate_up},
                      {"pdl", a.pdl},
-                     {"persistent", a.persistent},
                      {"batch", n},
                      {"context", len},
                      {"ms", m},
@@ -346,7 +343,6 @@ int run(const Args& a) {
                      {"gemv", a.gemv},
                      {"gemv_gate_up", a.gemv_gate_up},
                      {"pdl", a.pdl},
-                     {"persistent", a.persistent},
                      {"kernel_repeats", a.kernel_repeats},
                      {"batch", b},
                      {"context", a.context},
@@ -386,8 +382,6 @@ int main(int argc, char** argv) {
       "GEMV layers: steps of at most this many tokens put gate/up through the GEMV "
       "with SiLU * up too, not cuBLAS (0: never; -1: the runner's choice by model size)");
   app.add_option("--pdl", a.pdl, "programmatic dependent launch (1/0)");
-  app.add_option("--persistent", a.persistent,
-                 "decode steps of up to this many sequences as one persistent kernel (0: off)");
   app.add_option("--copy-bandwidth", a.copy_bandwidth, "measure the device copy bandwidth (1/0)");
   app.add_option("--kernel-repeats", a.kernel_repeats,
                  "profiling: launches per layer of GEMV-layer kernels, e.g. qkv=2 or attention=0 "

@@ -108,9 +108,9 @@ def table(rows):
     hf = {(r["kind"], r["preset"], r["engine"], r["batch"], r["context"]): r["ms"]
           for r in rows if r.get("engine", "").startswith("hf-")}
     out = [f"Device copy bandwidth (D2D, read + written): {bw:.0f} GB/s", "",
-           "| model | step | after prefills | graphs | fused GEMV up to (all / gate-up) | pdl | persistent up to | batch | context | ms per step | "
+           "| model | step | after prefills | graphs | fused GEMV up to (all / gate-up) | pdl | batch | context | ms per step | "
            "of which device ms | tokens/s | fraction of copy bandwidth | target ms | x HF dynamic | x HF static | x Python LiteLLaMA |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in ours:
         key = (r["kind"], r["preset"], r["batch"])
         target = TARGETS_MS.get(key)
@@ -136,7 +136,6 @@ def table(rows):
         after = "—" if r["kind"] != "decode" else ("yes" if r.get("after_prefills") else "no")
         device = f"{r['device_ms']:.3f}" if r.get("device_ms") else "—"
         out.append(f"| {r['preset']} | {r['kind']} | {after} | {on('graphs')} | {gemv} | {on('pdl')} | "
-                   f"{r.get('persistent', '—')} | "
                    f"{r['batch']} | {r['context']} | {ms:.3f} | {device} | {r['tokens_per_s']:,.0f} | "
                    f"{frac} | {tgt} | {ratio(hd)} | {ratio(hs)} | {ratio(py)} |")
     out += ["", "Hugging Face transformers, same checkpoints:", "",
@@ -187,9 +186,9 @@ def main():
     # kernel launched from the host (no CUDA graphs); no
     # programmatic dependent launch; no small-batch GEMV layers (cuBLAS throughout); the GEMV
     # layers with gate/up on cuBLAS at every batch, and with gate/up through the GEMV at every
-    # batch; the persistent decode-step kernel (opt-in) for up to 8 sequences.
+    # batch.
     for flags in ([], ["--graphs", "0"], ["--pdl", "0"], ["--gemv", "0"], ["--gemv-gate-up-max-tokens", "0"],
-                  ["--gemv", "8", "--gemv-gate-up-max-tokens", "8"], ["--persistent", "8"]):
+                  ["--gemv", "8", "--gemv-gate-up-max-tokens", "8"]):
         run_ours(a.bin, rows, a.jsonl, ["--preset", "llama3.2-1b", "--dir", d1, "--batches", "1,8",
                                         "--context", "512", "--copy-bandwidth", "0",
                                         "--steps", "20"] + flags)

@@ -78,11 +78,6 @@ void add_launch_options(CLI::App* sub, LaunchOptions* o) {
       ->capture_default_str();
   sub->add_option("--max-batch-seqs", o->max_batch_seqs, "sequences per step")
       ->capture_default_str();
-  sub->add_option("--persistent-decode", o->persistent_decode,
-                  "cuda: decode steps of up to this many sequences as one persistent kernel "
-                  "(0: off)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 8));
   sub->add_option("--metrics-port", o->metrics_port,
                   "scheduler metrics port; worker +1, tokenizers +2.. (0: off)")
       ->capture_default_str()

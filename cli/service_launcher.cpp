@@ -123,9 +123,6 @@ Status ServiceLauncher::start() {
        "--max-batch-seqs",
        std::to_string(options_.max_batch_seqs)},
       metrics(1));
-  std::vector<std::string>& worker_argv = services_.back().argv;
-  worker_argv.insert(worker_argv.end(),
-                     {"--persistent-decode", std::to_string(options_.persistent_decode)});
   for (int32_t i = 0; i < options_.n_tokenizers; ++i) {
     add(fmt::format("tokenizer-{}", i),
         {bin + "/litellama-tokenizer", "--model", options_.model_dir, "--scheduler", tokenizer_ep,

@@ -35,7 +35,6 @@ struct LaunchOptions {
   int32_t threads = 0;
   int32_t max_batch_tokens = 2048;
   int32_t max_batch_seqs = 128;
-  int32_t persistent_decode = 0;  // cuda: litellama-worker --persistent-decode
   std::string metrics_host = "127.0.0.1";
   int32_t metrics_port = 9400;  // scheduler; worker +1, tokenizers +2.. ; 0: no metrics
   std::string log_level = "info";

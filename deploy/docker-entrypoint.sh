@@ -16,7 +16,6 @@ service="${1:-scheduler}"
 : "${LITELLAMA_MAX_BATCH_SEQS:=128}"
 : "${LITELLAMA_KV_SLOTS:=0}"
 : "${LITELLAMA_THREADS:=0}"
-: "${LITELLAMA_PERSISTENT_DECODE:=0}"
 : "${LITELLAMA_HEARTBEAT_MS:=200}"
 : "${LITELLAMA_PEER_TIMEOUT_MS:=2000}"
 : "${LITELLAMA_LOG_LEVEL:=info}"
@@ -38,7 +37,7 @@ case "$service" in
       --scheduler "$LITELLAMA_WORKER_ENDPOINT" --metrics "$metrics" \
       --kv-slots "$LITELLAMA_KV_SLOTS" --threads "$LITELLAMA_THREADS" \
       --max-batch-tokens "$LITELLAMA_MAX_BATCH_TOKENS" --max-batch-seqs "$LITELLAMA_MAX_BATCH_SEQS" \
-      --persistent-decode "$LITELLAMA_PERSISTENT_DECODE" "$@" ;;
+      "$@" ;;
   tokenizer)
     exec litellama-tokenizer --model "$LITELLAMA_MODEL_DIR" \
       --scheduler "$LITELLAMA_TOKENIZER_ENDPOINT" --metrics "$metrics" "$@" ;;

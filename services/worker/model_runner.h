@@ -132,17 +132,6 @@ struct RunnerOptions {
   // CUDA, compute capability 9.0+: kernels are launched with programmatic dependent launch, so
   // each one starts (and loads its weights) while the previous one finishes.
   bool use_programmatic_launch = true;
-  // CUDA, bf16/fp16: pure decode steps of at most this many sequences (at most 8) run embedding,
-  // layers and LM head as one persistent kernel (kernels/decode_step.h) instead of about 11
-  // kernels per layer. Models it does not support (q/k RMSNorm, other head sizes) and other steps
-  // use the per-operation kernels. Off (0) by default: on an H200 it is slower than the
-  // per-operation path with the GEMV layers (Llama-3.2-1B batch 1: 1.058 against 0.955 ms,
-  // batch 8: 1.386 against 1.087 ms in the latest full run; bench/RESULTS.md).
-  int32_t persistent_decode_max_tokens = 0;
-  // CUDA: blocks of the persistent kernel, at most one per multiprocessor (0: one per
-  // multiprocessor). Fewer leave multiprocessors to other work; tests use it to give each block
-  // several work items of a phase.
-  int32_t persistent_decode_grid = 0;
   // Profiling only (see LayerKernelRepeats); the default is the normal step.
   LayerKernelRepeats layer_kernel_repeats;
 };
@@ -154,9 +143,6 @@ class ModelRunner {
   virtual int32_t n_kv_slots() const = 0;
   // Runs one forward step and samples. Validates the batch first; on error nothing was written.
   virtual Status step(const StepBatch& batch, StepOutput* out) = 0;
-  // Steps run so far as the persistent decode kernel (RunnerOptions::persistent_decode_max_tokens;
-  // always 0 where there is none).
-  virtual int64_t persistent_decode_steps() const { return 0; }
   // Device time of the last successful step, from the start of its host-to-device copy to the end
   // of its device-to-host copy (CUDA events on the step's stream); the rest of the step's wall
   // time is host work and launch/synchronisation latency. nullopt where the backend has no

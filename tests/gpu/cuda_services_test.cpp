@@ -56,7 +56,6 @@ void serve_and_compare(const std::vector<std::string>& worker_args, DType expect
   options.n_kv_slots = 4096;
   options.max_batch_tokens = 512;  // as ServiceCluster's worker: the same workspaces and kernels
   options.max_batch_seqs = 32;
-  options.persistent_decode_max_tokens = 8;
   auto runner = create_model_runner(*ckpt, options);
   ASSERT_TRUE(runner.is_ok()) << runner.status().to_string();
   OfflineEngine engine(**runner);

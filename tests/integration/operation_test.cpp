@@ -128,18 +128,6 @@ TEST(ServiceOperation, MetricsPortInUseIsAConfigErrorThatSaysSo) {
   }
 }
 
-TEST(ServiceOperation, WorkerRefusesAPersistentDecodeBatchAboveEight) {
-  ServiceCluster cluster;  // for its private directory and binaries
-  const Exit exit = run_to_exit(
-      {cluster.bin_dir() + "/litellama-worker", "--model", (cluster.dir() / "no-model").string(),
-       "--run-dir", (cluster.dir() / "run").string(), "--persistent-decode", "9"},
-      cluster.dir() / "worker.log", 10000);
-  EXPECT_GT(exit.status, 0) << exit.output;
-  // The flag is known and range-checked (an unknown flag would be refused differently).
-  EXPECT_NE(exit.output.find("--persistent-decode: Value 9 not in range 0 to 8"), std::string::npos)
-      << exit.output;
-}
-
 TEST(ServiceOperation, ServeRefusesATakenMetricsPortBeforeStartingAnything) {
   ServiceCluster cluster;
   // The worker's port (base + 1) is the taken one, as in the failure this guards against; the

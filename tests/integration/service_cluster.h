@@ -171,13 +171,25 @@ class ServiceCluster {
   }
   const std::string& run_dir() const { return run_; }
   void start_worker() {
-    std::vector<std::string> argv = {
-        bin_ + "/litellama-worker", "--model", model_, "--run-dir", run_, "--metrics",
-        "127.0.0.1:" + std::to_string(worker_port_), "--kv-slots", std::to_string(kKvSlots),
-        "--threads", "1", "--heartbeat-ms", "50", "--peer-timeout-ms", "600", "--max-batch-tokens",
-        "512", "--max-batch-seqs", "32",
-        // Parsed and handed to the runner; the CPU runner has no persistent kernel.
-        "--persistent-decode", "8"};
+    std::vector<std::string> argv = {bin_ + "/litellama-worker",
+                                     "--model",
+                                     model_,
+                                     "--run-dir",
+                                     run_,
+                                     "--metrics",
+                                     "127.0.0.1:" + std::to_string(worker_port_),
+                                     "--kv-slots",
+                                     std::to_string(kKvSlots),
+                                     "--threads",
+                                     "1",
+                                     "--heartbeat-ms",
+                                     "50",
+                                     "--peer-timeout-ms",
+                                     "600",
+                                     "--max-batch-tokens",
+                                     "512",
+                                     "--max-batch-seqs",
+                                     "32"};
     argv.insert(argv.end(), worker_args_.begin(), worker_args_.end());
     start("worker", argv);
   }

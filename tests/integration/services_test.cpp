@@ -560,7 +560,6 @@ TEST(ServicesIntegration, MetricsOverHttpAreConsistent) {
   EXPECT_GT(metric_value(w, "litellama_worker_step_duration_seconds_count"), 0);
   EXPECT_EQ(metric_value(w, "litellama_worker_kv_slots_capacity"), ServiceCluster::kKvSlots);
   // Series only a GPU backend writes are not exported by a CPU worker (-1: absent).
-  EXPECT_EQ(metric_value(w, "litellama_worker_persistent_decode_steps_total"), -1);
   EXPECT_EQ(metric_value(w, "litellama_worker_step_device_seconds_count"), -1);
   EXPECT_EQ(metric_value(w, "litellama_worker_graph_steps_total{kind=\"replayed\"}"), -1);
   EXPECT_EQ(metric_value(w, "litellama_worker_graph_steps_total{kind=\"captured\"}"), -1);

@@ -25,11 +25,6 @@
 //   cuBLAS(float32 logits = normed @ Wlm^T) at every batch size -> sampling
 //   one cudaMemcpyAsync of sampled ids (and top logits) back, then the step's only host sync.
 //
-// Pure decode steps of at most RunnerOptions::persistent_decode_max_tokens sequences (opt-in)
-// instead run embedding, layers, final norm and LM head as one persistent kernel
-// (kernels/decode_step.h), then sampling; LITELLAMA_DECODE_STEP_CLOCK=1 makes that kernel record
-// when each of its phases ends, and the runner logs the per-phase means when destroyed.
-//
 // Every kernel but cuBLAS's and prefill attention's is launched with programmatic dependent
 // launch (kernels/launch.h): it starts while its predecessor drains (except the gate/up GEMV, which
 // the norm before it releases only after its own wait), GEMVs load their first weights before
@@ -58,7 +53,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <unordered_map>
 #include <utility>
 
@@ -67,7 +61,6 @@
 #include "kernels/attention_decode.h"
 #include "kernels/attention_prefill.h"
 #include "kernels/cuda_check.h"
-#include "kernels/decode_step.h"
 #include "kernels/embedding.h"
 #include "kernels/gather_rows.h"
 #include "kernels/gemv.h"
@@ -165,14 +158,12 @@ class CudaModelRunner final : public ModelRunner {
     options_.gemv_gate_up_max_tokens =
         resolved_gemv_gate_up_max_tokens(options_, config_.hidden_size);
   }
-  ~CudaModelRunner() override;  // logs the phase clock's means when it ran
 
   Status init(const Checkpoint& checkpoint);
 
   const ModelConfig& config() const override { return config_; }
   int32_t n_kv_slots() const override { return n_slots_; }
   Status step(const StepBatch& batch, StepOutput* out) override;
-  int64_t persistent_decode_steps() const override { return persistent_steps_; }
   std::optional<double> last_step_device_seconds() const override {
     return last_step_device_seconds_;
   }
@@ -210,14 +201,7 @@ class CudaModelRunner final : public ModelRunner {
 
   Status run_head(const StepPlan& plan, int32_t n_top);
   Status run_sampling(const StepPlan& plan, int32_t n_top);
-  // Sets up the persistent decode kernel when asked for and the model is supported.
-  Status init_persistent_decode();
-  // Whether this step runs as the persistent decode kernel, and that run (through sampling).
-  bool persistent_step(const StepPlan& plan) const;
-  DecodeStepPlan persistent_plan(const StepPlan& plan) const;
-  int32_t persistent_grid() const;  // RunnerOptions::persistent_decode_grid, capped
-  Status run_persistent(const StepPlan& plan, int32_t n_top);
-  // The step's kernels after the staging copy: persistent, or layers then head.
+  // The step's kernels after the staging copy: layers then head.
   Status run_kernels(const StepPlan& plan, int32_t n_top);
   // Runs the layers and the head, eagerly or through a captured graph.
   Status run_forward(const StepBatch& batch, const StepPlan& plan);
@@ -272,34 +256,8 @@ class CudaModelRunner final : public ModelRunner {
   bool graphs_failed_ = false;
   int64_t graph_replays_ = 0;   // steps launched from a graph captured by an earlier step
   int64_t graph_captures_ = 0;  // steps that captured their graph (and then launched it)
-  // Persistent decode kernel (RunnerOptions::persistent_decode_max_tokens).
-  DecodeStepModel decode_step_model_;
-  DeviceBuffer decode_step_layers_;     // DecodeStepLayer [n_layers]
-  DeviceBuffer decode_step_workspace_;  // zero-filled at creation
-  bool decode_step_ready_ = false;
-  int32_t decode_step_max_tokens_ = 0;  // the largest batch it runs (its plan fits the device)
-  int64_t persistent_steps_ = 0;
   std::optional<double> last_step_device_seconds_;
-  // Profiling of the persistent kernel's phases (LITELLAMA_DECODE_STEP_CLOCK=1): device clock
-  // readings of the last step, and per-phase sums over the steps so far (logged at destruction).
-  DeviceBuffer decode_step_clock_;
-  std::vector<uint64_t> clock_host_;
-  std::vector<double> phase_ns_;  // 5 per-layer phases, LM head, whole kernel
-  int64_t clocked_steps_ = 0;
-  bool clock_pending_ = false;
 };
-
-CudaModelRunner::~CudaModelRunner() {
-  if (clocked_steps_ == 0) return;
-  const double n = static_cast<double>(clocked_steps_);
-  const double layers = static_cast<double>(config_.n_layers);
-  LITELLAMA_LOG_INFO(
-      "persistent decode step, mean over {} steps (us): per layer QKV {:.2f}, attention {:.2f}, "
-      "o {:.2f}, gate/up {:.2f}, down {:.2f}; final norm + LM head {:.2f}; whole kernel {:.2f}",
-      clocked_steps_, phase_ns_[0] / n / layers / 1e3, phase_ns_[1] / n / layers / 1e3,
-      phase_ns_[2] / n / layers / 1e3, phase_ns_[3] / n / layers / 1e3,
-      phase_ns_[4] / n / layers / 1e3, phase_ns_[5] / n / 1e3, phase_ns_[6] / n / 1e3);
-}
 
 void* CudaModelRunner::k_pool(int32_t layer) const {
   return kv_.as<char>(static_cast<size_t>(2 * layer) * kv_pool_bytes_);
@@ -323,7 +281,6 @@ Status CudaModelRunner::init(const Checkpoint& checkpoint) {
   LITELLAMA_ASSIGN_OR_RETURN(weights_, CudaWeights::upload(checkpoint, dtype_, fold_input_norms()));
   LITELLAMA_RETURN_IF_ERROR(allocate_workspaces());
   LITELLAMA_RETURN_IF_ERROR(allocate_kv_pool());
-  LITELLAMA_RETURN_IF_ERROR(init_persistent_decode());
   // Uploads and memsets ran on the legacy stream, which the non-blocking step stream does not
   // wait for.
   LITELLAMA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
@@ -406,108 +363,7 @@ Status CudaModelRunner::allocate_kv_pool() {
   return Status::ok();
 }
 
-Status CudaModelRunner::init_persistent_decode() {
-  const ModelConfig& c = config_;
-  if (options_.persistent_decode_max_tokens <= 0) return Status::ok();
-  DecodeStepModel& m = decode_step_model_;
-  m.dtype = dtype_;
-  m.n_layers = c.n_layers;
-  m.hidden = c.hidden_size;
-  m.n_heads = c.n_heads;
-  m.n_kv_heads = c.n_kv_heads;
-  m.head_dim = c.head_dim;
-  m.intermediate = c.intermediate_size;
-  m.vocab = c.vocab_size;
-  m.rms_eps = static_cast<float>(c.rms_norm_eps);
-  m.attention_scale = attention_scale_;
-  m.rope_attention_scaling = rope_attention_scaling_;
-  m.embed = weights_.embed;
-  m.lm_head = weights_.lm_head;
-  m.final_norm = weights_.final_norm;
-  std::vector<DecodeStepLayer> layers;
-  for (int32_t l = 0; l < c.n_layers; ++l) {
-    const CudaLayerWeights& W = weights_.layers[static_cast<size_t>(l)];
-    m.has_qk_norm = m.has_qk_norm || W.q_norm != nullptr || W.k_norm != nullptr;
-    layers.push_back(DecodeStepLayer{W.input_norm, W.qkv, W.qkv_bias, W.o, W.post_norm, W.gate_up,
-                                     W.down, k_pool(l), v_pool(l)});
-  }
-  if (!decode_step_supports(m)) return Status::ok();  // the per-operation kernels serve
-  // The largest batch whose plan fits (shared memory grows with the batch); none: off.
-  int32_t max_tokens = std::min(
-      {options_.persistent_decode_max_tokens, kDecodeStepMaxTokens, options_.max_batch_seqs});
-  Status prepared = Status::ok();
-  for (; max_tokens > 0; --max_tokens) {
-    prepared =
-        decode_step_prepare(m, plan_decode_step(m, max_tokens, kMaxKvLenHint, persistent_grid()));
-    (void)cudaGetLastError();
-    if (prepared.is_ok()) break;
-  }
-  if (max_tokens == 0) {
-    LITELLAMA_LOG_INFO("persistent decode kernel off: {}", prepared.message());
-    return Status::ok();
-  }
-  decode_step_max_tokens_ = max_tokens;
-  const char* clock = std::getenv("LITELLAMA_DECODE_STEP_CLOCK");
-  if (clock != nullptr && std::strcmp(clock, "1") == 0) {
-    const auto entries = static_cast<size_t>(decode_step_clock_entries(c.n_layers));
-    LITELLAMA_ASSIGN_OR_RETURN(decode_step_clock_,
-                               DeviceBuffer::allocate(entries * sizeof(uint64_t)));
-    clock_host_.assign(entries, 0);
-    phase_ns_.assign(7, 0.0);
-  }
-  const size_t layer_bytes = layers.size() * sizeof(DecodeStepLayer);
-  LITELLAMA_ASSIGN_OR_RETURN(decode_step_layers_, DeviceBuffer::allocate(layer_bytes));
-  LITELLAMA_CUDA_RETURN_IF_ERROR(
-      cudaMemcpy(decode_step_layers_.data(), layers.data(), layer_bytes, cudaMemcpyHostToDevice));
-  m.layers = decode_step_layers_.as<const DecodeStepLayer>();
-  const size_t ws_bytes = decode_step_workspace_size_bytes(m);
-  LITELLAMA_ASSIGN_OR_RETURN(decode_step_workspace_, DeviceBuffer::allocate(ws_bytes));
-  LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemset(decode_step_workspace_.data(), 0, ws_bytes));
-  decode_step_ready_ = true;
-  return Status::ok();
-}
-
-bool CudaModelRunner::persistent_step(const StepPlan& plan) const {
-  return decode_step_ready_ && plan.n_prefill == 0 && plan.n_tokens == plan.n_seqs &&
-         static_cast<int32_t>(plan.sampled_seqs.size()) == plan.n_seqs &&
-         plan.n_tokens <= decode_step_max_tokens_;
-}
-
-DecodeStepPlan CudaModelRunner::persistent_plan(const StepPlan& plan) const {
-  return plan_decode_step(decode_step_model_, plan.n_tokens, plan.max_decode_kv_len,
-                          persistent_grid());
-}
-
-int32_t CudaModelRunner::persistent_grid() const {
-  const int32_t asked = options_.persistent_decode_grid;
-  return asked > 0 ? std::min(asked, n_sms_) : n_sms_;
-}
-
-Status CudaModelRunner::run_persistent(const StepPlan& plan, int32_t n_top) {
-  const StepLayout& L = plan.layout;
-  auto i32 = [&](size_t offset) { return staging_device_.as<const int32_t>(offset); };
-  DecodeStepInputs in;
-  in.n_tokens = plan.n_tokens;
-  in.token_ids = i32(L.token_ids);
-  in.positions = i32(L.positions);
-  in.token_slot = i32(L.token_slot);
-  in.kv_len = i32(L.kv_len);
-  in.slot_start = i32(L.slot_start);
-  in.slot_table = i32(L.slot_table);
-  in.inv_freq = rope_table(plan);
-  in.token_freq_row = rope_table_rows(plan);
-  if (decode_step_clock_.size_bytes() > 0) {
-    in.phase_clock = decode_step_clock_.as<uint64_t>();
-    clock_pending_ = true;
-  }
-  LITELLAMA_RETURN_IF_ERROR(launch_decode_step(decode_step_model_, in, persistent_plan(plan),
-                                               logits_.as<float>(), decode_step_workspace_.data(),
-                                               decode_step_workspace_.size_bytes(), ctx_.stream()));
-  return run_sampling(plan, n_top);
-}
-
 Status CudaModelRunner::run_kernels(const StepPlan& plan, int32_t n_top) {
-  if (persistent_step(plan)) return run_persistent(plan, n_top);
   LITELLAMA_RETURN_IF_ERROR(run_layers(plan));
   return plan.sampled_seqs.empty() ? Status::ok() : run_head(plan, n_top);
 }
@@ -586,22 +442,6 @@ Status CudaModelRunner::step(const StepBatch& batch, StepOutput* out) {
       cudaEventElapsedTime(&device_ms, ctx_.step_start(), ctx_.step_end()));
   last_step_device_seconds_ = 1e-3 * static_cast<double>(device_ms);
   if (n_sampled == 0) return Status::ok();
-  if (clock_pending_) {  // profiling only: one more copy after the step
-    clock_pending_ = false;
-    LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemcpy(clock_host_.data(), decode_step_clock_.data(),
-                                              decode_step_clock_.size_bytes(),
-                                              cudaMemcpyDeviceToHost));
-    const std::vector<uint64_t>& t = clock_host_;
-    for (int32_t l = 0; l < config_.n_layers; ++l) {
-      for (int32_t ph = 0; ph < 5; ++ph) {
-        const size_t at = static_cast<size_t>(5 * l + ph);
-        phase_ns_[static_cast<size_t>(ph)] += static_cast<double>(t[at + 1] - t[at]);
-      }
-    }
-    phase_ns_[5] += static_cast<double>(t.back() - t[t.size() - 2]);
-    phase_ns_[6] += static_cast<double>(t.back() - t.front());
-    ++clocked_steps_;
-  }
   const auto* sampled = results_host_.as<const int32_t>();
   const int32_t* top_ids = sampled + n_sampled;
   const auto* top_values = reinterpret_cast<const float*>(top_ids + n_sampled * n_top);
@@ -622,19 +462,11 @@ Status CudaModelRunner::run_forward(const StepBatch& batch, const StepPlan& plan
   const int32_t n_top = batch.n_top_logits;
   const bool graphable = options_.use_cuda_graphs && !graphs_failed_ && plan.n_prefill == 0 &&
                          n_sampled == plan.n_seqs;
-  if (!graphable) {
-    persistent_steps_ += persistent_step(plan) ? 1 : 0;
-    return run_kernels(plan, n_top);
-  }
+  if (!graphable) return run_kernels(plan, n_top);
   const ModelConfig& c = config_;
-  const bool persistent = persistent_step(plan);
-  persistent_steps_ += persistent ? 1 : 0;
-  const int32_t n_splits =
-      persistent ? persistent_plan(plan).attn_splits
-                 : attention_decode_n_splits(plan.n_decode, c.n_heads, c.n_kv_heads, c.head_dim,
-                                             plan.max_decode_kv_len, n_sms_);
-  const uint64_t key = (static_cast<uint64_t>(persistent) << 62) |
-                       (static_cast<uint64_t>(plan.greedy_only) << 61) |
+  const int32_t n_splits = attention_decode_n_splits(plan.n_decode, c.n_heads, c.n_kv_heads,
+                                                     c.head_dim, plan.max_decode_kv_len, n_sms_);
+  const uint64_t key = (static_cast<uint64_t>(plan.greedy_only) << 61) |
                        (static_cast<uint64_t>(plan.n_seqs) << 40) |
                        (static_cast<uint64_t>(n_top) << 20) | static_cast<uint64_t>(n_splits);
   auto it = decode_graphs_.find(key);
@@ -654,23 +486,15 @@ Status CudaModelRunner::run_forward(const StepBatch& batch, const StepPlan& plan
   const bool replay = graph.exec.get() != nullptr;
   if (!replay && !capture_forward(plan, n_top, &graph.exec).is_ok()) {
     // A capture the runtime refuses leaves the kernels unchanged and correct when launched
-    // directly. If it held the persistent kernel (a cooperative launch), stop using that kernel
-    // and keep graphs for the others; otherwise stop capturing and run eagerly from here on.
+    // directly: stop capturing and run eagerly from here on.
     (void)cudaGetLastError();
-    if (persistent) {
-      LITELLAMA_LOG_INFO("persistent decode kernel off: its graph capture failed");
-      decode_step_ready_ = false;
-      --persistent_steps_;  // this step runs the per-operation kernels
-    } else {
-      LITELLAMA_LOG_WARN("CUDA graphs off: a decode graph capture failed; steps run eagerly");
-      graphs_failed_ = true;
-    }
+    LITELLAMA_LOG_WARN("CUDA graphs off: a decode graph capture failed; steps run eagerly");
+    graphs_failed_ = true;
     decode_graphs_.clear();
     return run_kernels(plan, n_top);
   }
   ++(replay ? graph_replays_ : graph_captures_);
   LITELLAMA_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(graph.exec.get(), ctx_.stream()));
-  clock_pending_ = persistent && decode_step_clock_.size_bytes() > 0;
   return Status::ok();
 }
 

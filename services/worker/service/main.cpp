@@ -36,11 +36,6 @@ int main(int argc, char** argv) {
   app.add_option("--max-batch-seqs", options.runner.max_batch_seqs, "Sequences per step")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 16));
-  app.add_option("--persistent-decode", options.runner.persistent_decode_max_tokens,
-                 "cuda: run pure decode steps of up to this many sequences as one persistent "
-                 "kernel (0: off; bench/RESULTS.md says when it is faster)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 8));
   app.add_option("--step-ring", options.step_ring_name,
                  "Shared-memory name of the step ring (default litellama-step-PID-RANDOM)");
   litellama::net::add_common_service_flags(app, options, run_dir, log_level, "127.0.0.1:9401",

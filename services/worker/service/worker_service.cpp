@@ -112,14 +112,6 @@ WorkerService::WorkerService(WorkerOptions options)
                  "the step duration is host work and launch latency")
              .Register(r)
              .Add({}, step_buckets());
-    if (options_.runner.persistent_decode_max_tokens > 0) {
-      persistent_steps_ =
-          &prometheus::BuildCounter()
-               .Name("litellama_worker_persistent_decode_steps_total")
-               .Help("Steps run as the persistent decode kernel (--persistent-decode)")
-               .Register(r)
-               .Add({});
-    }
     if (options_.runner.use_cuda_graphs) {
       auto& graph_steps = prometheus::BuildCounter()
                               .Name("litellama_worker_graph_steps_total")
@@ -397,7 +389,6 @@ std::string WorkerService::run_step(const std::string& doorbell_bytes) {
     if (now > *seen && counter != nullptr) counter->Increment(static_cast<double>(now - *seen));
     *seen = std::max(*seen, now);
   };
-  add_new(persistent_steps_, runner_->persistent_decode_steps(), &persistent_steps_seen_);
   add_new(graph_replays_, runner_->graph_replays(), &graph_replays_seen_);
   add_new(graph_captures_, runner_->graph_captures(), &graph_captures_seen_);
   return proto::encode(result);

@@ -106,8 +106,6 @@ class WorkerService {
   prometheus::Counter* step_errors_ = nullptr;
   prometheus::Counter* step_tokens_ = nullptr;
   prometheus::Counter* protocol_errors_ = nullptr;
-  prometheus::Counter* persistent_steps_ = nullptr;  // cuda with --persistent-decode only
-  int64_t persistent_steps_seen_ = 0;  // the runner's count at the last step (compute thread)
   prometheus::Counter* graph_replays_ = nullptr;  // cuda with graphs only (and captures_)
   prometheus::Counter* graph_captures_ = nullptr;
   int64_t graph_replays_seen_ = 0;  // likewise
