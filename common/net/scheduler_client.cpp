@@ -232,7 +232,8 @@ Result<Completion> SchedulerClient::generate(proto::GenerateRequest request,
       StatusCode code = StatusCode::kInternal;
       for (StatusCode c :
            {StatusCode::kInvalidArgument, StatusCode::kNotFound, StatusCode::kUnsupported,
-            StatusCode::kDataLoss, StatusCode::kResourceExhausted, StatusCode::kUnavailable}) {
+            StatusCode::kDataLoss, StatusCode::kResourceExhausted, StatusCode::kUnavailable,
+            StatusCode::kOverloaded}) {
         if (event->error.code == status_code_name(c)) code = c;
       }
       return Status(code, event->error.message);

@@ -97,7 +97,7 @@ TEST(Observability, DashboardNamesOnlyMetricsTheServicesExport) {
         "litellama_scheduler_e2e_request_latency_seconds_bucket",
         "litellama_scheduler_queue_time_seconds_bucket", "litellama_scheduler_requests_running",
         "litellama_scheduler_requests_waiting", "litellama_scheduler_kv_slots_used",
-        "litellama_scheduler_kv_slots_reserved", "litellama_scheduler_generation_tokens_total",
+        "litellama_scheduler_kv_slots_cached", "litellama_scheduler_generation_tokens_total",
         "litellama_scheduler_requests_finished_total",
         "litellama_scheduler_hop_duration_seconds_bucket", "litellama_build_info",
         "litellama_model_info"}) {
