@@ -22,9 +22,9 @@ Result<Workload> Workload::create(const WorkloadOptions& options, int32_t vocab_
       return std::uniform_int_distribution<int32_t>(std::min(lo, len), len)(w.rng_);
     };
     for (int32_t i = 0; i < options.n_requests; ++i) {
-      const int32_t n_in = length(options.input_len);
+      std::vector<int32_t> prompt = w.random_ids(length(options.input_len));
       const int32_t n_out = length(options.output_len);
-      w.initial_.push_back(w.make(w.random_ids(n_in), n_out));
+      w.initial_.push_back(w.make(std::move(prompt), n_out));
     }
   } else if (k == "shared-prefix") {
     for (int32_t g = 0; g < options.groups; ++g) {
@@ -79,6 +79,11 @@ std::optional<proto::GenerateRequest> Workload::follow_up(size_t index,
   turn_of_.emplace_back(conversation, turn + 1);
   history_.push_back(prompt);
   return make(std::move(prompt), options_.output_len);
+}
+
+int64_t Workload::n_follow_ups_lost(size_t index) const {
+  if (options_.kind != "multi-turn" || index >= turn_of_.size()) return 0;
+  return std::max(0, options_.turns - 1 - turn_of_[index].second);
 }
 
 }  // namespace litellama::cli

@@ -50,6 +50,9 @@ class Workload {
   std::optional<proto::GenerateRequest> follow_up(size_t index,
                                                   const std::vector<int32_t>& output_ids);
   bool needs_outputs() const { return options_.kind == "multi-turn"; }
+  // Requests that will never be sent because request `index` failed (its conversation's later
+  // turns).
+  int64_t n_follow_ups_lost(size_t index) const;
 
  private:
   proto::GenerateRequest make(std::vector<int32_t> prompt, int32_t max_tokens);

@@ -248,6 +248,7 @@ Result<Completion> SchedulerClient::generate(proto::GenerateRequest request,
     completion.token_ids.insert(completion.token_ids.end(), chunk.token_ids.begin(),
                                 chunk.token_ids.end());
     completion.n_prompt_tokens = chunk.n_prompt_tokens;
+    completion.n_cached_tokens = chunk.n_cached_tokens;
     if (!chunk.top_logits.empty()) completion.top_logits = chunk.top_logits;
     if (on_chunk) on_chunk(chunk);
     if (chunk.finished) {

@@ -26,6 +26,13 @@ bool has_penalties(const proto::SamplingOptions& s) {
   return s.repetition_penalty != 1.0f || s.frequency_penalty != 0.0f || s.presence_penalty != 0.0f;
 }
 
+// Prompt and generated ids of r as one array.
+std::vector<int32_t> known_ids(const Request* r) {
+  std::vector<int32_t> ids = r->prompt_ids;
+  ids.insert(ids.end(), r->output_ids.begin(), r->output_ids.end());
+  return ids;
+}
+
 proto::StepSampling to_step_sampling(const proto::SamplingOptions& s) {
   proto::StepSampling out{};
   out.temperature = s.temperature;
@@ -163,6 +170,13 @@ ContinuousBatcher::AddResult ContinuousBatcher::add_sequence(
   }
   r->n_fed = kv_len;
   r->last_step_id = step_id;
+  if (options_.prefix_cache && sample && !placeholder && n_new > 1) {
+    // The prompt's KV is complete once this step ran: later requests share it from now on (any
+    // step that reads it runs after this one).
+    const std::vector<int32_t> ids = known_ids(r);
+    (void)cache_.insert(std::span<const int32_t>(ids.data(), static_cast<size_t>(kv_len)),
+                        r->slots);
+  }
   if (sample) {
     ++r->n_pending;
     r->last_sample_step_id = step_id;
@@ -197,17 +211,6 @@ bool ContinuousBatcher::validate(Request* r, const proto::StepRingLimits& limits
   r->validated = why.empty();
   return r->validated;
 }
-
-namespace {
-
-// Prompt and generated ids of r as one array.
-std::vector<int32_t> known_ids(const Request* r) {
-  std::vector<int32_t> ids = r->prompt_ids;
-  ids.insert(ids.end(), r->output_ids.begin(), r->output_ids.end());
-  return ids;
-}
-
-}  // namespace
 
 Request* ContinuousBatcher::pick_waiting() {
   // The top priority's requests in arrival order; a preempted one whose last id is still being

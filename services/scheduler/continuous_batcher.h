@@ -5,8 +5,9 @@
 //
 // Prefix cache (RadixCache, on unless BatcherOptions::prefix_cache is false): an admitted request
 // starts from the longest cached prefix of its ids (at most all but the last, whose logits must be
-// computed), putting the cached slots at the head of its slot table; a request that leaves puts
-// the KV it wrote into the cache. Cached prefixes nobody uses are evicted, least recently used
+// computed), putting the cached slots at the head of its slot table. A request's prompt KV goes
+// into the cache in the step that completes its prefill (so requests admitted later share it
+// while it still runs), and all the KV it wrote when it leaves. Cached prefixes nobody uses are evicted, least recently used
 // first, when slots are needed.
 //
 // Admission without worst-case reservation: a request is admitted while the pool (free plus

@@ -219,7 +219,8 @@ struct LoadResult {
 // once: burst), some are aborted; two steps are kept in flight. After every plan and every completion the pool is
 // accounted for: used (by requests or steps still out) + cached + free = capacity.
 LoadResult run_load(int32_t n_slots, bool prefix_cache, uint32_t seed, int n_requests,
-                    std::vector<std::unique_ptr<Request>>* requests, bool aborts, bool burst) {
+                    std::vector<std::unique_ptr<Request>>* requests, bool aborts, bool burst,
+                    int32_t max_output = 12) {
   KvSlotAllocator allocator(n_slots);
   BatcherOptions options;
   options.max_batch_tokens = 24;
@@ -274,7 +275,7 @@ LoadResult run_load(int32_t n_slots, bool prefix_cache, uint32_t seed, int n_req
       for (int q = std::uniform_int_distribution<int>(1, 6)(rng); q > 0; --q) {
         r->prompt_ids.push_back(std::uniform_int_distribution<int32_t>(0, 3)(rng));
       }
-      r->max_tokens = std::uniform_int_distribution<int32_t>(1, 12)(rng);
+      r->max_tokens = std::uniform_int_distribution<int32_t>(1, max_output)(rng);
       r->priority = std::uniform_int_distribution<int32_t>(0, 2)(rng);
       batcher.enqueue(r.get());
       requests->push_back(std::move(r));
@@ -341,9 +342,9 @@ TEST(ContinuousBatcher, RandomLoadKeepsThePoolAccountedAndOutputsExact) {
 // 100 requests against a pool a tenth of what they need together: all complete, exactly as alone.
 TEST(ContinuousBatcher, TinyPoolPreemptsByRecomputeAndEveryRequestCompletes) {
   std::vector<std::unique_ptr<Request>> requests;
-  // Prompts of up to 18 ids + up to 12 outputs: each fits the pool alone.
-  constexpr int32_t kPool = 150;
-  const LoadResult result = run_load(kPool, true, 7, 100, &requests, false, true);
+  // Prompts of up to 18 ids + up to 64 outputs: each fits the pool alone.
+  constexpr int32_t kPool = 300;
+  const LoadResult result = run_load(kPool, true, 7, 100, &requests, false, true, 64);
   int64_t need = 0;
   for (const auto& r : requests) need += r->n_prompt() + r->max_tokens;
   EXPECT_GE(need, 10 * kPool);  // the pool is at most a tenth of the total need
@@ -354,6 +355,146 @@ TEST(ContinuousBatcher, TinyPoolPreemptsByRecomputeAndEveryRequestCompletes) {
   for (const auto& r : requests) {
     ASSERT_EQ(r->finish, RequestFinish::kLength) << "request " << r->id;
     EXPECT_EQ(r->output_ids, generate_alone(r->prompt_ids, r->max_tokens, 50)) << r->id;
+  }
+}
+
+// Runs steps one at a time (nothing overlapped) until the batcher is idle; returns the ids of
+// the requests in the order they were admitted.
+std::vector<uint64_t> run_sequential(ContinuousBatcher& batcher, proto::StepRing& ring,
+                                     FakeWorker& worker,
+                                     std::vector<std::unique_ptr<Request>>& requests) {
+  std::vector<Request*> rejected, updated;
+  for (uint64_t step_id = 1; step_id < 1000 && batcher.has_work(); ++step_id) {
+    auto plan = batcher.plan(step_id, ring.buffer(0), ring.limits(), &rejected);
+    EXPECT_TRUE(plan.has_value());
+    if (!plan) break;
+    worker.run(ring.buffer(0));
+    batcher.complete(*plan, ring.buffer(0).sampled_ids.first(plan->request_ids.size()), &updated);
+  }
+  EXPECT_TRUE(rejected.empty());
+  std::vector<Request*> order;
+  for (const auto& r : requests) order.push_back(r.get());
+  std::sort(order.begin(), order.end(),
+            [](const Request* a, const Request* b) { return a->admit_seq < b->admit_seq; });
+  std::vector<uint64_t> ids;
+  for (const Request* r : order) ids.push_back(r->id);
+  return ids;
+}
+
+TEST(ContinuousBatcher, HigherPriorityFirstAndFirstComeFirstServedWithin) {
+  KvSlotAllocator allocator(256);
+  BatcherOptions options;
+  options.max_batch_seqs = 1;  // one admission per step: the order is the admission order
+  ContinuousBatcher batcher(allocator, options);
+  batcher.set_model(50, 0, {});
+  auto ring = proto::StepRing::create("litellama-unit-ring-priority", {64, 1, 256, 0});
+  ASSERT_TRUE(ring.is_ok());
+  std::vector<std::unique_ptr<Request>> requests;
+  const int32_t priorities[] = {0, 1, 0, 2, 1, -1};
+  for (int i = 0; i < 6; ++i) {
+    auto r = std::make_unique<Request>();
+    r->id = static_cast<uint64_t>(i + 1);
+    r->prompt_ids = {i, i + 1};  // no shared prefixes
+    r->max_tokens = 2;
+    r->priority = priorities[i];
+    batcher.enqueue(r.get());
+    requests.push_back(std::move(r));
+  }
+  EXPECT_EQ(batcher.n_waiting_by_priority(),
+            (std::map<int32_t, int32_t>{{-1, 1}, {0, 2}, {1, 2}, {2, 1}}));
+  FakeWorker worker;
+  worker.kv.assign(256, 0);
+  EXPECT_EQ(run_sequential(batcher, **ring, worker, requests),
+            (std::vector<uint64_t>{4, 2, 5, 1, 3, 6}));
+  for (const auto& r : requests) EXPECT_EQ(r->output_ids, generate_alone(r->prompt_ids, 2, 50));
+}
+
+TEST(ContinuousBatcher, LongestCachedPrefixFirstButNobodyPassedOverMoreThanTheBound) {
+  KvSlotAllocator allocator(512);
+  BatcherOptions options;
+  options.max_batch_seqs = 1;
+  options.max_passed_over = 3;
+  ContinuousBatcher batcher(allocator, options);
+  batcher.set_model(50, 0, {});
+  auto ring = proto::StepRing::create("litellama-unit-ring-prefix-order", {64, 1, 512, 0});
+  ASSERT_TRUE(ring.is_ok());
+  const Ids system = {9, 8, 7, 6, 5, 4, 3, 2, 1, 0};
+  std::vector<std::unique_ptr<Request>> warm;
+  warm.push_back(std::make_unique<Request>());
+  warm[0]->id = 100;
+  warm[0]->prompt_ids = system;
+  warm[0]->prompt_ids.push_back(1);
+  warm[0]->max_tokens = 1;
+  batcher.enqueue(warm[0].get());
+  FakeWorker worker;  // one worker, one pool: the cached KV stays valid
+  worker.kv.assign(512, 0);
+  (void)run_sequential(batcher, **ring, worker, warm);
+  ASSERT_GE(batcher.cache().n_cached_slots(), static_cast<int32_t>(system.size()));
+
+  // The first to arrive shares nothing; eight later ones share the cached system prompt.
+  std::vector<std::unique_ptr<Request>> requests;
+  for (int i = 0; i < 9; ++i) {
+    auto r = std::make_unique<Request>();
+    r->id = static_cast<uint64_t>(i + 1);
+    r->prompt_ids = i == 0 ? Ids{20, 21, 22} : system;
+    if (i > 0) r->prompt_ids.push_back(10 + i);
+    r->max_tokens = 1;
+    batcher.enqueue(r.get());
+    requests.push_back(std::move(r));
+  }
+  const std::vector<uint64_t> order = run_sequential(batcher, **ring, worker, requests);
+  // Request 1 is passed over three times, then goes before the rest.
+  EXPECT_EQ(order, (std::vector<uint64_t>{2, 3, 4, 1, 5, 6, 7, 8, 9}));
+  for (size_t i = 1; i < requests.size(); ++i) {
+    EXPECT_EQ(requests[i]->n_cached_tokens, static_cast<int32_t>(system.size())) << i;
+  }
+  EXPECT_EQ(requests[0]->n_cached_tokens, 0);
+  EXPECT_EQ(batcher.stats().prefix_hit_tokens,
+            static_cast<int64_t>(system.size()) * 8 + 0);  // the warm-up hit nothing
+  for (const auto& r : requests) EXPECT_EQ(r->output_ids, generate_alone(r->prompt_ids, 1, 50));
+}
+
+TEST(ContinuousBatcher, PreemptsTheLowestPriorityNewestAndRefusesWhatNeverFits) {
+  // Three requests that together outgrow the pool: the low-priority one is preempted, keeps its
+  // KV in the cache and resumes from it; a request larger than the pool is refused at once.
+  KvSlotAllocator allocator(40);
+  BatcherOptions options;
+  ContinuousBatcher batcher(allocator, options);
+  batcher.set_model(50, 0, {});
+  auto ring = proto::StepRing::create("litellama-unit-ring-preempt", {64, 8, 200, 0});
+  ASSERT_TRUE(ring.is_ok());
+  std::vector<std::unique_ptr<Request>> requests;
+  const int32_t priorities[] = {1, 0, 1, 5};
+  for (int i = 0; i < 4; ++i) {
+    auto r = std::make_unique<Request>();
+    r->id = static_cast<uint64_t>(i + 1);
+    r->prompt_ids = {i, 1, 2, 3, 4};
+    r->max_tokens = i == 3 ? 36 : 14;  // the last needs 41 slots: more than the pool
+    r->priority = priorities[i];
+    batcher.enqueue(r.get());
+    requests.push_back(std::move(r));
+  }
+  FakeWorker worker;
+  worker.kv.assign(40, 0);
+  std::vector<Request*> rejected, updated;
+  for (uint64_t step_id = 1; step_id < 500 && batcher.has_work(); ++step_id) {
+    auto plan = batcher.plan(step_id, (*ring)->buffer(0), (*ring)->limits(), &rejected);
+    ASSERT_TRUE(plan.has_value());
+    worker.run((*ring)->buffer(0));
+    batcher.complete(*plan, (*ring)->buffer(0).sampled_ids.first(plan->request_ids.size()),
+                     &updated);
+  }
+  ASSERT_EQ(rejected.size(), 1u);
+  EXPECT_EQ(rejected[0]->id, 4u);
+  EXPECT_NE(rejected[0]->reject_reason.find("exceeds the KV pool of 40 slots by 1"),
+            std::string::npos)
+      << rejected[0]->reject_reason;
+  EXPECT_GT(batcher.stats().preemptions, 0);
+  EXPECT_GT(requests[1]->n_preemptions, 0);  // priority 0: the one to go
+  EXPECT_EQ(requests[0]->n_preemptions, 0);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(requests[i]->finish, RequestFinish::kLength);
+    EXPECT_EQ(requests[i]->output_ids, generate_alone(requests[i]->prompt_ids, 14, 50)) << i;
   }
 }
 
