@@ -4,6 +4,8 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <algorithm>
+#include <iostream>
 #include <random>
 #include <unordered_map>
 
@@ -212,6 +214,55 @@ TEST(PrefixCacheIntegration, BenchSharedPrefixAndMultiTurnWorkloads) {
   const auto [rc3, out3] = run_command(bench + " --workload nonsense");
   EXPECT_NE(rc3, 0);
   EXPECT_NE(out3.find("--workload"), std::string::npos) << out3;
+}
+
+// 100 requests against a KV pool a tenth of what they need together: admission without
+// reservation preempts by recompute, and every request completes with the greedy ids it gets
+// alone on a cold server (CPU, fp32).
+TEST(PrefixCacheIntegration, TinyPoolPreemptsAndEveryRequestMatchesRunningAlone) {
+  constexpr int32_t kPool = 360;
+  ServiceCluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.make_model());
+  cluster.start_scheduler();
+  std::vector<std::string> worker = cluster.worker_argv(testing::free_tcp_port());
+  auto slots = std::find(worker.begin(), worker.end(), "--kv-slots");
+  ASSERT_NE(slots, worker.end());
+  *(slots + 1) = std::to_string(kPool);
+  cluster.start_process("worker", worker);
+  cluster.start_tokenizer();
+  ASSERT_NO_FATAL_FAILURE(cluster.wait_ready());
+
+  std::mt19937 rng(100);
+  std::vector<proto::GenerateRequest> requests;
+  int64_t need = 0;
+  for (int i = 0; i < 100; ++i) {
+    std::vector<int32_t> ids;
+    for (int k = 10 + static_cast<int>(rng() % 12); k > 0; --k) {
+      ids.push_back(static_cast<int32_t>(rng() % 120000));
+    }
+    requests.push_back(greedy(ids, 16 + static_cast<int32_t>(rng() % 16)));
+    requests.back().top_logits = 0;
+    need += static_cast<int64_t>(ids.size()) + requests.back().max_tokens;
+  }
+  ASSERT_GE(need, 10 * kPool);
+  auto client = cluster.client();
+  const std::vector<Answer> together = run(*client, requests);
+  const std::string m = cluster.scheduler_metrics();
+  const double preemptions = metric_value(m, "litellama_scheduler_preemptions_total");
+  std::cout << "preemptions: " << preemptions << " (100 requests needing " << need
+            << " KV slots, pool " << kPool << ")\n";
+  EXPECT_GT(preemptions, 0);
+
+  ServiceCluster cold;
+  cold.add_scheduler_args({"--no-prefix-cache"});
+  ASSERT_NO_FATAL_FAILURE(cold.start_all());
+  auto cold_client = cold.client();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_TRUE(together[i].error_code.empty()) << i << ": " << together[i].error_code;
+    const Answer alone = run(*cold_client, {requests[i]})[0];
+    EXPECT_EQ(together[i].ids, alone.ids) << "request " << i;
+    EXPECT_EQ(together[i].ids.size(), static_cast<size_t>(requests[i].max_tokens));
+  }
 }
 
 }  // namespace
