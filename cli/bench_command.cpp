@@ -254,8 +254,8 @@ void print_text(const BenchArgs& a, const BenchResult& r) {
   std::printf("%-40s %10.2f\n", "Benchmark duration (s):", r.duration);
   std::printf("%-40s %10lld\n", "Total input tokens:", static_cast<long long>(r.n_in));
   std::printf("%-40s %10lld\n", "Total generated tokens:", static_cast<long long>(r.n_out));
-  std::printf("%-40s %10lld\n", "Prompt tokens from the prefix cache:",
-              static_cast<long long>(r.n_cached));
+  std::printf("%-40s %10lld\n",
+              "Prompt tokens from the prefix cache:", static_cast<long long>(r.n_cached));
   std::printf("%-40s %10.2f\n",
               "Request throughput (req/s):", static_cast<double>(r.n_ok) / r.duration);
   std::printf("%-40s %10.2f\n", "Output token throughput (tok/s):", out_rate);

@@ -62,8 +62,7 @@ void ContinuousBatcher::set_model(int32_t vocab_size, int64_t max_model_len,
 
 void ContinuousBatcher::queue(Request* r) {
   auto before = [](const Request* a, const Request* b) {
-    return a->priority != b->priority ? a->priority > b->priority
-                                      : a->arrival_seq < b->arrival_seq;
+    return a->priority != b->priority ? a->priority > b->priority : a->arrival_seq < b->arrival_seq;
   };
   waiting_.insert(std::upper_bound(waiting_.begin(), waiting_.end(), r, before), r);
 }
@@ -91,9 +90,11 @@ bool ContinuousBatcher::make_room(int32_t n) {
   return allocator_.n_free() >= n;
 }
 
-ContinuousBatcher::AddResult ContinuousBatcher::add_sequence(
-    Request* r, uint64_t step_id, proto::StepView& view, const proto::StepRingLimits& limits,
-    int32_t* budget_tokens, PlannedStep* step) {
+ContinuousBatcher::AddResult ContinuousBatcher::add_sequence(Request* r, uint64_t step_id,
+                                                             proto::StepView& view,
+                                                             const proto::StepRingLimits& limits,
+                                                             int32_t* budget_tokens,
+                                                             PlannedStep* step) {
   proto::StepHeader& h = *view.header;
   const int32_t n_known = r->n_known();
   bool sample = true;
@@ -230,9 +231,8 @@ Request* ContinuousBatcher::pick_waiting() {
   int32_t best_len = -1;
   for (size_t i = 0; i < group.size(); ++i) {
     const Request* r = group[i];
-    const int32_t len = r->output_ids.empty()
-                            ? cache_.peek(r->prompt_ids, r->n_known() - 1)
-                            : cache_.peek(known_ids(r), r->n_known() - 1);
+    const int32_t len = r->output_ids.empty() ? cache_.peek(r->prompt_ids, r->n_known() - 1)
+                                              : cache_.peek(known_ids(r), r->n_known() - 1);
     if (len > best_len) {
       best = i;
       best_len = len;

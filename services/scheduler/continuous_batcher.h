@@ -7,8 +7,8 @@
 // starts from the longest cached prefix of its ids (at most all but the last, whose logits must be
 // computed), putting the cached slots at the head of its slot table. A request's prompt KV goes
 // into the cache in the step that completes its prefill (so requests admitted later share it
-// while it still runs), and all the KV it wrote when it leaves. Cached prefixes nobody uses are evicted, least recently used
-// first, when slots are needed.
+// while it still runs), and all the KV it wrote when it leaves. Cached prefixes nobody uses are
+// evicted, least recently used first, when slots are needed.
 //
 // Admission without worst-case reservation: a request is admitted while the pool (free plus
 // evictable slots) has room for its uncached ids and one decode slot per running request. When a
@@ -152,8 +152,8 @@ class ContinuousBatcher {
   BatcherOptions options_;
   RadixCache cache_;
   BatcherStats stats_;
-  std::deque<Request*> waiting_;  // by priority (larger first), then arrival
-  std::vector<Request*> running_;  // admission order
+  std::deque<Request*> waiting_;                  // by priority (larger first), then arrival
+  std::vector<Request*> running_;                 // admission order
   std::unordered_map<uint64_t, Request*> by_id_;  // running and preempted requests
   // Sequence index of each sampled request in the last planned step (for placeholders).
   std::unordered_map<uint64_t, int32_t> last_step_seq_;

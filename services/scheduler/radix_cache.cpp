@@ -165,7 +165,8 @@ int32_t RadixCache::n_evictable() const {
 
 std::vector<int32_t> RadixCache::cached_slots() const {
   std::vector<int32_t> out;
-  visit(root_.get(), [&](const Node* x) { out.insert(out.end(), x->slots.begin(), x->slots.end()); });
+  visit(root_.get(),
+        [&](const Node* x) { out.insert(out.end(), x->slots.begin(), x->slots.end()); });
   return out;
 }
 

@@ -88,14 +88,12 @@ SchedulerMetrics::SchedulerMetrics(std::shared_ptr<prometheus::Registry> reg)
   prefix_cache_hit_tokens =
       counter(r, "litellama_scheduler_prefix_cache_hit_tokens_total",
               "Prompt tokens of admitted requests whose KV came from the prefix cache");
-  prefix_cache_evicted_tokens =
-      counter(r, "litellama_scheduler_prefix_cache_evicted_tokens_total",
-              "Cached tokens evicted to make room");
+  prefix_cache_evicted_tokens = counter(r, "litellama_scheduler_prefix_cache_evicted_tokens_total",
+                                        "Cached tokens evicted to make room");
   preemptions = counter(r, "litellama_scheduler_preemptions_total",
                         "Running requests preempted (by recompute) when KV slots ran out");
-  requests_overloaded =
-      counter(r, "litellama_scheduler_requests_overloaded_total",
-              "Requests refused at once because the waiting queue was full");
+  requests_overloaded = counter(r, "litellama_scheduler_requests_overloaded_total",
+                                "Requests refused at once because the waiting queue was full");
   requests_waiting_by_priority_family =
       &prometheus::BuildGauge()
            .Name("litellama_scheduler_requests_waiting_by_priority")

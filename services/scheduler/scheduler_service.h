@@ -180,7 +180,6 @@ class SchedulerService {
   std::vector<int32_t> tokenizer_eos_ids_;
 
   double last_heartbeat_sent_ = 0.0;
-
 };
 
 }  // namespace litellama

@@ -105,8 +105,7 @@ TEST(Observability, DashboardNamesOnlyMetricsTheServicesExport) {
         "litellama_scheduler_prefix_cache_tokens",
         "litellama_scheduler_prefix_cache_evicted_tokens_total",
         "litellama_scheduler_preemptions_total", "litellama_scheduler_requests_waiting_by_priority",
-        "litellama_build_info",
-        "litellama_model_info"}) {
+        "litellama_build_info", "litellama_model_info"}) {
     bool used = false;
     for (const std::string& expr : exprs) used = used || expr.find(needed) != std::string::npos;
     EXPECT_TRUE(used) << "no panel shows " << needed;

@@ -3,8 +3,8 @@
 // server that computes its whole prompt; a full waiting queue refuses at once as overloaded.
 #include <sys/wait.h>
 
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <iostream>
 #include <random>
 #include <unordered_map>
@@ -141,9 +141,9 @@ TEST(PrefixCacheIntegration, CachedPrefixesGiveBitIdenticalIdsAndTopLogits) {
   EXPECT_GT(metric_value(m, "litellama_scheduler_prefix_cache_queried_tokens_total"),
             metric_value(m, "litellama_scheduler_prefix_cache_hit_tokens_total"));
   EXPECT_GT(metric_value(m, "litellama_scheduler_prefix_cache_tokens"), 0);
-  EXPECT_EQ(metric_value(cold.scheduler_metrics(),
-                         "litellama_scheduler_prefix_cache_hit_tokens_total"),
-            0);
+  EXPECT_EQ(
+      metric_value(cold.scheduler_metrics(), "litellama_scheduler_prefix_cache_hit_tokens_total"),
+      0);
 }
 
 TEST(PrefixCacheIntegration, AFullWaitingQueueRefusesAtOnceAsOverloaded) {
@@ -200,8 +200,9 @@ TEST(PrefixCacheIntegration, BenchSharedPrefixAndMultiTurnWorkloads) {
   EXPECT_GE(j["cached_prompt_tokens"].get<int64_t>(), 2 * 48);
 
   const auto [rc2, out2] = run_command(
-      bench + " --workload multi-turn --conversations 2 --turns 3 --question-len 5 --output-len 2 "
-              "--seed 1");  // another seed: nothing in common with the ids sent before
+      bench +
+      " --workload multi-turn --conversations 2 --turns 3 --question-len 5 --output-len 2 "
+      "--seed 1");  // another seed: nothing in common with the ids sent before
   ASSERT_EQ(rc2, 0) << out2;
   const auto k = nlohmann::json::parse(out2.substr(out2.find('{')));
   EXPECT_EQ(k["n_requests"], 6);

@@ -82,7 +82,7 @@ TEST(RadixCache, MatchesABruteForceModelOverRandomOperations) {
     };
     // Evicts through the tree, checks what went against the model and syncs the model.
     auto evict = [&](int32_t want) {
-        std::map<Ids, ModelEntry> before = model.entries;
+      std::map<Ids, ModelEntry> before = model.entries;
       int32_t evictable_before = 0;
       for (const auto& [ids, e] : before) evictable_before += allocator.refcount(e.slot) == 1;
       const int32_t freed = cache.evict(want);
@@ -216,8 +216,9 @@ struct LoadResult {
 };
 
 // Random load: requests with shared prefixes and random priorities arrive over time (or all at
-// once: burst), some are aborted; two steps are kept in flight. After every plan and every completion the pool is
-// accounted for: used (by requests or steps still out) + cached + free = capacity.
+// once: burst), some are aborted; two steps are kept in flight. After every plan and every
+// completion the pool is accounted for: used (by requests or steps still out) + cached + free =
+// capacity.
 LoadResult run_load(int32_t n_slots, bool prefix_cache, uint32_t seed, int n_requests,
                     std::vector<std::unique_ptr<Request>>* requests, bool aborts, bool burst,
                     int32_t max_output = 12) {
@@ -281,8 +282,8 @@ LoadResult run_load(int32_t n_slots, bool prefix_cache, uint32_t seed, int n_req
       requests->push_back(std::move(r));
     }
     if (aborts && std::uniform_int_distribution<int>(0, 30)(rng) == 0 && !requests->empty()) {
-      Request* r = (*requests)[std::uniform_int_distribution<size_t>(0, requests->size() - 1)(rng)]
-                       .get();
+      Request* r =
+          (*requests)[std::uniform_int_distribution<size_t>(0, requests->size() - 1)(rng)].get();
       if (!r->finish) {
         r->finish = RequestFinish::kAbort;
         batcher.retire(r);
