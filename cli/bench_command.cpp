@@ -2,7 +2,8 @@
 // SGLang's: N requests of random token ids at a given concurrency and/or Poisson request rate,
 // fixed or random prompt/output lengths (EOS ignored so outputs have the asked length). Reports
 // TTFT, TPOT, inter-token latency and end-to-end latency (mean, p50, p90, p99) and request and
-// token throughput.
+// token throughput. --workload shared-prefix and multi-turn send the streams bench_workloads.h
+// describes (prefix-cache benchmarks).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -15,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/bench_workloads.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/generate_remote.h"
@@ -38,6 +40,8 @@ struct BenchArgs {
   int32_t timeout_ms = 300000;
   std::string sweep;                // "C:N,...": one run per (concurrency C, N requests), one table
   proto::SamplingOptions sampling;  // of every request; greedy by default
+  WorkloadOptions workload;         // kind and the shared-prefix / multi-turn sizes
+  int32_t priority = 0;             // of every request
 };
 
 struct RequestRecord {
@@ -50,6 +54,8 @@ struct RequestRecord {
   bool ok = false;
   std::string error;  // "code: message" of the request's error, if it got one
   bool done = false;
+  int32_t n_cached = 0;         // prompt tokens the server served from its prefix cache
+  std::vector<int32_t> output;  // kept only when the workload builds on answers (multi-turn)
 };
 
 struct Summary {
@@ -76,7 +82,8 @@ Summary summarize(std::vector<double> v) {
 }
 
 struct BenchResult {
-  int64_t n_ok = 0, n_in = 0, n_out = 0;
+  int64_t n_requests = 0;  // sent or due (every turn of every conversation)
+  int64_t n_ok = 0, n_in = 0, n_out = 0, n_cached = 0;
   std::map<std::string, int64_t> errors;  // the scheduler's error message -> requests
   double duration = 0;
   Summary ttft, tpot, itl, e2e;
@@ -84,21 +91,18 @@ struct BenchResult {
 
 // Sends a.n_requests requests as a.concurrency / a.request_rate say and times their streams.
 Result<BenchResult> run_load(net::SchedulerClient& c, const BenchArgs& a, int32_t vocab) {
-  std::mt19937_64 rng(a.seed);
-  auto length = [&](int32_t len) {
-    const int32_t lo = std::max(1, static_cast<int32_t>(std::lround(len * a.range_ratio)));
-    return std::uniform_int_distribution<int32_t>(std::min(lo, len), len)(rng);
-  };
-  std::mt19937_64 seeds(a.seed ^ 0x5eed5eed5eed5eedull);  // apart, so prompts do not change
-  std::vector<proto::GenerateRequest> requests(static_cast<size_t>(a.n_requests));
-  for (auto& r : requests) {
-    r.prompt_ids.resize(static_cast<size_t>(length(a.input_len)));
-    for (auto& id : r.prompt_ids) id = std::uniform_int_distribution<int32_t>(0, vocab - 1)(rng);
-    r.max_tokens = length(a.output_len);
-    r.ignore_eos = true;
-    r.sampling = a.sampling;
-    r.sampling.seed = seeds();
-  }
+  WorkloadOptions wo = a.workload;
+  wo.n_requests = a.n_requests;
+  wo.input_len = a.input_len;
+  wo.output_len = a.output_len;
+  wo.range_ratio = a.range_ratio;
+  wo.seed = a.seed;
+  wo.sampling = a.sampling;
+  LITELLAMA_ASSIGN_OR_RETURN(Workload workload, Workload::create(wo, vocab));
+  std::vector<proto::GenerateRequest> requests = std::move(workload.initial());
+  for (auto& r : requests) r.priority = a.priority;
+  const size_t n_total = static_cast<size_t>(workload.total_requests());
+  std::mt19937_64 rng(a.seed ^ 0xa7717a1ull);
   std::vector<double> arrivals(requests.size(), 0.0);
   if (a.request_rate > 0) {
     std::exponential_distribution<double> gap(a.request_rate);
@@ -109,12 +113,12 @@ Result<BenchResult> run_load(net::SchedulerClient& c, const BenchArgs& a, int32_
     }
   }
 
-  std::vector<RequestRecord> records(requests.size());
+  std::vector<RequestRecord> records(n_total);
   std::unordered_map<uint64_t, size_t> by_id;
   size_t next = 0, n_done = 0, n_in_flight = 0;
   const double start = net::monotonic_seconds();
   double last_progress = 0;
-  while (n_done < requests.size()) {
+  while (n_done < n_total) {
     const double now = net::monotonic_seconds() - start;
     while (next < requests.size() && arrivals[next] <= now &&
            (a.concurrency <= 0 || n_in_flight < static_cast<size_t>(a.concurrency))) {
@@ -152,28 +156,41 @@ Result<BenchResult> run_load(net::SchedulerClient& c, const BenchArgs& a, int32_
             rec.t_last = t;
             rec.n_output += static_cast<int32_t>(chunk.token_ids.size());
           }
+          if (workload.needs_outputs()) {
+            rec.output.insert(rec.output.end(), chunk.token_ids.begin(), chunk.token_ids.end());
+          }
           if (chunk.finished) {
             finished = true;
             rec.ok = true;
             rec.t_last = t;
+            rec.n_cached = chunk.n_cached_tokens;
+            // A conversation's next turn can go once this answer is complete; it is due now.
+            if (auto more = workload.follow_up(it->second, rec.output)) {
+              more->priority = a.priority;
+              requests.push_back(std::move(*more));
+              arrivals.push_back(0.0);
+            }
           }
         }
         if (finished) {
           rec.done = true;
-          ++n_done;
+          // A failed turn ends its conversation: the turns after it are never sent.
+          n_done += 1;
+          if (!rec.ok) n_done += static_cast<size_t>(workload.n_follow_ups_lost(it->second));
           --n_in_flight;
           by_id.erase(it);
         }
       }
     }
-    if (now - last_progress > 0.5 || n_done == requests.size()) {
+    if (now - last_progress > 0.5 || n_done == n_total) {
       last_progress = now;
-      std::fprintf(stderr, "\rbench: %zu/%zu requests done", n_done, requests.size());
+      std::fprintf(stderr, "\rbench: %zu/%zu requests done", n_done, n_total);
     }
     if (now * 1000 > a.timeout_ms) return Status(StatusCode::kUnavailable, "timed out");
   }
   std::fprintf(stderr, "\n");
   BenchResult result;
+  result.n_requests = static_cast<int64_t>(n_total);
   result.duration = net::monotonic_seconds() - start;
   std::vector<double> ttft, tpot, itl, e2e;
   for (const RequestRecord& r : records) {
@@ -182,6 +199,7 @@ Result<BenchResult> run_load(net::SchedulerClient& c, const BenchArgs& a, int32_
     ++result.n_ok;
     result.n_in += r.n_prompt;
     result.n_out += r.n_output;
+    result.n_cached += r.n_cached;
     ttft.push_back(r.t_first - r.t_submit);
     e2e.push_back(r.t_last - r.t_submit);
     if (r.n_output > 1) tpot.push_back((r.t_last - r.t_first) / (r.n_output - 1));
@@ -202,7 +220,8 @@ nlohmann::json to_json(const BenchArgs& a, const BenchResult& r) {
                           {"p99_ms", s.p99 * 1e3}};
   };
   nlohmann::json j;
-  j["n_requests"] = a.n_requests;
+  j["workload"] = a.workload.kind;
+  j["n_requests"] = r.n_requests;
   j["n_completed"] = r.n_ok;
   j["concurrency"] = a.concurrency;
   j["request_rate"] = a.request_rate;
@@ -212,6 +231,7 @@ nlohmann::json to_json(const BenchArgs& a, const BenchResult& r) {
   j["duration_seconds"] = r.duration;
   j["input_tokens"] = r.n_in;
   j["output_tokens"] = r.n_out;
+  j["cached_prompt_tokens"] = r.n_cached;
   j["request_throughput"] = static_cast<double>(r.n_ok) / r.duration;
   j["output_token_throughput"] = static_cast<double>(r.n_out) / r.duration;
   j["total_token_throughput"] = static_cast<double>(r.n_in + r.n_out) / r.duration;
@@ -226,14 +246,16 @@ nlohmann::json to_json(const BenchArgs& a, const BenchResult& r) {
 void print_text(const BenchArgs& a, const BenchResult& r) {
   const double out_rate = static_cast<double>(r.n_out) / r.duration;
   std::printf("============ Serving Benchmark Result ============\n");
-  std::printf("%-40s %10lld / %d\n", "Successful requests:", static_cast<long long>(r.n_ok),
-              a.n_requests);
+  std::printf("%-40s %10lld / %lld\n", "Successful requests:", static_cast<long long>(r.n_ok),
+              static_cast<long long>(r.n_requests));
   for (const auto& [why, n] : r.errors) {
     std::printf("Failed requests: %lld (%s)\n", static_cast<long long>(n), why.c_str());
   }
   std::printf("%-40s %10.2f\n", "Benchmark duration (s):", r.duration);
   std::printf("%-40s %10lld\n", "Total input tokens:", static_cast<long long>(r.n_in));
   std::printf("%-40s %10lld\n", "Total generated tokens:", static_cast<long long>(r.n_out));
+  std::printf("%-40s %10lld\n",
+              "Prompt tokens from the prefix cache:", static_cast<long long>(r.n_cached));
   std::printf("%-40s %10.2f\n",
               "Request throughput (req/s):", static_cast<double>(r.n_ok) / r.duration);
   std::printf("%-40s %10.2f\n", "Output token throughput (tok/s):", out_rate);
@@ -301,7 +323,7 @@ int run_bench(const BenchArgs& a) {
     } else {
       print_text(a, *r);
     }
-    return r->n_ok == a.n_requests ? 0 : 1;
+    return r->n_ok == r->n_requests ? 0 : 1;
   }
   // The sweep: one markdown table (or one JSON array), every run against the same server.
   nlohmann::json all = nlohmann::json::array();
@@ -322,7 +344,7 @@ int run_bench(const BenchArgs& a) {
     one.n_requests = n_requests;
     auto r = run_load(c, one, vocab);
     if (!r.is_ok()) return fail(cmd, r.status());
-    complete = complete && r->n_ok == n_requests;
+    complete = complete && r->n_ok == r->n_requests;
     if (a.json) {
       all.push_back(to_json(one, *r));
       continue;
@@ -360,9 +382,11 @@ CommandMain register_bench_command(CLI::App& app) {
   sub->add_option("--input-len", a->input_len, "prompt tokens")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
-  sub->add_option("--output-len", a->output_len, "generated tokens")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
+  CLI::Option* output_len =
+      sub->add_option("--output-len", a->output_len,
+                      "generated tokens (shared-prefix and multi-turn: 256 by default)")
+          ->capture_default_str()
+          ->check(CLI::Range(1, 1 << 20));
   sub->add_option("--random-range-ratio", a->range_ratio,
                   "lengths uniform in [ratio * len, len] (1: fixed)")
       ->capture_default_str()
@@ -381,7 +405,37 @@ CommandMain register_bench_command(CLI::App& app) {
   sub->add_option("--sweep", a->sweep,
                   "runs CONCURRENCY:REQUESTS,... one after the other against the same server and "
                   "prints one table (overrides -n and -c), e.g. 1:16,8:64,64:256,256:512");
-  return [a] { return run_bench(*a); };
+  WorkloadOptions& w = a->workload;
+  sub->add_option("--workload", w.kind,
+                  "random, shared-prefix (groups of requests sharing a system prompt) or "
+                  "multi-turn (each turn sends the whole conversation so far)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"random", "shared-prefix", "multi-turn"}));
+  sub->add_option("--groups", w.groups, "shared-prefix: groups (system prompts)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  sub->add_option("--prompts-per-group", w.prompts_per_group, "shared-prefix: requests per group")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  sub->add_option("--system-len", w.system_len, "shared-prefix: system prompt tokens")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--question-len", w.question_len,
+                  "shared-prefix and multi-turn: tokens of each question")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--conversations", w.conversations, "multi-turn: conversations")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  sub->add_option("--turns", w.turns, "multi-turn: turns per conversation")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  sub->add_option("--priority", a->priority, "scheduling priority of every request (larger first)")
+      ->capture_default_str();
+  return [a, output_len] {
+    if (a->workload.kind != "random" && output_len->count() == 0) a->output_len = 256;
+    return run_bench(*a);
+  };
 }
 
 }  // namespace litellama::cli

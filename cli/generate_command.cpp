@@ -34,6 +34,7 @@ struct GenerateArgs {
   std::string stop_token_ids;
   bool ignore_eos = false;
   int32_t top_logits = 0;
+  int32_t priority = 0;  // --server only
   bool json = false;
   int32_t kv_slots = 0;
   double kv_memory_fraction = 0.85;
@@ -59,6 +60,7 @@ RemoteGenerateArgs remote_args(const GenerateArgs& a) {
   r.stop_token_ids = a.stop_token_ids;
   r.ignore_eos = a.ignore_eos;
   r.top_logits = a.top_logits;
+  r.priority = a.priority;
   r.json = a.json;
   return r;
 }
@@ -251,6 +253,8 @@ CommandMain register_generate_command(CLI::App& app) {
   sub->add_option("--threads", args->threads, "cpu: worker threads (default: all)");
   sub->add_option("--server", args->server,
                   "send the request to a running scheduler (litellama serve) at ADDR");
+  sub->add_option("--priority", args->priority,
+                  "with --server: scheduling priority (larger is served first; default 0)");
   return [args, prompt_option]() {
     args->prompt_given = prompt_option->count() > 0;
     if (!args->server.empty()) return run_generate_remote(remote_args(*args));

@@ -72,6 +72,7 @@ int run_generate_remote(const RemoteGenerateArgs& a) {
   req.stop = a.stop;
   req.ignore_eos = a.ignore_eos;
   req.top_logits = a.top_logits;
+  req.priority = a.priority;
 
   auto endpoint = server_endpoint(a.server);
   if (!endpoint.is_ok()) return fail(cmd, endpoint.status());
@@ -97,6 +98,7 @@ int run_generate_remote(const RemoteGenerateArgs& a) {
     j["output_ids"] = done->token_ids;
     j["finish_reason"] = done->finish_reason;
     j["n_prompt_tokens"] = done->n_prompt_tokens;
+    j["n_cached_tokens"] = done->n_cached_tokens;
     if (a.top_logits > 0) {
       nlohmann::json top = nlohmann::json::array();
       for (const auto& [id, value] : done->top_logits) top.push_back({id, value});

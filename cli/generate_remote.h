@@ -39,6 +39,7 @@ struct RemoteGenerateArgs {
   std::vector<std::string> stop;
   bool ignore_eos = false;
   int32_t top_logits = 0;  // largest raw logits of the first generated position
+  int32_t priority = 0;    // scheduling priority (larger first)
   bool json = false;
   int32_t timeout_ms = 120000;  // no answer for this long: fail
 };

@@ -78,6 +78,12 @@ void add_launch_options(CLI::App* sub, LaunchOptions* o) {
       ->capture_default_str();
   sub->add_option("--max-batch-seqs", o->max_batch_seqs, "sequences per step")
       ->capture_default_str();
+  sub->add_flag("--no-prefix-cache", o->no_prefix_cache,
+                "scheduler: no prefix cache (every request computes its whole prompt)");
+  sub->add_option("--max-waiting-requests", o->max_waiting_requests,
+                  "scheduler: refuse new requests as overloaded while this many wait (0: no bound)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 24));
   sub->add_option("--metrics-port", o->metrics_port,
                   "scheduler metrics port; worker +1, tokenizers +2.. (0: off)")
       ->capture_default_str()

@@ -100,6 +100,12 @@ Status ServiceLauncher::start() {
        "--max-batch-seqs", std::to_string(options_.max_batch_seqs)},
       metrics(0));
   if (options_.insecure_tcp) services_.back().argv.push_back("--insecure-tcp");
+  if (options_.no_prefix_cache) services_.back().argv.push_back("--no-prefix-cache");
+  if (options_.max_waiting_requests > 0) {
+    services_.back().argv.insert(
+        services_.back().argv.end(),
+        {"--max-waiting-requests", std::to_string(options_.max_waiting_requests)});
+  }
   add("worker",
       {bin + "/litellama-worker",
        "--model",

@@ -35,6 +35,8 @@ struct LaunchOptions {
   int32_t threads = 0;
   int32_t max_batch_tokens = 2048;
   int32_t max_batch_seqs = 128;
+  bool no_prefix_cache = false;      // scheduler: --no-prefix-cache
+  int32_t max_waiting_requests = 0;  // scheduler: refuse as overloaded beyond (0: no bound)
   std::string metrics_host = "127.0.0.1";
   int32_t metrics_port = 9400;  // scheduler; worker +1, tokenizers +2.. ; 0: no metrics
   std::string log_level = "info";

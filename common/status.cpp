@@ -20,6 +20,8 @@ const char* status_code_name(StatusCode code) {
       return "unavailable";
     case StatusCode::kInternal:
       return "internal";
+    case StatusCode::kOverloaded:
+      return "overloaded";
   }
   return "unknown";
 }

@@ -19,6 +19,7 @@ enum class StatusCode {
   kResourceExhausted,
   kUnavailable,  // a peer or device is not there (yet)
   kInternal,
+  kOverloaded,  // the server refuses new work for now (queue full); retrying later may succeed
 };
 
 const char* status_code_name(StatusCode code);

@@ -232,7 +232,8 @@ Result<Completion> SchedulerClient::generate(proto::GenerateRequest request,
       StatusCode code = StatusCode::kInternal;
       for (StatusCode c :
            {StatusCode::kInvalidArgument, StatusCode::kNotFound, StatusCode::kUnsupported,
-            StatusCode::kDataLoss, StatusCode::kResourceExhausted, StatusCode::kUnavailable}) {
+            StatusCode::kDataLoss, StatusCode::kResourceExhausted, StatusCode::kUnavailable,
+            StatusCode::kOverloaded}) {
         if (event->error.code == status_code_name(c)) code = c;
       }
       return Status(code, event->error.message);
@@ -247,6 +248,7 @@ Result<Completion> SchedulerClient::generate(proto::GenerateRequest request,
     completion.token_ids.insert(completion.token_ids.end(), chunk.token_ids.begin(),
                                 chunk.token_ids.end());
     completion.n_prompt_tokens = chunk.n_prompt_tokens;
+    completion.n_cached_tokens = chunk.n_cached_tokens;
     if (!chunk.top_logits.empty()) completion.top_logits = chunk.top_logits;
     if (on_chunk) on_chunk(chunk);
     if (chunk.finished) {

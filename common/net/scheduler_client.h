@@ -39,6 +39,7 @@ struct Completion {
   std::vector<int32_t> token_ids;
   std::string finish_reason;
   int32_t n_prompt_tokens = 0;
+  int32_t n_cached_tokens = 0;  // prompt tokens served from the scheduler's prefix cache
   // (id, raw logit) of the first generated position, largest first; empty unless requested.
   std::vector<std::pair<int32_t, float>> top_logits;
   double first_token_seconds = 0.0;

@@ -58,8 +58,12 @@ struct GenerateRequest {
   // Return this many largest raw logits of the first generated position (0: none; at most
   // kMaxTopLogits, larger is refused).
   int32_t top_logits = 0;
+  // Scheduling priority: larger is admitted (and kept when slots run out) first; first come first
+  // served within a priority. Older clients leave it out (0).
+  int32_t priority = 0;
   MSGPACK_DEFINE_MAP(request_id, prompt, messages, prompt_ids, add_special_tokens, sampling,
-                     max_tokens, stop_token_ids, stop, ignore_eos, skip_special_tokens, top_logits);
+                     max_tokens, stop_token_ids, stop, ignore_eos, skip_special_tokens, top_logits,
+                     priority);
 };
 
 // scheduler -> client: the next piece of one request's output.
@@ -75,8 +79,11 @@ struct GenerateChunk {
   // Only on the chunk that carries the first generated token, when the request asked for them:
   // (id, raw logit) of the first generated position, largest first.
   std::vector<std::pair<int32_t, float>> top_logits;
+  // Prompt tokens whose KV came from the prefix cache (usage.prompt_tokens_details.cached_tokens);
+  // set once the request was admitted.
+  int32_t n_cached_tokens = 0;
   MSGPACK_DEFINE_MAP(request_id, text, token_ids, finished, finish_reason, n_prompt_tokens,
-                     n_generated_tokens, top_logits);
+                     n_generated_tokens, top_logits, n_cached_tokens);
 };
 
 // client -> scheduler: stop a request and free its KV slots now.
@@ -88,6 +95,8 @@ struct AbortRequest {
 
 // scheduler -> client: the request failed (or the message with this id was not understood); no
 // further message about it follows. `code` is a status_code_name; `message` is fixed text.
+// "overloaded" means the waiting queue was full (--max-waiting-requests): the request was refused
+// at once, nothing ran, and sending it again later may succeed.
 // request_id names the request this error ends. A generate_request refused because its id is
 // still in use gets request_id 0 (the live request with that id goes on) and the id in
 // duplicate_request_id.

@@ -26,6 +26,13 @@ bool has_penalties(const proto::SamplingOptions& s) {
   return s.repetition_penalty != 1.0f || s.frequency_penalty != 0.0f || s.presence_penalty != 0.0f;
 }
 
+// Prompt and generated ids of r as one array.
+std::vector<int32_t> known_ids(const Request* r) {
+  std::vector<int32_t> ids = r->prompt_ids;
+  ids.insert(ids.end(), r->output_ids.begin(), r->output_ids.end());
+  return ids;
+}
+
 proto::StepSampling to_step_sampling(const proto::SamplingOptions& s) {
   proto::StepSampling out{};
   out.temperature = s.temperature;
@@ -42,58 +49,94 @@ proto::StepSampling to_step_sampling(const proto::SamplingOptions& s) {
 }  // namespace
 
 ContinuousBatcher::ContinuousBatcher(KvSlotAllocator& allocator, BatcherOptions options)
-    : allocator_(allocator), options_(options) {}
+    : allocator_(allocator), options_(options), cache_(allocator) {}
 
 void ContinuousBatcher::set_model(int32_t vocab_size, int64_t max_model_len,
                                   std::vector<int32_t> eos_ids) {
   vocab_size_ = vocab_size;
   max_model_len_ = max_model_len;
   eos_ids_ = std::move(eos_ids);
+  // Limits may have changed: every waiting request is checked again.
+  for (Request* r : waiting_) r->validated = false;
+}
+
+void ContinuousBatcher::queue(Request* r) {
+  auto before = [](const Request* a, const Request* b) {
+    return a->priority != b->priority ? a->priority > b->priority : a->arrival_seq < b->arrival_seq;
+  };
+  waiting_.insert(std::upper_bound(waiting_.begin(), waiting_.end(), r, before), r);
 }
 
 void ContinuousBatcher::enqueue(Request* request) {
   request->state = RequestState::kWaiting;
-  waiting_.push_back(request);
+  request->arrival_seq = ++next_arrival_;
+  queue(request);
 }
 
-bool ContinuousBatcher::add_sequence(Request* r, uint64_t step_id, proto::StepView& view,
-                                     const proto::StepRingLimits& limits, int32_t* budget_tokens,
-                                     PlannedStep* step) {
-  proto::StepHeader& h = *view.header;
-  const int32_t n_known = r->n_prompt() + r->n_generated();
-  const bool prefill = r->n_fed < r->n_prompt();
-  int32_t n_new = 0;
-  bool sample = false;
-  bool placeholder = false;
-  if (prefill) {
-    n_new = std::min({r->n_prompt() - r->n_fed, *budget_tokens, options_.max_prefill_chunk});
-    sample = r->n_fed + n_new == r->n_prompt();
-  } else {
-    // Decode: feed the token at index n_fed, known or being sampled by the last planned step.
-    if (r->n_generated() + r->n_pending >= r->max_tokens) return false;
-    if (r->n_fed < n_known) {
-      n_new = 1;
-    } else if (r->n_fed == n_known && r->n_pending > 0 &&
-               r->last_sample_step_id == last_planned_step_ && last_step_seq_.count(r->id)) {
-      n_new = 1;
-      placeholder = true;
-    } else {
-      return false;
-    }
-    n_new = std::min(n_new, *budget_tokens);
-    sample = true;
+std::map<int32_t, int32_t> ContinuousBatcher::n_waiting_by_priority() const {
+  std::map<int32_t, int32_t> out;
+  for (const Request* r : waiting_) ++out[r->priority];
+  return out;
+}
+
+int32_t ContinuousBatcher::n_available() const {
+  return allocator_.n_free() + (options_.prefix_cache ? cache_.n_evictable() : 0);
+}
+
+bool ContinuousBatcher::make_room(int32_t n) {
+  if (allocator_.n_free() < n && options_.prefix_cache) {
+    (void)cache_.evict(n - allocator_.n_free());
   }
-  if (n_new <= 0) return false;
-  const int32_t kv_len = r->n_fed + n_new;
+  return allocator_.n_free() >= n;
+}
+
+ContinuousBatcher::AddResult ContinuousBatcher::add_sequence(Request* r, uint64_t step_id,
+                                                             proto::StepView& view,
+                                                             const proto::StepRingLimits& limits,
+                                                             int32_t* budget_tokens,
+                                                             PlannedStep* step) {
+  proto::StepHeader& h = *view.header;
+  const int32_t n_known = r->n_known();
+  bool sample = true;
+  bool placeholder = false;
+  int32_t n_new = 0;
+  if (r->n_fed < n_known) {
+    // Ids whose KV is missing: the prompt (or prompt and outputs after a preemption) in chunks,
+    // or the one known id of a decode step. The last of them is sampled from.
+    if (r->n_generated() + r->n_pending >= r->max_tokens) return AddResult::kSkipped;
+    n_new = std::min({n_known - r->n_fed, *budget_tokens, options_.max_prefill_chunk});
+  } else {
+    // Decode on the id the last planned step is still sampling.
+    if (r->n_generated() + r->n_pending >= r->max_tokens) return AddResult::kSkipped;
+    if (!(r->n_fed == n_known && r->n_pending > 0 && r->last_sample_step_id == last_planned_step_ &&
+          last_step_seq_.count(r->id))) {
+      return AddResult::kSkipped;
+    }
+    n_new = std::min(1, *budget_tokens);
+    placeholder = true;
+  }
+  if (n_new <= 0) return AddResult::kSkipped;
   const bool penalties = has_penalties(r->sampling);
-  if (n_slots_used_ + kv_len > limits.max_slots) return false;
-  if (penalties && n_history_used_ + kv_len > limits.max_history) return false;
-  if (allocator_.n_free() < n_new) return false;  // cannot happen with reservations
+  // The step's slot table and history hold the whole KV of every sequence.
+  const int32_t room_slots = limits.max_slots - n_slots_used_ - r->n_fed;
+  if (room_slots <= 0) return AddResult::kSkipped;
+  n_new = std::min(n_new, room_slots);
+  if (penalties) {
+    const int32_t room_history = limits.max_history - n_history_used_ - r->n_fed;
+    if (room_history <= 0) return AddResult::kSkipped;
+    n_new = std::min(n_new, room_history);
+  }
+  if (!make_room(n_new)) {
+    // A prefill chunk takes what is there; a decode token needs its slot.
+    const int32_t have = allocator_.n_free();
+    if (placeholder || have <= 0) return AddResult::kNoRoom;
+    n_new = have;
+  }
+  sample = placeholder || r->n_fed + n_new == n_known;
+  const bool prefill = r->n_fed < r->n_prompt() || n_new > 1;
+  const int32_t kv_len = r->n_fed + n_new;
 
   const int32_t s = h.n_seqs;
-  // Slots come out of the request's reservation.
-  allocator_.unreserve(n_new);
-  r->n_reserved -= n_new;
   (void)allocator_.allocate(n_new, &r->slots);
 
   for (int32_t i = 0; i < n_new; ++i) {
@@ -128,6 +171,13 @@ bool ContinuousBatcher::add_sequence(Request* r, uint64_t step_id, proto::StepVi
   }
   r->n_fed = kv_len;
   r->last_step_id = step_id;
+  if (options_.prefix_cache && sample && !placeholder && n_new > 1) {
+    // The prompt's KV is complete once this step ran: later requests share it from now on (any
+    // step that reads it runs after this one).
+    const std::vector<int32_t> ids = known_ids(r);
+    (void)cache_.insert(std::span<const int32_t>(ids.data(), static_cast<size_t>(kv_len)),
+                        r->slots);
+  }
   if (sample) {
     ++r->n_pending;
     r->last_sample_step_id = step_id;
@@ -137,7 +187,103 @@ bool ContinuousBatcher::add_sequence(Request* r, uint64_t step_id, proto::StepVi
   step->sampled.push_back(sample ? 1 : 0);
   step->n_tokens += n_new;
   if (prefill) step->n_prefill_tokens += n_new;
-  return true;
+  return AddResult::kAdded;
+}
+
+bool ContinuousBatcher::validate(Request* r, const proto::StepRingLimits& limits) {
+  if (r->validated) return true;
+  const int64_t need = static_cast<int64_t>(r->n_prompt()) + r->max_tokens;
+  const auto bad_id = std::find_if(r->prompt_ids.begin(), r->prompt_ids.end(),
+                                   [&](int32_t id) { return id < 0 || id >= vocab_size_; });
+  const int64_t pool = std::min<int64_t>(allocator_.n_total(), limits.max_slots);
+  std::string& why = r->reject_reason;
+  if (bad_id != r->prompt_ids.end()) {
+    why = fmt::format("prompt id {} is outside the vocabulary of {} ids", *bad_id, vocab_size_);
+  } else if (max_model_len_ > 0 && need > max_model_len_) {
+    why = fmt::format(
+        "prompt ({} tokens) + max_tokens ({}) = {} exceeds the model's context of {} tokens by "
+        "{}",
+        r->n_prompt(), r->max_tokens, need, max_model_len_, need - max_model_len_);
+  } else if (need > pool) {
+    why = fmt::format(
+        "prompt ({} tokens) + max_tokens ({}) = {} exceeds the KV pool of {} slots by {}",
+        r->n_prompt(), r->max_tokens, need, pool, need - pool);
+  }
+  r->validated = why.empty();
+  return r->validated;
+}
+
+Request* ContinuousBatcher::pick_waiting() {
+  // The top priority's requests in arrival order; a preempted one whose last id is still being
+  // sampled is not ready.
+  std::vector<Request*> group;
+  for (Request* r : waiting_) {
+    if (r->priority != waiting_.front()->priority) break;
+    if (r->n_pending > 0) continue;
+    group.push_back(r);
+    if (static_cast<int32_t>(group.size()) >= std::max(1, options_.prefix_scan_limit)) break;
+  }
+  if (group.empty()) return nullptr;
+  if (!options_.prefix_cache || group.front()->n_passed_over >= options_.max_passed_over) {
+    return group.front();
+  }
+  size_t best = 0;
+  int32_t best_len = -1;
+  for (size_t i = 0; i < group.size(); ++i) {
+    const Request* r = group[i];
+    const int32_t len = r->output_ids.empty() ? cache_.peek(r->prompt_ids, r->n_known() - 1)
+                                              : cache_.peek(known_ids(r), r->n_known() - 1);
+    if (len > best_len) {
+      best = i;
+      best_len = len;
+    }
+    // Nobody may be passed over by a request behind one that reached the bound.
+    if (r->n_passed_over >= options_.max_passed_over) break;
+  }
+  for (size_t i = 0; i < best; ++i) ++group[i]->n_passed_over;
+  return group[best];
+}
+
+Request* ContinuousBatcher::pick_victim(uint64_t step_id) const {
+  Request* victim = nullptr;
+  for (Request* r : running_) {
+    if (r->last_step_id == step_id) continue;  // already written into this step
+    if (!victim || r->priority < victim->priority ||
+        (r->priority == victim->priority && r->admit_seq > victim->admit_seq)) {
+      victim = r;
+    }
+  }
+  return victim;
+}
+
+void ContinuousBatcher::give_up_slots(Request* r, int32_t n_cache) {
+  n_cache = std::min(n_cache, static_cast<int32_t>(r->slots.size()));
+  if (options_.prefix_cache && n_cache > 0) {
+    const std::vector<int32_t> ids = known_ids(r);
+    (void)cache_.insert(std::span<const int32_t>(ids.data(), static_cast<size_t>(n_cache)),
+                        std::span<const int32_t>(r->slots.data(), static_cast<size_t>(n_cache)));
+  }
+  if (!r->slots.empty()) {
+    if (r->last_step_id > last_completed_step_) {
+      n_deferred_slots_ += static_cast<int64_t>(r->slots.size());
+      deferred_.push_back({r->last_step_id, std::move(r->slots)});
+    } else {
+      allocator_.release(r->slots);
+    }
+    r->slots.clear();
+  }
+}
+
+void ContinuousBatcher::preempt(Request* r) {
+  running_.erase(std::remove(running_.begin(), running_.end(), r), running_.end());
+  // Positions with known ids have their KV written (or being written by a sent step, which runs
+  // before any step that could read it from the cache).
+  give_up_slots(r, std::min(r->n_fed, r->n_known()));
+  r->n_fed = 0;
+  r->state = RequestState::kWaiting;
+  ++r->n_preemptions;
+  ++stats_.preemptions;
+  queue(r);  // stays in by_id_: a sent step may still return its next id
 }
 
 std::optional<PlannedStep> ContinuousBatcher::plan(uint64_t step_id, proto::StepView view,
@@ -158,47 +304,70 @@ std::optional<PlannedStep> ContinuousBatcher::plan(uint64_t step_id, proto::Step
   step.step_id = step_id;
   std::unordered_map<uint64_t, int32_t> seq_of;
   auto add = [&](Request* r) {
-    if (h.n_seqs >= max_seqs || budget_tokens <= 0) return;
-    if (add_sequence(r, step_id, view, limits, &budget_tokens, &step)) {
-      if (step.sampled.back()) seq_of[r->id] = h.n_seqs - 1;
-    }
+    if (h.n_seqs >= max_seqs || budget_tokens <= 0) return AddResult::kSkipped;
+    const AddResult result = add_sequence(r, step_id, view, limits, &budget_tokens, &step);
+    if (result == AddResult::kAdded && step.sampled.back()) seq_of[r->id] = h.n_seqs - 1;
+    return result;
   };
-  for (Request* r : running_) add(r);
-
-  // Admission, first come first served: the head waits until its whole length fits.
-  while (!waiting_.empty() && h.n_seqs < max_seqs && budget_tokens > 0) {
-    Request* r = waiting_.front();
-    const int64_t need = static_cast<int64_t>(r->n_prompt()) + r->max_tokens;
-    const auto bad_id = std::find_if(r->prompt_ids.begin(), r->prompt_ids.end(),
-                                     [&](int32_t id) { return id < 0 || id >= vocab_size_; });
-    const int64_t pool = std::min<int64_t>(allocator_.n_total(), limits.max_slots);
-    std::string& why = r->reject_reason;
-    if (bad_id != r->prompt_ids.end()) {
-      why = fmt::format("prompt id {} is outside the vocabulary of {} ids", *bad_id, vocab_size_);
-    } else if (max_model_len_ > 0 && need > max_model_len_) {
-      why = fmt::format(
-          "prompt ({} tokens) + max_tokens ({}) = {} exceeds the model's context of {} tokens by "
-          "{}",
-          r->n_prompt(), r->max_tokens, need, max_model_len_, need - max_model_len_);
-    } else if (need > pool) {
-      why = fmt::format(
-          "prompt ({} tokens) + max_tokens ({}) = {} exceeds the KV pool of {} slots by {}",
-          r->n_prompt(), r->max_tokens, need, pool, need - pool);
+  const std::vector<Request*> running = running_;
+  for (Request* r : running) {
+    if (r->state != RequestState::kRunning) continue;  // preempted for an earlier one
+    AddResult result = add(r);
+    // Out of slots: preempt the lowest-priority, newest request (maybe r itself) unless slots
+    // that sent steps still use are enough once those steps are done.
+    while (result == AddResult::kNoRoom && n_deferred_slots_ == 0) {
+      Request* victim = pick_victim(step_id);
+      if (victim == nullptr) break;
+      preempt(victim);
+      if (victim == r) break;
+      result = add(r);
     }
-    if (!why.empty()) {
-      waiting_.pop_front();
-      r->finish = RequestFinish::kError;
-      r->state = RequestState::kFinished;
-      rejected->push_back(r);
+  }
+
+  // Reject what can never run, wherever it waits.
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    Request* r = *it;
+    if (validate(r, limits)) {
+      ++it;
       continue;
     }
-    if (!allocator_.reserve(need).is_ok()) break;
-    waiting_.pop_front();
-    r->n_reserved = need;
+    it = waiting_.erase(it);
+    by_id_.erase(r->id);
+    r->finish = RequestFinish::kError;
+    r->state = RequestState::kFinished;
+    rejected->push_back(r);
+  }
+
+  // Admission while there is room for the uncached ids and a decode slot per running request.
+  while (!waiting_.empty() && h.n_seqs < max_seqs && budget_tokens > 0) {
+    Request* r = pick_waiting();
+    if (r == nullptr) break;
+    const int32_t n_known = r->n_known();
+    int32_t matched = 0;
+    if (options_.prefix_cache) {
+      matched = r->output_ids.empty() ? cache_.match(r->prompt_ids, n_known - 1, &r->slots)
+                                      : cache_.match(known_ids(r), n_known - 1, &r->slots);
+    }
+    const int64_t need = static_cast<int64_t>(n_known - matched) + n_running();
+    if (!running_.empty() && need > n_available()) {
+      allocator_.release(r->slots);  // the match's references
+      r->slots.clear();
+      break;
+    }
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), r));
+    if (!r->admitted_once) {
+      r->admitted_once = true;
+      r->n_cached_tokens = matched;
+      stats_.prefix_queried_tokens += n_known;
+      stats_.prefix_hit_tokens += matched;
+    }
+    r->n_fed = matched;
+    r->n_passed_over = 0;
+    r->admit_seq = ++next_admit_;
     r->state = RequestState::kRunning;
     running_.push_back(r);
     by_id_[r->id] = r;
-    add(r);
+    if (add(r) == AddResult::kNoRoom) break;  // waits for its first slots as a running request
   }
 
   if (h.n_seqs == 0) return std::nullopt;
@@ -258,16 +427,9 @@ void ContinuousBatcher::retire(Request* r) {
     running_.erase(std::remove(running_.begin(), running_.end(), r), running_.end());
   }
   last_step_seq_.erase(r->id);
-  allocator_.unreserve(r->n_reserved);
-  r->n_reserved = 0;
-  if (!r->slots.empty()) {
-    if (r->last_step_id > last_completed_step_) {
-      deferred_.push_back({r->last_step_id, std::move(r->slots)});
-    } else {
-      allocator_.release(r->slots);
-    }
-    r->slots.clear();
-  }
+  // A failed request's KV may be the cause: only clean ends fill the cache.
+  const bool clean = r->finish != RequestFinish::kError;
+  give_up_slots(r, clean ? std::min(r->n_fed, r->n_known()) : 0);
   r->n_pending = 0;
   r->state = RequestState::kFinished;
 }
@@ -275,18 +437,38 @@ void ContinuousBatcher::retire(Request* r) {
 void ContinuousBatcher::release_deferred() {
   auto done = [&](const DeferredRelease& d) { return d.step_id <= last_completed_step_; };
   for (const DeferredRelease& d : deferred_) {
-    if (done(d)) allocator_.release(d.slots);
+    if (!done(d)) continue;
+    allocator_.release(d.slots);
+    n_deferred_slots_ -= static_cast<int64_t>(d.slots.size());
   }
   deferred_.erase(std::remove_if(deferred_.begin(), deferred_.end(), done), deferred_.end());
 }
 
+std::vector<int32_t> ContinuousBatcher::deferred_slots() const {
+  std::vector<int32_t> out;
+  for (const DeferredRelease& d : deferred_) out.insert(out.end(), d.slots.begin(), d.slots.end());
+  return out;
+}
+
+void ContinuousBatcher::clear_cache(bool pool_kept) {
+  cache_.clear(pool_kept);
+}
+
 std::vector<Request*> ContinuousBatcher::drop_running() {
   std::vector<Request*> dropped = running_;
+  cache_.clear(false);  // the pool is gone with the worker
   for (Request* r : dropped) {
-    r->slots.clear();  // the pool is gone with the worker
+    r->slots.clear();
     retire(r);
   }
+  // Preempted requests wait on: what they generated is kept, the ids their lost steps were
+  // sampling are not coming.
+  for (Request* r : waiting_) {
+    r->n_pending = 0;
+    by_id_.erase(r->id);
+  }
   deferred_.clear();
+  n_deferred_slots_ = 0;
   last_step_seq_.clear();
   last_completed_step_ = last_planned_step_;
   return dropped;

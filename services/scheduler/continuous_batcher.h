@@ -1,18 +1,36 @@
 // ContinuousBatcher: which sequences run in the next step. Requests join and leave the running
 // batch at every step: each step carries one decode token per running request that has its last
 // token, prefill chunks of requests still reading their prompt, and newly admitted requests as
-// far as the token budget allows (chunked prefill). Admission is by KV slots: a request is
-// admitted only when prompt + max_tokens slots can be reserved, so a running request never waits
-// for slots and nothing has to be preempted.
+// far as the token budget allows (chunked prefill).
+//
+// Prefix cache (RadixCache, on unless BatcherOptions::prefix_cache is false): an admitted request
+// starts from the longest cached prefix of its ids (at most all but the last, whose logits must be
+// computed), putting the cached slots at the head of its slot table. A request's prompt KV goes
+// into the cache in the step that completes its prefill (so requests admitted later share it
+// while it still runs), and all the KV it wrote when it leaves. Cached prefixes nobody uses are
+// evicted, least recently used first, when slots are needed.
+//
+// Admission without worst-case reservation: a request is admitted while the pool (free plus
+// evictable slots) has room for its uncached ids and one decode slot per running request. When a
+// running request finds no slot, the running request of lowest priority, newest admitted within
+// it, is preempted by recompute: its KV goes into the cache, its slots are given up, and it waits
+// again at its place in the queue with the ids it generated, to resume (from the cache when its
+// prefix was not evicted meanwhile). A request that fits the pool alone therefore always
+// completes; one whose prompt + max_tokens exceeds the pool is refused at once.
+//
+// Admission order: priority first (larger first), first come first served within a priority;
+// among the first waiting requests of the top priority the one with the longest cached prefix
+// goes first, but a request passed over max_passed_over times goes before any later one.
 //
 // Overlap: the next step is planned while the current one runs. A decode token that the current
 // step is still sampling is written as a placeholder (-(seq index in the current step) - 1) that
-// the worker resolves from its previous output. A request that finishes when a step's result
-// arrives may already be in the following step; its slots are released once that step is done.
+// the worker resolves from its previous output. A request that finishes or is preempted while a
+// sent step still uses its slots gives them up once that step is done.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <optional>
 #include <span>
 #include <unordered_map>
@@ -20,6 +38,7 @@
 
 #include "common/proto/step_ring.h"
 #include "services/scheduler/kv_slot_allocator.h"
+#include "services/scheduler/radix_cache.h"
 #include "services/scheduler/request.h"
 
 namespace litellama {
@@ -28,6 +47,18 @@ struct BatcherOptions {
   int32_t max_batch_tokens = 2048;   // tokens of one step
   int32_t max_batch_seqs = 128;      // sequences of one step
   int32_t max_prefill_chunk = 1024;  // prompt tokens of one request in one step
+  bool prefix_cache = true;          // --no-prefix-cache turns it off
+  // Longest-prefix-first admission may pass a waiting request over at most this many times.
+  int32_t max_passed_over = 4;
+  // How many waiting requests of the top priority longest-prefix-first admission looks at.
+  int32_t prefix_scan_limit = 64;
+};
+
+// Counters of the batcher's life (the scheduler's metrics read them).
+struct BatcherStats {
+  int64_t prefix_queried_tokens = 0;  // ids of admitted requests looked up in the cache
+  int64_t prefix_hit_tokens = 0;      // of them, found cached
+  int64_t preemptions = 0;
 };
 
 // What the scheduler remembers about a step it sent: which request each sequence belongs to.
@@ -59,6 +90,7 @@ class ContinuousBatcher {
   bool has_work() const { return !running_.empty() || !waiting_.empty(); }
   int32_t n_running() const { return static_cast<int32_t>(running_.size()); }
   int32_t n_waiting() const { return static_cast<int32_t>(waiting_.size()); }
+  std::map<int32_t, int32_t> n_waiting_by_priority() const;
 
   // Plans step `step_id` into `view`, bounded by its limits too. nullopt when nothing can run.
   // Requests that can never run (longer than the pool or the context, ids outside the
@@ -73,36 +105,64 @@ class ContinuousBatcher {
   void complete(const PlannedStep& step, std::span<const int32_t> sampled_ids,
                 std::vector<Request*>* updated, const StepTopLogits& top = {});
 
-  // Takes a request out (finished, aborted, failed): no further steps; its reservation is
-  // returned now and its slots as soon as no sent step uses them. Safe for any state.
+  // Takes a request out (finished, aborted, failed): no further steps; its slots go back (into
+  // the cache where they hold KV) as soon as no sent step uses them. Safe for any state.
   void retire(Request* request);
 
-  // The worker is gone: every sent step is void and the pool with it. Running requests are
-  // retired and returned (the caller answers them); waiting requests stay queued.
+  // The worker is gone: every sent step is void and the pool with it (the cache is dropped).
+  // Running requests are retired and returned (the caller answers them); waiting requests
+  // (preempted ones included, with what they generated) stay queued.
   std::vector<Request*> drop_running();
+  // Forgets every cached prefix. pool_kept: the pool still exists and the cache's references go
+  // back to it (a step failed); false: the pool was replaced (a new worker).
+  void clear_cache(bool pool_kept);
 
   uint64_t last_completed_step() const { return last_completed_step_; }
+  const BatcherStats& stats() const { return stats_; }
+  const RadixCache& cache() const { return cache_; }
+  bool prefix_cache_enabled() const { return options_.prefix_cache; }
+  // Slots of finished or preempted requests that a sent step still uses (invariant checks).
+  std::vector<int32_t> deferred_slots() const;
 
  private:
   struct DeferredRelease {
     uint64_t step_id;
     std::vector<int32_t> slots;
   };
+  enum class AddResult { kAdded, kSkipped, kNoRoom };
 
-  bool add_sequence(Request* r, uint64_t step_id, proto::StepView& view,
-                    const proto::StepRingLimits& limits, int32_t* budget_tokens, PlannedStep* step);
+  AddResult add_sequence(Request* r, uint64_t step_id, proto::StepView& view,
+                         const proto::StepRingLimits& limits, int32_t* budget_tokens,
+                         PlannedStep* step);
+  // Makes at least n slots free, evicting cached prefixes; false when it cannot.
+  bool make_room(int32_t n);
+  int32_t n_available() const;
+  bool validate(Request* r, const proto::StepRingLimits& limits);
+  Request* pick_waiting();
+  void queue(Request* r);  // into waiting_ at its (priority, arrival) place
+  // Running request to preempt so that `for_whom` can run (maybe itself); nullptr: none.
+  Request* pick_victim(uint64_t step_id) const;
+  void preempt(Request* r);
+  // Gives r's slots up (into the cache for its first n_cache positions), now or once the
+  // step using them is done.
+  void give_up_slots(Request* r, int32_t n_cache);
   void release_deferred();
 
   KvSlotAllocator& allocator_;
   BatcherOptions options_;
-  std::deque<Request*> waiting_;
+  RadixCache cache_;
+  BatcherStats stats_;
+  std::deque<Request*> waiting_;                  // by priority (larger first), then arrival
   std::vector<Request*> running_;                 // admission order
-  std::unordered_map<uint64_t, Request*> by_id_;  // running requests
+  std::unordered_map<uint64_t, Request*> by_id_;  // running and preempted requests
   // Sequence index of each sampled request in the last planned step (for placeholders).
   std::unordered_map<uint64_t, int32_t> last_step_seq_;
   uint64_t last_planned_step_ = 0;
   uint64_t last_completed_step_ = 0;
+  uint64_t next_arrival_ = 0;
+  uint64_t next_admit_ = 0;
   std::vector<DeferredRelease> deferred_;
+  int64_t n_deferred_slots_ = 0;
   int32_t vocab_size_ = 0;
   int64_t max_model_len_ = 0;
   std::vector<int32_t> eos_ids_;

@@ -4,9 +4,10 @@
 // - A slot is either on the free list (refcount 0) or referenced by at least one holder
 //   (refcount >= 1). allocate() hands out slots with refcount 1; retain() adds a holder (a shared
 //   prefix); release() drops one holder and returns the slot to the free list at 0.
-// - Reservations are promises, not slots: reserve() sets aside capacity a request will allocate
-//   later (its remaining output), so admission never overcommits and no running request can run
-//   out of slots mid-generation. n_free_unreserved() is what admission may promise.
+// - Reservations are promises, not slots: reserve() sets aside capacity to be allocated later;
+//   n_free_unreserved() is what may still be promised. The ContinuousBatcher reserves nothing (it
+//   admits by free + evictable slots and preempts when decode runs out, continuous_batcher.h).
+// - The RadixCache holds one reference on every slot it caches (radix_cache.h).
 // - reset() forgets everything (the worker and its pool were replaced).
 #pragma once
 

@@ -43,10 +43,18 @@ int main(int argc, char** argv) {
                  "Times a request's work is re-sent after the tokenizer holding it died")
       ->capture_default_str()
       ->check(CLI::Range(0, 100));
+  bool no_prefix_cache = false;
+  app.add_flag("--no-prefix-cache", no_prefix_cache,
+               "Turn the prefix cache off (every request computes its whole prompt)");
+  app.add_option("--max-waiting-requests", options.max_waiting_requests,
+                 "Waiting requests beyond which new ones are refused as overloaded (0: no bound)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 24));
   litellama::net::add_common_service_flags(app, options, run_dir, log_level, "127.0.0.1:9400",
                                            "A peer silent this long is down");
   CLI11_PARSE(app, argc, argv);
 
+  options.batcher.prefix_cache = !no_prefix_cache;
   litellama::init_logging("scheduler", log_level);
   if (options.client_endpoint.empty()) {
     options.client_endpoint = litellama::net::ipc_endpoint(run_dir, "client");

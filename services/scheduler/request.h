@@ -16,7 +16,7 @@ namespace litellama {
 enum class RequestState {
   kTokenizing,  // waiting for the tokenizer's EncodeReply
   kWaiting,     // in the admission queue
-  kRunning,     // admitted: has a reservation and is part of the running batch
+  kRunning,     // admitted: holds KV slots and is part of the running batch
   kFinished,    // generation over (finish_reason set); text may still be flushing
 };
 
@@ -34,16 +34,24 @@ struct Request {
   std::vector<int32_t> stop_token_ids;  // besides the model's EOS ids
   bool ignore_eos = false;
   int32_t n_top_logits = 0;  // top logits wanted for the first generated position (0: none)
+  // Larger runs first; first come first served within a priority.
+  int32_t priority = 0;
 
   // Generation (ContinuousBatcher).
   std::vector<int32_t> output_ids;   // sampled ids known so far
   int32_t n_pending = 0;             // ids sampled by in-flight steps, not yet known
   int32_t n_fed = 0;                 // positions whose KV is written or being written
   std::vector<int32_t> slots;        // KV slot of each fed position
-  int64_t n_reserved = 0;            // slots promised but not yet allocated
   uint64_t last_step_id = 0;         // last step that includes this request
   uint64_t last_sample_step_id = 0;  // last step that samples for it
   std::optional<RequestFinish> finish;
+  uint64_t arrival_seq = 0;     // queue order within a priority (kept across preemption)
+  uint64_t admit_seq = 0;       // order of the latest admission (newest is preempted first)
+  bool validated = false;       // checked against the model and the pool
+  int32_t n_passed_over = 0;    // admissions that preferred a later request with a longer prefix
+  int32_t n_cached_tokens = 0;  // prompt tokens served from the prefix cache at first admission
+  bool admitted_once = false;
+  int32_t n_preemptions = 0;
   // (id, raw logit) of the first generated position, largest first, once it is sampled.
   std::vector<std::pair<int32_t, float>> top_logits;
 
@@ -74,6 +82,7 @@ struct Request {
 
   int32_t n_prompt() const { return static_cast<int32_t>(prompt_ids.size()); }
   int32_t n_generated() const { return static_cast<int32_t>(output_ids.size()); }
+  int32_t n_known() const { return n_prompt() + n_generated(); }
   // Token at index k of prompt + outputs (k < n_prompt() + n_generated()).
   int32_t token_at(int32_t k) const {
     return k < n_prompt() ? prompt_ids[static_cast<size_t>(k)]

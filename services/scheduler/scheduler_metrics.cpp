@@ -58,10 +58,13 @@ SchedulerMetrics::SchedulerMetrics(std::shared_ptr<prometheus::Registry> reg)
   requests_running = gauge(r, "litellama_scheduler_requests_running", "Requests in the batch");
   requests_waiting =
       gauge(r, "litellama_scheduler_requests_waiting", "Requests waiting for admission");
-  kv_slots_used = gauge(r, "litellama_scheduler_kv_slots_used", "KV slots holding tokens");
-  kv_slots_reserved =
-      gauge(r, "litellama_scheduler_kv_slots_reserved",
-            "KV slots promised to running requests for their remaining output, not yet used");
+  kv_slots_used = gauge(r, "litellama_scheduler_kv_slots_used",
+                        "KV slots used by requests (cached prefixes they share included)");
+  kv_slots_cached =
+      gauge(r, "litellama_scheduler_kv_slots_cached",
+            "KV slots held only by the prefix cache (evictable); used + cached + free = capacity");
+  prefix_cache_tokens = gauge(r, "litellama_scheduler_prefix_cache_tokens",
+                              "Tokens whose KV the prefix cache holds (in use or not)");
   kv_slots_capacity =
       gauge(r, "litellama_scheduler_kv_slots_capacity", "KV slots of the worker's pool");
   worker_up = gauge(r, "litellama_scheduler_worker_up", "1 while a worker is registered");
@@ -79,6 +82,24 @@ SchedulerMetrics::SchedulerMetrics(std::shared_ptr<prometheus::Registry> reg)
   tokenizer_retries_exhausted =
       counter(r, "litellama_scheduler_tokenizer_retries_exhausted_total",
               "Requests failed because every tokenizer given their work died or stalled on it");
+  prefix_cache_queried_tokens =
+      counter(r, "litellama_scheduler_prefix_cache_queried_tokens_total",
+              "Prompt tokens of admitted requests looked up in the prefix cache");
+  prefix_cache_hit_tokens =
+      counter(r, "litellama_scheduler_prefix_cache_hit_tokens_total",
+              "Prompt tokens of admitted requests whose KV came from the prefix cache");
+  prefix_cache_evicted_tokens = counter(r, "litellama_scheduler_prefix_cache_evicted_tokens_total",
+                                        "Cached tokens evicted to make room");
+  preemptions = counter(r, "litellama_scheduler_preemptions_total",
+                        "Running requests preempted (by recompute) when KV slots ran out");
+  requests_overloaded = counter(r, "litellama_scheduler_requests_overloaded_total",
+                                "Requests refused at once because the waiting queue was full");
+  requests_waiting_by_priority_family =
+      &prometheus::BuildGauge()
+           .Name("litellama_scheduler_requests_waiting_by_priority")
+           .Help("Requests waiting for admission, by priority")
+           .Register(r);
+  requests_waiting_by_priority(0);
   requests_finished_family = &prometheus::BuildCounter()
                                   .Name("litellama_scheduler_requests_finished_total")
                                   .Help("Finished requests by finish reason")
@@ -93,6 +114,39 @@ SchedulerMetrics::SchedulerMetrics(std::shared_ptr<prometheus::Registry> reg)
 
 prometheus::Counter& SchedulerMetrics::requests_finished(const char* reason) {
   return requests_finished_family->Add({{"reason", reason}});
+}
+
+prometheus::Gauge& SchedulerMetrics::requests_waiting_by_priority(int priority) {
+  return requests_waiting_by_priority_family->Add({{"priority", std::to_string(priority)}});
+}
+
+void SchedulerMetrics::update_batcher(const ContinuousBatcher& batcher,
+                                      const KvSlotAllocator& allocator, double now) {
+  // While requests run, at most ten times a second; when idle, every time (cheap then).
+  if (batcher.n_running() > 0 && last_update_ >= 0.0 && now - last_update_ < 0.1) return;
+  last_update_ = now;
+  const RadixCache& cache = batcher.cache();
+  const int32_t n_cached = cache.n_evictable();
+  kv_slots_used->Set(allocator.n_used() - n_cached);
+  kv_slots_cached->Set(n_cached);
+  prefix_cache_tokens->Set(cache.n_cached_slots());
+  auto grow = [](prometheus::Counter* c, int64_t value, int64_t* last) {
+    if (value > *last) c->Increment(static_cast<double>(value - *last));
+    *last = value;
+  };
+  const BatcherStats& stats = batcher.stats();
+  grow(prefix_cache_queried_tokens, stats.prefix_queried_tokens, &reported_.prefix_queried_tokens);
+  grow(prefix_cache_hit_tokens, stats.prefix_hit_tokens, &reported_.prefix_hit_tokens);
+  grow(preemptions, stats.preemptions, &reported_.preemptions);
+  grow(prefix_cache_evicted_tokens, cache.n_evictions(), &reported_evictions_);
+  const std::map<int32_t, int32_t> by_priority = batcher.n_waiting_by_priority();
+  for (int32_t p : waiting_priorities_) {
+    if (!by_priority.count(p)) requests_waiting_by_priority(p).Set(0);
+  }
+  for (const auto& [p, n] : by_priority) {
+    requests_waiting_by_priority(p).Set(n);
+    waiting_priorities_.insert(p);
+  }
 }
 
 prometheus::Counter& SchedulerMetrics::protocol_errors(const char* socket) {

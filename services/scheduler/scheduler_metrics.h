@@ -3,12 +3,16 @@
 #pragma once
 
 #include <memory>
+#include <set>
 
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
+
+#include "services/scheduler/continuous_batcher.h"
+#include "services/scheduler/kv_slot_allocator.h"
 
 namespace litellama {
 
@@ -27,7 +31,8 @@ struct SchedulerMetrics {
   prometheus::Gauge* requests_running;
   prometheus::Gauge* requests_waiting;
   prometheus::Gauge* kv_slots_used;
-  prometheus::Gauge* kv_slots_reserved;
+  prometheus::Gauge* kv_slots_cached;
+  prometheus::Gauge* prefix_cache_tokens;
   prometheus::Gauge* kv_slots_capacity;
   prometheus::Gauge* worker_up;
   prometheus::Gauge* tokenizers_up;
@@ -38,11 +43,30 @@ struct SchedulerMetrics {
   prometheus::Counter* worker_restarts;
   prometheus::Counter* workers_refused;
   prometheus::Counter* tokenizer_retries_exhausted;
+  prometheus::Counter* prefix_cache_queried_tokens;
+  prometheus::Counter* prefix_cache_hit_tokens;
+  prometheus::Counter* prefix_cache_evicted_tokens;
+  prometheus::Counter* preemptions;
+  prometheus::Counter* requests_overloaded;
+  prometheus::Family<prometheus::Gauge>* requests_waiting_by_priority_family;
   prometheus::Family<prometheus::Counter>* requests_finished_family;
   prometheus::Family<prometheus::Counter>* protocol_errors_family;
 
   prometheus::Counter& requests_finished(const char* reason);
   prometheus::Counter& protocol_errors(const char* socket);
+  prometheus::Gauge& requests_waiting_by_priority(int priority);
+
+  // Brings the KV, prefix-cache, preemption and per-priority series up to date (while requests
+  // run at most ten times a second: counting the cache's evictable slots walks its tree).
+  void update_batcher(const ContinuousBatcher& batcher, const KvSlotAllocator& allocator,
+                      double now);
+
+ private:
+  // What the counters were last brought up to (the batcher's counts grow for ever).
+  BatcherStats reported_;
+  int64_t reported_evictions_ = 0;
+  double last_update_ = -1.0;
+  std::set<int32_t> waiting_priorities_;  // priorities with a series (set to 0 when empty)
 };
 
 }  // namespace litellama

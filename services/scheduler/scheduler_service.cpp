@@ -258,6 +258,18 @@ void SchedulerService::on_generate(const std::string& client, const proto::Gener
     return reject("top_logits must be in [0, 64]");
   }
 
+  if (options_.max_waiting_requests > 0) {
+    const int64_t n_waiting =
+        static_cast<int64_t>(batcher_.n_waiting()) + static_cast<int64_t>(pending_encodes_.size());
+    if (n_waiting >= options_.max_waiting_requests) {
+      metrics_data_.requests_overloaded->Increment();
+      send_error(client, msg.request_id, StatusCode::kOverloaded,
+                 fmt::format("the server is overloaded: {} requests are waiting "
+                             "(--max-waiting-requests {})",
+                             n_waiting, options_.max_waiting_requests));
+      return;
+    }
+  }
   auto owned = std::make_unique<Request>();
   Request* r = owned.get();
   r->id = next_request_id_++;
@@ -268,6 +280,7 @@ void SchedulerService::on_generate(const std::string& client, const proto::Gener
   r->stop_token_ids = msg.stop_token_ids;
   r->ignore_eos = msg.ignore_eos;
   r->n_top_logits = msg.top_logits;
+  r->priority = msg.priority;
   r->stop_strings = msg.stop;
   r->skip_special_tokens = msg.skip_special_tokens;
   r->t_arrival = monotonic_seconds();
@@ -387,6 +400,7 @@ void SchedulerService::flush(Request* r) {
       chunk.finished = done;
       if (done) chunk.finish_reason = request_finish_name(*r->finish);
       chunk.n_prompt_tokens = r->n_prompt();
+      chunk.n_cached_tokens = r->n_cached_tokens;
       chunk.n_generated_tokens = r->n_generated();
       if (net::send_to(clients_, r->client, proto::encode(chunk)) == SendResult::kPeerGone) {
         r->client_gone = true;
@@ -501,6 +515,7 @@ void SchedulerService::on_worker_heartbeat(const std::string& identity,
   peer->ring = std::move(ring).value();
   peer->last_seen = now;
   worker_ = std::move(peer);
+  batcher_.clear_cache(false);  // a new pool: nothing cached is in it
   allocator_.reset(hb.n_kv_slots);
   std::vector<int32_t> eos = hb.eos_token_ids;
   for (int32_t id : tokenizer_eos_ids_) {
@@ -590,6 +605,8 @@ void SchedulerService::on_step_result(const proto::StepResult& result) {
                         result.error);
     std::vector<int32_t> none(step.plan.request_ids.size(), -1);
     batcher_.complete(step.plan, none, &updated);
+    // KV the failed step was writing may sit in the cache: drop every cached prefix.
+    batcher_.clear_cache(true);
   } else {
     proto::StepView view = worker_->ring->buffer(step.buffer);
     const size_t n = step.plan.request_ids.size();
@@ -958,13 +975,12 @@ void SchedulerService::on_tick() {
 }
 
 void SchedulerService::update_gauges() {
-  metrics_data_.requests_running->Set(batcher_.n_running());
-  metrics_data_.requests_waiting->Set(batcher_.n_waiting());
-  metrics_data_.kv_slots_used->Set(allocator_.n_used());
-  metrics_data_.kv_slots_reserved->Set(static_cast<double>(allocator_.n_reserved()));
-  metrics_data_.kv_slots_capacity->Set(allocator_.n_total());
   metrics_data_.worker_up->Set(worker_ ? 1 : 0);
   metrics_data_.tokenizers_up->Set(static_cast<double>(tokenizer_peers_.size()));
+  metrics_data_.requests_running->Set(batcher_.n_running());
+  metrics_data_.requests_waiting->Set(batcher_.n_waiting());
+  metrics_data_.update_batcher(batcher_, allocator_, monotonic_seconds());
+  metrics_data_.kv_slots_capacity->Set(allocator_.n_total());
 }
 
 }  // namespace litellama

@@ -55,6 +55,9 @@ struct SchedulerOptions {
   // A request whose tokenizer work was lost this many times (the tokenizer died or went silent
   // holding it) fails instead of being re-sent again.
   int32_t max_tokenizer_retries = 2;
+  // Requests waiting for admission (tokenizing or queued) beyond which new ones are refused at
+  // once with "overloaded"; 0: unbounded.
+  int32_t max_waiting_requests = 0;
 };
 
 class SchedulerService {

@@ -97,10 +97,15 @@ TEST(Observability, DashboardNamesOnlyMetricsTheServicesExport) {
         "litellama_scheduler_e2e_request_latency_seconds_bucket",
         "litellama_scheduler_queue_time_seconds_bucket", "litellama_scheduler_requests_running",
         "litellama_scheduler_requests_waiting", "litellama_scheduler_kv_slots_used",
-        "litellama_scheduler_kv_slots_reserved", "litellama_scheduler_generation_tokens_total",
+        "litellama_scheduler_kv_slots_cached", "litellama_scheduler_generation_tokens_total",
         "litellama_scheduler_requests_finished_total",
-        "litellama_scheduler_hop_duration_seconds_bucket", "litellama_build_info",
-        "litellama_model_info"}) {
+        "litellama_scheduler_hop_duration_seconds_bucket",
+        "litellama_scheduler_prefix_cache_hit_tokens_total",
+        "litellama_scheduler_prefix_cache_queried_tokens_total",
+        "litellama_scheduler_prefix_cache_tokens",
+        "litellama_scheduler_prefix_cache_evicted_tokens_total",
+        "litellama_scheduler_preemptions_total", "litellama_scheduler_requests_waiting_by_priority",
+        "litellama_build_info", "litellama_model_info"}) {
     bool used = false;
     for (const std::string& expr : exprs) used = used || expr.find(needed) != std::string::npos;
     EXPECT_TRUE(used) << "no panel shows " << needed;
@@ -138,6 +143,10 @@ TEST(Observability, InfoGaugesAndEveryNonFailureSeriesIsWritten) {
       "litellama_worker_step_errors_total",
       "litellama_worker_protocol_errors_total",
       "litellama_tokenizer_protocol_errors_total",
+      // Written only when the KV pool or the waiting queue runs full.
+      "litellama_scheduler_prefix_cache_evicted_tokens_total",
+      "litellama_scheduler_preemptions_total",
+      "litellama_scheduler_requests_overloaded_total",
   };
   size_t n_checked = 0;
   for (const std::string* body : {&scheduler, &worker, &tokenizer}) {
