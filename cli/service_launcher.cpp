@@ -61,6 +61,43 @@ std::string ServiceLauncher::describe_exit(const Service& s, int code, const cha
   return what;
 }
 
+std::string ServiceLauncher::api_listen() const {
+  if (options_.api_port <= 0) return "";
+  return options_.api_host.find(':') != std::string::npos
+             ? fmt::format("[{}]:{}", options_.api_host, options_.api_port)
+             : fmt::format("{}:{}", options_.api_host, options_.api_port);
+}
+
+Status ServiceLauncher::add_api_flags(std::vector<std::string>* argv) {
+  if (options_.max_model_len > 0) {
+    argv->insert(argv->end(), {"--max-model-len", std::to_string(options_.max_model_len)});
+  }
+  if (options_.api_port <= 0) return Status::ok();
+  LITELLAMA_RETURN_IF_ERROR(net::MetricsServer::check_available(api_listen()));
+  argv->insert(argv->end(), {"--api-listen", api_listen(), "--max-request-bytes",
+                             std::to_string(options_.max_request_bytes)});
+  if (!options_.served_model_name.empty()) {
+    argv->insert(argv->end(), {"--served-model-name", options_.served_model_name});
+  }
+  std::string key_file = options_.api_key_file;
+  if (!options_.api_key.empty()) {
+    // The key goes to the scheduler in a file only this user can read (a command line is
+    // visible to every user of the machine).
+    key_file = options_.run_dir + "/api-key";
+    std::filesystem::remove(key_file);
+    std::ofstream out(key_file);
+    out << options_.api_key << "\n";
+    out.close();
+    std::error_code ec;
+    std::filesystem::permissions(key_file, std::filesystem::perms::owner_read |
+                                               std::filesystem::perms::owner_write,
+                                 ec);
+    if (!out || ec) return make_error(StatusCode::kUnavailable, "cannot write {}", key_file);
+  }
+  if (!key_file.empty()) argv->insert(argv->end(), {"--api-key-file", key_file});
+  return Status::ok();
+}
+
 Status ServiceLauncher::start() {
   const std::string bin = net::executable_dir();
   for (const char* name : {"litellama-scheduler", "litellama-worker", "litellama-tokenizer"}) {
@@ -100,6 +137,7 @@ Status ServiceLauncher::start() {
        "--max-batch-seqs", std::to_string(options_.max_batch_seqs)},
       metrics(0));
   if (options_.insecure_tcp) services_.back().argv.push_back("--insecure-tcp");
+  LITELLAMA_RETURN_IF_ERROR(add_api_flags(&services_.back().argv));
   add("worker",
       {bin + "/litellama-worker",
        "--model",
