@@ -123,6 +123,16 @@ static void add_api_options(CLI::App* sub, LaunchOptions* o) {
                   "model's context)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  sub->add_option("--kv-cache-bytes", o->kv_cache_bytes,
+                  "cpu: the most memory the KV pool takes (default 1 GiB; --kv-slots wins)")
+      ->check(CLI::Range(int64_t{1} << 20, int64_t{1} << 40));
+  sub->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
+                  "cuda: share of the device's total memory for weights, KV and workspaces, as "
+                  "vLLM's (default: 85% of what is free after loading; --kv-slots wins)")
+      ->check(CLI::Range(0.01, 1.0));
+  sub->add_option("--chat-template", o->chat_template_file,
+                  "Jinja chat template file used instead of the model's own")
+      ->check(CLI::ExistingFile);
   sub->add_option("--max-request-bytes", o->max_request_bytes,
                   "largest HTTP request body (larger gets 413)")
       ->capture_default_str()

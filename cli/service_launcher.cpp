@@ -164,11 +164,27 @@ Status ServiceLauncher::start() {
   std::vector<std::string>& worker_argv = services_.back().argv;
   worker_argv.insert(worker_argv.end(),
                      {"--persistent-decode", std::to_string(options_.persistent_decode)});
+  if (options_.kv_cache_bytes > 0) {
+    worker_argv.insert(worker_argv.end(),
+                       {"--kv-cache-bytes", std::to_string(options_.kv_cache_bytes)});
+  }
+  if (options_.gpu_memory_utilization > 0) {
+    worker_argv.insert(worker_argv.end(), {"--gpu-memory-utilization",
+                                           fmt::format("{}", options_.gpu_memory_utilization)});
+  }
+  if (options_.max_model_len > 0) {
+    worker_argv.insert(worker_argv.end(),
+                       {"--max-model-len", std::to_string(options_.max_model_len)});
+  }
   for (int32_t i = 0; i < options_.n_tokenizers; ++i) {
     add(fmt::format("tokenizer-{}", i),
         {bin + "/litellama-tokenizer", "--model", options_.model_dir, "--scheduler", tokenizer_ep,
          "--metrics", metrics(2 + i), "--log-level", options_.log_level},
         metrics(2 + i));
+    if (!options_.chat_template_file.empty()) {
+      services_.back().argv.insert(services_.back().argv.end(),
+                                   {"--chat-template", options_.chat_template_file});
+    }
   }
   // A server already on this run dir would refuse our scheduler, and our worker and tokenizers
   // would join it: refuse before starting anything. The scheduler takes the locks for good.

@@ -10,13 +10,15 @@
 namespace litellama::api {
 
 using nlohmann::json;
+// Responses keep OpenAI's field order (id, object, created, model, choices, usage).
+using ojson = nlohmann::ordered_json;
 
 namespace {
 
 // Text out of the server is valid UTF-8 (the scheduler never splits a character); replacing
 // anything else keeps dump() from throwing whatever reaches it.
-std::string dump(const json& j) {
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+std::string dump(const ojson& j) {
+  return j.dump(-1, ' ', false, ojson::error_handler_t::replace);
 }
 
 ApiError bad(const std::string& param, const std::string& message) {
@@ -212,11 +214,11 @@ bool read_prompts(const json& body, std::vector<Prompt>* out, ApiError* error) {
 }  // namespace
 
 std::string error_body(const ApiError& e) {
-  json err = {{"message", e.message},
+  ojson err = {{"message", e.message},
               {"type", e.type},
-              {"param", e.param.empty() ? json(nullptr) : json(e.param)},
-              {"code", e.code.empty() ? json(nullptr) : json(e.code)}};
-  return dump(json{{"error", err}});
+              {"param", e.param.empty() ? ojson(nullptr) : ojson(e.param)},
+              {"code", e.code.empty() ? ojson(nullptr) : ojson(e.code)}};
+  return dump(ojson{{"error", err}});
 }
 
 bool parse_request(const std::string& text, bool chat, const ParseContext& context,
@@ -436,7 +438,7 @@ ApiError map_scheduler_error(const std::string& code, const std::string& message
   return e;
 }
 
-nlohmann::json usage_json(const std::vector<ChoiceResult>& choices,
+nlohmann::ordered_json usage_json(const std::vector<ChoiceResult>& choices,
                           const std::vector<int32_t>& prompt_index) {
   int64_t prompt = 0, completion = 0;
   int32_t last_prompt = -1;
@@ -445,16 +447,16 @@ nlohmann::json usage_json(const std::vector<ChoiceResult>& choices,
     last_prompt = prompt_index[i];
     completion += choices[i].n_generated_tokens;
   }
-  return json{{"prompt_tokens", prompt},
+  return ojson{{"prompt_tokens", prompt},
               {"completion_tokens", completion},
               {"total_tokens", prompt + completion}};
 }
 
 std::string completion_body(const ParsedRequest& request, const std::string& id, int64_t created,
                             const std::vector<ChoiceResult>& choices) {
-  json out_choices = json::array();
+  ojson out_choices = ojson::array();
   for (size_t i = 0; i < choices.size(); ++i) {
-    json c;
+    ojson c;
     c["index"] = i;
     if (request.chat) {
       c["message"] = {{"role", "assistant"}, {"content", choices[i].text}};
@@ -465,7 +467,7 @@ std::string completion_body(const ParsedRequest& request, const std::string& id,
     c["finish_reason"] = choices[i].finish_reason;
     out_choices.push_back(std::move(c));
   }
-  json body = {{"id", id},
+  ojson body = {{"id", id},
                {"object", request.chat ? "chat.completion" : "text_completion"},
                {"created", created},
                {"model", request.model},
@@ -477,10 +479,10 @@ std::string completion_body(const ParsedRequest& request, const std::string& id,
 std::string stream_chunk(const ParsedRequest& request, const std::string& id, int64_t created,
                          int32_t index, const std::string* delta_text, bool role,
                          const std::string& finish_reason) {
-  json c;
+  ojson c;
   c["index"] = index;
   if (request.chat) {
-    json delta = json::object();
+    ojson delta = ojson::object();
     if (role) delta["role"] = "assistant";
     if (delta_text) delta["content"] = *delta_text;
     c["delta"] = std::move(delta);
@@ -488,23 +490,23 @@ std::string stream_chunk(const ParsedRequest& request, const std::string& id, in
     c["text"] = delta_text ? *delta_text : std::string();
   }
   c["logprobs"] = nullptr;
-  c["finish_reason"] = finish_reason.empty() ? json(nullptr) : json(finish_reason);
-  json body = {{"id", id},
+  c["finish_reason"] = finish_reason.empty() ? ojson(nullptr) : ojson(finish_reason);
+  ojson body = {{"id", id},
                {"object", request.chat ? "chat.completion.chunk" : "text_completion"},
                {"created", created},
                {"model", request.model},
-               {"choices", json::array({std::move(c)})}};
+               {"choices", ojson::array({std::move(c)})}};
   if (request.include_usage) body["usage"] = nullptr;
   return "data: " + dump(body) + "\n\n";
 }
 
 std::string stream_usage_chunk(const ParsedRequest& request, const std::string& id,
-                               int64_t created, const nlohmann::json& usage) {
-  json body = {{"id", id},
+                               int64_t created, const nlohmann::ordered_json& usage) {
+  ojson body = {{"id", id},
                {"object", request.chat ? "chat.completion.chunk" : "text_completion"},
                {"created", created},
                {"model", request.model},
-               {"choices", json::array()},
+               {"choices", ojson::array()},
                {"usage", usage}};
   return "data: " + dump(body) + "\n\n";
 }
@@ -515,12 +517,12 @@ std::string stream_error(const ApiError& e) {
 
 std::string models_body(const std::string& served_model_name, int64_t created,
                         int64_t max_model_len) {
-  json model = {{"id", served_model_name},
+  ojson model = {{"id", served_model_name},
                 {"object", "model"},
                 {"created", created},
                 {"owned_by", "litellama"}};
   if (max_model_len > 0) model["max_model_len"] = max_model_len;
-  return dump(json{{"object", "list"}, {"data", json::array({model})}});
+  return dump(ojson{{"object", "list"}, {"data", ojson::array({model})}});
 }
 
 }  // namespace litellama::api

@@ -67,7 +67,7 @@ struct ChoiceResult {
 };
 
 // The usage object of a response over these choices (each prompt counted once).
-nlohmann::json usage_json(const std::vector<ChoiceResult>& choices,
+nlohmann::ordered_json usage_json(const std::vector<ChoiceResult>& choices,
                           const std::vector<int32_t>& prompt_index);
 
 // A whole non-streaming response body.
@@ -82,7 +82,7 @@ std::string stream_chunk(const ParsedRequest& request, const std::string& id, in
                          const std::string& finish_reason);
 // The closing chunk with empty choices and the usage (stream_options.include_usage).
 std::string stream_usage_chunk(const ParsedRequest& request, const std::string& id,
-                               int64_t created, const nlohmann::json& usage);
+                               int64_t created, const nlohmann::ordered_json& usage);
 // `data: {"error": ...}\n\n`: an error after the stream has begun.
 std::string stream_error(const ApiError& e);
 inline constexpr const char* kStreamDone = "data: [DONE]\n\n";

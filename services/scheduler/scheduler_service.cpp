@@ -783,7 +783,7 @@ void SchedulerService::on_encode_reply(const proto::EncodeReply& reply) {
   r->tokenizer_op = 0;
   pending_encodes_.erase(id);
   if (!reply.error.empty()) {
-    fail(r, StatusCode::kInvalidArgument, "the prompt could not be tokenized");
+    fail(r, StatusCode::kInvalidArgument, "the prompt could not be tokenized: " + reply.error);
     return;
   }
   if (reply.token_ids.empty()) {

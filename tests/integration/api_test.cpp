@@ -332,14 +332,22 @@ TEST_F(ApiTest, DisconnectAbortsAndFreesKv) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1000));
 }
 
-// 503 before the worker is up; an error after the stream began is sent in-band.
-TEST(ApiServiceTest, NotReadyIs503AndLateErrorsAreInBand) {
+// 503 before the worker is up; a chat template that cannot render still serves completions
+// (the tokenizer warns at load; chat gets 400 in the same words); an error after the stream
+// began is sent in-band.
+TEST(ApiServiceTest, NotReadyIs503TemplateErrorsAre400LateErrorsAreInBand) {
   ServiceCluster cluster;
   const int port = free_tcp_port();
   cluster.add_scheduler_args({"--api-listen", "127.0.0.1:" + std::to_string(port)});
   cluster.make_model();
   cluster.start_scheduler();
-  cluster.start_tokenizer();
+  const std::string template_file = (cluster.dir() / "broken.jinja").string();
+  std::ofstream(template_file) << "{{ raise_exception('this template refuses every chat') }}";
+  cluster.start_process(
+      "tokenizer",
+      {cluster.bin_dir() + "/litellama-tokenizer", "--model", cluster.model_dir(), "--run-dir",
+       cluster.run_dir(), "--metrics", "127.0.0.1:" + std::to_string(cluster.tokenizer_port()),
+       "--heartbeat-ms", "50", "--peer-timeout-ms", "600", "--chat-template", template_file});
   std::this_thread::sleep_for(std::chrono::milliseconds(700));
   EXPECT_EQ(http(port, "GET", "/ready").status, 503);
   const HttpResponse early =
@@ -350,8 +358,22 @@ TEST(ApiServiceTest, NotReadyIs503AndLateErrorsAreInBand) {
   for (int i = 0; i < 100 && http(port, "GET", "/ready").status != 200; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  const json models = json::parse(http(port, "GET", "/v1/models").body);
+  const json models = json::parse(http(port, "GET", "/v1/models").body, nullptr, false);
+  ASSERT_TRUE(models.is_object() && models.contains("data")) << models;
   const std::string name = models["data"][0]["id"];
+  EXPECT_NE(cluster.log("tokenizer").find("this template refuses every chat"), std::string::npos)
+      << cluster.log("tokenizer");
+  const json chat = {{"model", name},
+                     {"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}};
+  const HttpResponse refused = http(port, "POST", "/v1/chat/completions", chat.dump());
+  EXPECT_EQ(refused.status, 400) << refused.body;
+  EXPECT_NE(refused.body.find("this template refuses every chat"), std::string::npos)
+      << refused.body;
+  EXPECT_EQ(json::parse(refused.body)["error"]["param"], "messages") << refused.body;
+  EXPECT_EQ(http(port, "POST", "/v1/completions",
+                 json{{"model", name}, {"prompt", "hi"}, {"max_tokens", 2}}.dump())
+                .status,
+            200);
   const json body = {{"model", name}, {"prompt", "Go"}, {"max_tokens", 200},
                      {"ignore_eos", true}, {"stream", true}};
   const int fd = testing::connect_local(port);
