@@ -332,6 +332,28 @@ TEST_F(ApiTest, DisconnectAbortsAndFreesKv) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1000));
 }
 
+// litellama bench --base-url drives the API like any OpenAI-compatible server.
+TEST_F(ApiTest, BenchDrivesTheHttpApi) {
+  const std::string cmd = cluster_->bin_dir() + "/litellama bench --base-url http://127.0.0.1:" +
+                          std::to_string(port_) + "/v1 --api-key " + kKey +
+                          " -n 4 -c 2 --input-len 8 --output-len 4 --vocab-size 500 --json "
+                          "2>/dev/null";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n = 0;
+  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
+  EXPECT_EQ(pclose(pipe), 0) << out;
+  const json j = json::parse(out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << out;
+  EXPECT_EQ(j["n_completed"], 4);
+  EXPECT_EQ(j["input_tokens"], 32);
+  EXPECT_EQ(j["output_tokens"], 16);
+  EXPECT_GT(j["ttft"]["p50_ms"].get<double>(), 0.0);
+  EXPECT_GT(j["tpot"]["p50_ms"].get<double>(), 0.0);
+}
+
 // 503 before the worker is up; a chat template that cannot render still serves completions
 // (the tokenizer warns at load; chat gets 400 in the same words); an error after the stream
 // began is sent in-band.
