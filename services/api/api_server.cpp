@@ -24,6 +24,10 @@
 
 namespace litellama::api {
 
+// The chat page's bytes (generated from chat_page.html at build time).
+extern const unsigned char kChatPage[];
+extern const size_t kChatPageSize;
+
 namespace {
 
 // How often the pump looks at suspended connections for clients that went away, and how often
@@ -253,6 +257,13 @@ MHD_Result ApiServer::Impl::answer(MHD_Connection* c, const std::string& path,
   if (path == "/health") {
     if (!get) return queue_error(c, simple_error(405, "invalid_request_error", "", "only GET"));
     return queue_text(c, 200, "ok\n", "text/plain");
+  }
+  if (path == "/" || path == "/index.html") {
+    // The page itself is open; its API calls send the key, which it asks the user for.
+    if (!get) return queue_error(c, simple_error(405, "invalid_request_error", "", "only GET"));
+    return queue_text(c, 200,
+                      std::string(reinterpret_cast<const char*>(kChatPage), kChatPageSize),
+                      "text/html; charset=utf-8");
   }
   if (!options.api_key.empty()) {
     const char* auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");

@@ -115,6 +115,12 @@ TEST_F(ApiTest, HealthIsOpenEverythingElseNeedsTheKey) {
                  "invalid_api_key");
   }
   expect_error(http(port_, "POST", "/v1/chat/completions", chat_body("hi", 2).dump()), 401);
+  // The chat page is open (its API calls carry the key) and is the embedded HTML.
+  const HttpResponse page = http(port_, "GET", "/");
+  EXPECT_EQ(page.status, 200);
+  EXPECT_NE(page.headers.find("text/html"), std::string::npos);
+  EXPECT_NE(page.body.find("/v1/chat/completions"), std::string::npos);
+  EXPECT_EQ(page.body.find("https://"), std::string::npos) << "nothing from a CDN";
   EXPECT_EQ(get("/ready").status, 200);
   const HttpResponse metrics = get("/metrics");
   EXPECT_EQ(metrics.status, 200);
