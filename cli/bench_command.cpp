@@ -41,7 +41,7 @@ struct BenchArgs {
   proto::SamplingOptions sampling;  // of every request; greedy by default
   std::string base_url;             // an OpenAI-compatible server instead of the scheduler
   std::string api_key;
-  std::string model;       // --base-url: the model to name ("" : the first /models lists)
+  std::string model;           // --base-url: the model to name ("" : the first /models lists)
   int32_t vocab_size = 32000;  // --base-url: prompt ids are drawn below this
 };
 

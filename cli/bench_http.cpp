@@ -15,8 +15,7 @@ namespace {
 using nlohmann::json;
 
 double seconds_now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 std::string trim_slash(std::string url) {
@@ -60,8 +59,8 @@ void on_event(Transfer& t, const std::string& data) {
   }
   if (!j.contains("choices") || !j["choices"].is_array() || j["choices"].empty()) return;
   const json& c = j["choices"][0];
-  const std::string text = c.contains("text") && c["text"].is_string() ? c["text"].get<std::string>()
-                                                                          : std::string();
+  const std::string text =
+      c.contains("text") && c["text"].is_string() ? c["text"].get<std::string>() : std::string();
   if (text.empty()) return;
   const double now = seconds_now() - t.start;
   if (t.n_chunks == 0) {
@@ -108,7 +107,8 @@ Result<std::string> http_first_model(const std::string& base_url, const std::str
   std::string body;
   const std::string url = trim_slash(base_url) + "/models";
   curl_slist* headers = nullptr;
-  if (!api_key.empty()) headers = curl_slist_append(headers, ("Authorization: Bearer " + api_key).c_str());
+  if (!api_key.empty())
+    headers = curl_slist_append(headers, ("Authorization: Bearer " + api_key).c_str());
   curl_easy_setopt(easy.get(), CURLOPT_URL, url.c_str());
   curl_easy_setopt(easy.get(), CURLOPT_HTTPHEADER, headers);
   curl_easy_setopt(easy.get(), CURLOPT_WRITEFUNCTION, &on_collect);

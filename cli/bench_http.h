@@ -20,7 +20,7 @@ struct HttpBenchRequest {
 
 struct HttpBenchRecord {
   double t_submit = 0.0, t_first = 0.0, t_last = 0.0;  // seconds since the run began
-  int32_t n_output = 0;    // the server's usage.completion_tokens, else the chunks with text
+  int32_t n_output = 0;     // the server's usage.completion_tokens, else the chunks with text
   std::vector<double> itl;  // gaps between chunks with text
   bool ok = false;
   std::string error;

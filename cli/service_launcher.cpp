@@ -73,7 +73,6 @@ Status ServiceLauncher::add_api_flags(std::vector<std::string>* argv) {
     argv->insert(argv->end(), {"--max-model-len", std::to_string(options_.max_model_len)});
   }
   if (options_.api_port <= 0) return Status::ok();
-  LITELLAMA_RETURN_IF_ERROR(net::MetricsServer::check_available(api_listen()));
   argv->insert(argv->end(), {"--api-listen", api_listen(), "--max-request-bytes",
                              std::to_string(options_.max_request_bytes)});
   if (!options_.served_model_name.empty()) {
@@ -89,9 +88,8 @@ Status ServiceLauncher::add_api_flags(std::vector<std::string>* argv) {
     out << options_.api_key << "\n";
     out.close();
     std::error_code ec;
-    std::filesystem::permissions(key_file, std::filesystem::perms::owner_read |
-                                               std::filesystem::perms::owner_write,
-                                 ec);
+    std::filesystem::permissions(
+        key_file, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write, ec);
     if (!out || ec) return make_error(StatusCode::kUnavailable, "cannot write {}", key_file);
   }
   if (!key_file.empty()) argv->insert(argv->end(), {"--api-key-file", key_file});
@@ -201,6 +199,14 @@ Status ServiceLauncher::start() {
                         "from there (the scheduler's, the worker's, one per tokenizer), or "
                         "--metrics-port 0 to turn metrics off",
                         s.name, st.message(), 2 + options_.n_tokenizers);
+    }
+  }
+  if (!api_listen().empty()) {
+    if (Status st = net::MetricsServer::check_available(api_listen()); !st) {
+      return make_error(st.code(),
+                        "the HTTP API's address: {}; pass another --port (or --port 0 "
+                        "to turn the API off)",
+                        st.message());
     }
   }
   for (Service& s : services_) LITELLAMA_RETURN_IF_ERROR(launch(s));

@@ -36,8 +36,7 @@ constexpr int kDisconnectPollMs = 100;
 constexpr double kInfoRefreshSeconds = 0.5;
 
 double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 struct Choice {
@@ -63,7 +62,7 @@ struct Job {
   bool head = false;
   bool failed = false;
   ApiError error;
-  std::string out;  // stream bytes not yet handed to MHD
+  std::string out;    // stream bytes not yet handed to MHD
   bool done = false;  // nothing more will be appended to out
   bool gone = false;  // the client went away
 };
@@ -89,8 +88,7 @@ MHD_Result queue_text(MHD_Connection* c, unsigned int status, const std::string&
 }
 
 MHD_Result queue_error(MHD_Connection* c, const ApiError& e) {
-  return queue_text(c, static_cast<unsigned int>(e.http_status), error_body(e),
-                    "application/json");
+  return queue_text(c, static_cast<unsigned int>(e.http_status), error_body(e), "application/json");
 }
 
 ApiError simple_error(int status, const std::string& type, const std::string& code,
@@ -200,8 +198,7 @@ MHD_Result on_request(void* cls, MHD_Connection* c, const char* url, const char*
     // A declared body over the limit is refused before it is read.
     const char* length =
         MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-    if (length != nullptr &&
-        std::strtoll(length, nullptr, 10) > impl->options.max_request_bytes) {
+    if (length != nullptr && std::strtoll(length, nullptr, 10) > impl->options.max_request_bytes) {
       state->too_large = true;
     }
     return MHD_YES;
@@ -261,8 +258,7 @@ MHD_Result ApiServer::Impl::answer(MHD_Connection* c, const std::string& path,
   if (path == "/" || path == "/index.html") {
     // The page itself is open; its API calls send the key, which it asks the user for.
     if (!get) return queue_error(c, simple_error(405, "invalid_request_error", "", "only GET"));
-    return queue_text(c, 200,
-                      std::string(reinterpret_cast<const char*>(kChatPage), kChatPageSize),
+    return queue_text(c, 200, std::string(reinterpret_cast<const char*>(kChatPage), kChatPageSize),
                       "text/html; charset=utf-8");
   }
   if (!options.api_key.empty()) {
@@ -283,8 +279,9 @@ MHD_Result ApiServer::Impl::answer(MHD_Connection* c, const std::string& path,
                                        fmt::format("no such path: {} {}", method, path)));
   }
   if (generation ? method != "POST" : !get) {
-    return queue_error(c, simple_error(405, "invalid_request_error", "method_not_allowed",
-                                       fmt::format("{} takes {}", path, generation ? "POST" : "GET")));
+    return queue_error(c,
+                       simple_error(405, "invalid_request_error", "method_not_allowed",
+                                    fmt::format("{} takes {}", path, generation ? "POST" : "GET")));
   }
   if (path == "/ready") {
     const std::string why = ready_reason();
@@ -319,8 +316,8 @@ MHD_Result ApiServer::Impl::answer(MHD_Connection* c, const std::string& path,
 
 MHD_Result ApiServer::Impl::start_generation(MHD_Connection* c, bool chat, ConnState* state) {
   if (const std::string why = ready_reason(); !why.empty()) {
-    return queue_error(c, simple_error(503, "service_unavailable", "",
-                                       "the server is not ready: " + why));
+    return queue_error(
+        c, simple_error(503, "service_unavailable", "", "the server is not ready: " + why));
   }
   ParseContext context;
   context.served_model_name = served_name();
@@ -366,8 +363,8 @@ MHD_Result ApiServer::Impl::continue_job(MHD_Connection* c, ConnState* state) {
     return queue_text(c, 200, completion_body(job->request, job->id, job->created, results),
                       "application/json");
   }
-  MHD_Response* r = MHD_create_response_from_callback(
-      MHD_SIZE_UNKNOWN, 16 * 1024, &read_stream, new std::shared_ptr<Job>(job), &free_stream);
+  MHD_Response* r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, &read_stream,
+                                                      new std::shared_ptr<Job>(job), &free_stream);
   if (r == nullptr) return MHD_NO;
   MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
   MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
@@ -406,8 +403,8 @@ void ApiServer::Impl::on_event(net::SchedulerClient& client, const net::ClientEv
     ++job->n_finished;
   }
   if (event.kind == net::ClientEvent::Kind::kError) {
-    fail_job(client, *job, map_scheduler_error(event.error.code, event.error.message,
-                                               job->request.chat));
+    fail_job(client, *job,
+             map_scheduler_error(event.error.code, event.error.message, job->request.chat));
     if (job->n_finished == job->choices.size()) job->done = true;
     resume(*job);
     return;
@@ -426,16 +423,16 @@ void ApiServer::Impl::on_event(net::SchedulerClient& client, const net::ClientEv
       const std::string empty;
       if (req.chat) job->out += stream_chunk(req, job->id, job->created, index, &empty, true, "");
       if (!req.echo_prefix[index].empty()) {
-        job->out += stream_chunk(req, job->id, job->created, index, &req.echo_prefix[index],
-                                 false, "");
+        job->out +=
+            stream_chunk(req, job->id, job->created, index, &req.echo_prefix[index], false, "");
       }
     }
     if (!chunk.text.empty()) {
       job->out += stream_chunk(req, job->id, job->created, index, &chunk.text, false, "");
     }
     if (chunk.finished) {
-      job->out += stream_chunk(req, job->id, job->created, index, nullptr, false,
-                               chunk.finish_reason);
+      job->out +=
+          stream_chunk(req, job->id, job->created, index, nullptr, false, chunk.finish_reason);
     }
     job->head = true;
   }
@@ -444,8 +441,8 @@ void ApiServer::Impl::on_event(net::SchedulerClient& client, const net::ClientEv
       if (req.include_usage) {
         std::vector<ChoiceResult> results;
         for (const Choice& c : job->choices) results.push_back(c.result);
-        job->out += stream_usage_chunk(req, job->id, job->created,
-                                       usage_json(results, req.prompt_index));
+        job->out +=
+            stream_usage_chunk(req, job->id, job->created, usage_json(results, req.prompt_index));
       }
       job->out += kStreamDone;
     }
@@ -562,9 +559,9 @@ Result<std::unique_ptr<ApiServer>> ApiServer::start(
     ApiOptions options, std::shared_ptr<prometheus::Registry> registry) {
   std::string host = options.listen, port = options.listen;
   const size_t colon = options.listen.rfind(':');
-  if (colon == std::string::npos) return make_error(StatusCode::kInvalidArgument,
-                                                    "API address '{}' is not HOST:PORT",
-                                                    options.listen);
+  if (colon == std::string::npos)
+    return make_error(StatusCode::kInvalidArgument, "API address '{}' is not HOST:PORT",
+                      options.listen);
   host = options.listen.substr(0, colon);
   port = options.listen.substr(colon + 1);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
@@ -590,17 +587,16 @@ Result<std::unique_ptr<ApiServer>> ApiServer::start(
   unsigned int flags =
       MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ITC;
   if (found->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
-  impl.daemon = MHD_start_daemon(
-      flags, 0, nullptr, nullptr, &on_request, &impl, MHD_OPTION_SOCK_ADDR, found->ai_addr,
-      MHD_OPTION_CONNECTION_LIMIT, impl.options.connection_limit, MHD_OPTION_CONNECTION_TIMEOUT,
-      300u, MHD_OPTION_NOTIFY_COMPLETED, &on_completed, &impl, MHD_OPTION_END);
+  impl.daemon = MHD_start_daemon(flags, 0, nullptr, nullptr, &on_request, &impl,
+                                 MHD_OPTION_SOCK_ADDR, found->ai_addr, MHD_OPTION_CONNECTION_LIMIT,
+                                 impl.options.connection_limit, MHD_OPTION_CONNECTION_TIMEOUT, 300u,
+                                 MHD_OPTION_NOTIFY_COMPLETED, &on_completed, &impl, MHD_OPTION_END);
   const int start_errno = errno;
   freeaddrinfo(found);
   if (impl.daemon == nullptr) {
-    return make_error(start_errno == EADDRINUSE ? StatusCode::kResourceExhausted
-                                                : StatusCode::kUnavailable,
-                      "cannot serve the HTTP API on '{}': {}", impl.options.listen,
-                      std::strerror(start_errno));
+    return make_error(
+        start_errno == EADDRINUSE ? StatusCode::kResourceExhausted : StatusCode::kUnavailable,
+        "cannot serve the HTTP API on '{}': {}", impl.options.listen, std::strerror(start_errno));
   }
   const MHD_DaemonInfo* info = MHD_get_daemon_info(impl.daemon, MHD_DAEMON_INFO_BIND_PORT);
   server->port_ = info ? info->port : 0;

@@ -31,7 +31,7 @@ struct ApiOptions {
   std::string listen = "127.0.0.1:8000";  // HOST:PORT (port 0 picks one)
   std::string api_key;                    // "" : no authentication
   int64_t max_request_bytes = int64_t{4} << 20;
-  std::string served_model_name;  // "" : the worker's model name
+  std::string served_model_name;   // "" : the worker's model name
   std::string scheduler_endpoint;  // the scheduler's client endpoint
   unsigned int connection_limit = 1024;
 };

@@ -215,9 +215,9 @@ bool read_prompts(const json& body, std::vector<Prompt>* out, ApiError* error) {
 
 std::string error_body(const ApiError& e) {
   ojson err = {{"message", e.message},
-              {"type", e.type},
-              {"param", e.param.empty() ? ojson(nullptr) : ojson(e.param)},
-              {"code", e.code.empty() ? ojson(nullptr) : ojson(e.code)}};
+               {"type", e.type},
+               {"param", e.param.empty() ? ojson(nullptr) : ojson(e.param)},
+               {"code", e.code.empty() ? ojson(nullptr) : ojson(e.code)}};
   return dump(ojson{{"error", err}});
 }
 
@@ -235,9 +235,9 @@ bool parse_request(const std::string& text, bool chat, const ParseContext& conte
   }
   // OpenAI fields this server does not implement: refused, never silently ignored.
   static const char* const kUnsupported[] = {
-      "tools",        "tool_choice", "functions",   "function_call",       "response_format",
-      "logit_bias",   "logprobs",    "top_logprobs", "parallel_tool_calls", "audio",
-      "modalities",   "prediction",  "suffix",      "web_search_options",  "guided_json",
+      "tools",        "tool_choice",  "functions",    "function_call",       "response_format",
+      "logit_bias",   "logprobs",     "top_logprobs", "parallel_tool_calls", "audio",
+      "modalities",   "prediction",   "suffix",       "web_search_options",  "guided_json",
       "guided_regex", "guided_choice"};
   for (const char* name : kUnsupported) {
     auto it = body.find(name);
@@ -310,9 +310,9 @@ bool parse_request(const std::string& text, bool chat, const ParseContext& conte
   if (!read_int(body, "n", 1, context.max_n, &n, error)) return false;
   out->n = static_cast<int32_t>(n);
 
-  // max_tokens: 16 for completions as OpenAI's; chat: the rest of the context (0 tells the
-  // scheduler so). max_completion_tokens is chat's newer name and wins when both are given.
-  int64_t max_tokens = chat ? 0 : 16;
+  // max_tokens: 16 for completions as OpenAI's; chat: the rest of the context. The newer name
+  // max_completion_tokens wins when both are given.
+  int64_t max_tokens = chat ? proto::kMaxTokensRestOfContext : 16;
   if (!read_int(body, "max_tokens", 1, 1 << 24, &max_tokens, error)) return false;
   if (!read_int(body, "max_completion_tokens", 1, 1 << 24, &max_tokens, error)) return false;
   base.max_tokens = static_cast<int32_t>(max_tokens);
@@ -325,8 +325,8 @@ bool parse_request(const std::string& text, bool chat, const ParseContext& conte
       return false;
     }
     have_seed = true;
-    seed = it->is_number_unsigned() ? it->get<uint64_t>()
-                                    : static_cast<uint64_t>(it->get<int64_t>());
+    seed =
+        it->is_number_unsigned() ? it->get<uint64_t>() : static_cast<uint64_t>(it->get<int64_t>());
   }
   if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
     if (it->is_string()) {
@@ -393,7 +393,7 @@ bool parse_request(const std::string& text, bool chat, const ParseContext& conte
       }
       // Choice i samples with seed + i; without a seed every choice draws its own.
       g.sampling.seed = have_seed ? seed + static_cast<uint64_t>(i)
-                                  : (uint64_t{random()} << 32) ^ uint64_t{random()};
+                                  : (uint64_t{random()} << 32) ^ uint64_t { random() };
       out->generate.push_back(std::move(g));
       out->echo_prefix.push_back(echo ? prompts[p].text : std::string());
       out->prompt_index.push_back(static_cast<int32_t>(p));
@@ -439,7 +439,7 @@ ApiError map_scheduler_error(const std::string& code, const std::string& message
 }
 
 nlohmann::ordered_json usage_json(const std::vector<ChoiceResult>& choices,
-                          const std::vector<int32_t>& prompt_index) {
+                                  const std::vector<int32_t>& prompt_index) {
   int64_t prompt = 0, completion = 0;
   int32_t last_prompt = -1;
   for (size_t i = 0; i < choices.size(); ++i) {
@@ -448,8 +448,8 @@ nlohmann::ordered_json usage_json(const std::vector<ChoiceResult>& choices,
     completion += choices[i].n_generated_tokens;
   }
   return ojson{{"prompt_tokens", prompt},
-              {"completion_tokens", completion},
-              {"total_tokens", prompt + completion}};
+               {"completion_tokens", completion},
+               {"total_tokens", prompt + completion}};
 }
 
 std::string completion_body(const ParsedRequest& request, const std::string& id, int64_t created,
@@ -468,11 +468,11 @@ std::string completion_body(const ParsedRequest& request, const std::string& id,
     out_choices.push_back(std::move(c));
   }
   ojson body = {{"id", id},
-               {"object", request.chat ? "chat.completion" : "text_completion"},
-               {"created", created},
-               {"model", request.model},
-               {"choices", std::move(out_choices)},
-               {"usage", usage_json(choices, request.prompt_index)}};
+                {"object", request.chat ? "chat.completion" : "text_completion"},
+                {"created", created},
+                {"model", request.model},
+                {"choices", std::move(out_choices)},
+                {"usage", usage_json(choices, request.prompt_index)}};
   return dump(body);
 }
 
@@ -492,22 +492,22 @@ std::string stream_chunk(const ParsedRequest& request, const std::string& id, in
   c["logprobs"] = nullptr;
   c["finish_reason"] = finish_reason.empty() ? ojson(nullptr) : ojson(finish_reason);
   ojson body = {{"id", id},
-               {"object", request.chat ? "chat.completion.chunk" : "text_completion"},
-               {"created", created},
-               {"model", request.model},
-               {"choices", ojson::array({std::move(c)})}};
+                {"object", request.chat ? "chat.completion.chunk" : "text_completion"},
+                {"created", created},
+                {"model", request.model},
+                {"choices", ojson::array({std::move(c)})}};
   if (request.include_usage) body["usage"] = nullptr;
   return "data: " + dump(body) + "\n\n";
 }
 
-std::string stream_usage_chunk(const ParsedRequest& request, const std::string& id,
-                               int64_t created, const nlohmann::ordered_json& usage) {
+std::string stream_usage_chunk(const ParsedRequest& request, const std::string& id, int64_t created,
+                               const nlohmann::ordered_json& usage) {
   ojson body = {{"id", id},
-               {"object", request.chat ? "chat.completion.chunk" : "text_completion"},
-               {"created", created},
-               {"model", request.model},
-               {"choices", ojson::array()},
-               {"usage", usage}};
+                {"object", request.chat ? "chat.completion.chunk" : "text_completion"},
+                {"created", created},
+                {"model", request.model},
+                {"choices", ojson::array()},
+                {"usage", usage}};
   return "data: " + dump(body) + "\n\n";
 }
 
@@ -518,9 +518,9 @@ std::string stream_error(const ApiError& e) {
 std::string models_body(const std::string& served_model_name, int64_t created,
                         int64_t max_model_len) {
   ojson model = {{"id", served_model_name},
-                {"object", "model"},
-                {"created", created},
-                {"owned_by", "litellama"}};
+                 {"object", "model"},
+                 {"created", created},
+                 {"owned_by", "litellama"}};
   if (max_model_len > 0) model["max_model_len"] = max_model_len;
   return dump(ojson{{"object", "list"}, {"data", ojson::array({model})}});
 }

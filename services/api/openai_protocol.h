@@ -68,7 +68,7 @@ struct ChoiceResult {
 
 // The usage object of a response over these choices (each prompt counted once).
 nlohmann::ordered_json usage_json(const std::vector<ChoiceResult>& choices,
-                          const std::vector<int32_t>& prompt_index);
+                                  const std::vector<int32_t>& prompt_index);
 
 // A whole non-streaming response body.
 std::string completion_body(const ParsedRequest& request, const std::string& id, int64_t created,
@@ -81,8 +81,8 @@ std::string stream_chunk(const ParsedRequest& request, const std::string& id, in
                          int32_t index, const std::string* delta_text, bool role,
                          const std::string& finish_reason);
 // The closing chunk with empty choices and the usage (stream_options.include_usage).
-std::string stream_usage_chunk(const ParsedRequest& request, const std::string& id,
-                               int64_t created, const nlohmann::ordered_json& usage);
+std::string stream_usage_chunk(const ParsedRequest& request, const std::string& id, int64_t created,
+                               const nlohmann::ordered_json& usage);
 // `data: {"error": ...}\n\n`: an error after the stream has begun.
 std::string stream_error(const ApiError& e);
 inline constexpr const char* kStreamDone = "data: [DONE]\n\n";

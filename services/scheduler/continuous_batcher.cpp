@@ -168,11 +168,12 @@ std::optional<PlannedStep> ContinuousBatcher::plan(uint64_t step_id, proto::Step
   // Admission, first come first served: the head waits until its whole length fits.
   while (!waiting_.empty() && h.n_seqs < max_seqs && budget_tokens > 0) {
     Request* r = waiting_.front();
-    if (r->max_tokens == 0) {
+    if (r->max_tokens == proto::kMaxTokensRestOfContext) {
       // "The rest of the context": what the model's context (capped by the pool) leaves
       // after the prompt; at least 1, so that a prompt that fills it is refused below.
-      const int64_t room = max_model_len_ > 0 ? std::min<int64_t>(max_model_len_, allocator_.n_total())
-                                              : allocator_.n_total();
+      const int64_t room = max_model_len_ > 0
+                               ? std::min<int64_t>(max_model_len_, allocator_.n_total())
+                               : allocator_.n_total();
       r->max_tokens = static_cast<int32_t>(std::clamp<int64_t>(room - r->n_prompt(), 1, 1 << 30));
     }
     const int64_t need = static_cast<int64_t>(r->n_prompt()) + r->max_tokens;

@@ -15,14 +15,13 @@ namespace {
 // The scheduler with the HTTP API started once its sockets are bound.
 class SchedulerWithApi {
  public:
-  SchedulerWithApi(litellama::SchedulerOptions options, litellama::api::ApiOptions api,
-                   bool api_on)
+  SchedulerWithApi(litellama::SchedulerOptions options, litellama::api::ApiOptions api, bool api_on)
       : service_(std::move(options)), api_options_(std::move(api)), api_on_(api_on) {}
   litellama::Status start() {
     LITELLAMA_RETURN_IF_ERROR(service_.start());
     if (!api_on_) return litellama::Status::ok();
-    LITELLAMA_ASSIGN_OR_RETURN(api_, litellama::api::ApiServer::start(api_options_,
-                                                                      service_.registry()));
+    LITELLAMA_ASSIGN_OR_RETURN(api_,
+                               litellama::api::ApiServer::start(api_options_, service_.registry()));
     LITELLAMA_LOG_INFO("HTTP API on http://{} (port {})", api_options_.listen, api_->port());
     return litellama::Status::ok();
   }
@@ -113,8 +112,7 @@ int main(int argc, char** argv) {
   if (!api_key_file.empty()) {
     std::ifstream in(api_key_file);
     if (!in || !std::getline(in, api.api_key) || api.api_key.empty()) {
-      LITELLAMA_LOG_ERROR("--api-key-file {}: cannot read a key from its first line",
-                          api_key_file);
+      LITELLAMA_LOG_ERROR("--api-key-file {}: cannot read a key from its first line", api_key_file);
       return litellama::net::kExitConfigError;
     }
     while (!api.api_key.empty() && (api.api_key.back() == '\r' || api.api_key.back() == ' ')) {

@@ -228,10 +228,11 @@ void SchedulerService::on_generate(const std::string& client, const proto::Gener
                msg.request_id);
     return;
   }
-  // max_tokens 0: the rest of the context (resolved at admission, when the prompt is known).
-  if (msg.max_tokens < 0 || msg.max_tokens > options_.max_tokens_limit) {
-    return reject(fmt::format("max_tokens {} is outside [0, {}] (0: the rest of the context)",
-                              msg.max_tokens, options_.max_tokens_limit));
+  // kMaxTokensRestOfContext is resolved at admission, when the prompt's length is known.
+  if ((msg.max_tokens < 1 && msg.max_tokens != proto::kMaxTokensRestOfContext) ||
+      msg.max_tokens > options_.max_tokens_limit) {
+    return reject(
+        fmt::format("max_tokens {} is outside [1, {}]", msg.max_tokens, options_.max_tokens_limit));
   }
   if (Status st = validate_sampling(msg.sampling); !st) return reject(st.message());
   if (msg.stop.size() > kMaxStopStrings) return reject("too many stop strings");

@@ -14,8 +14,8 @@ namespace litellama {
 namespace {
 
 using nlohmann::json;
-using testing::http;
 using testing::free_tcp_port;
+using testing::http;
 using testing::HttpResponse;
 using testing::metric_value;
 using testing::ServiceCluster;
@@ -151,13 +151,15 @@ TEST_F(ApiTest, ChatCompletionCarriesUsage) {
   EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
   EXPECT_GT(j["usage"]["prompt_tokens"].get<int>(), 3);
   EXPECT_EQ(j["usage"]["completion_tokens"], 5);
-  EXPECT_EQ(j["usage"]["total_tokens"].get<int>(),
-            j["usage"]["prompt_tokens"].get<int>() + 5);
+  EXPECT_EQ(j["usage"]["total_tokens"].get<int>(), j["usage"]["prompt_tokens"].get<int>() + 5);
 }
 
 TEST_F(ApiTest, CompletionsDefaultToSixteenTokensAndEcho) {
-  json body = {{"model", kModel}, {"prompt", "The sky is"}, {"ignore_eos", true},
-               {"temperature", 0}, {"echo", true}};
+  json body = {{"model", kModel},
+               {"prompt", "The sky is"},
+               {"ignore_eos", true},
+               {"temperature", 0},
+               {"echo", true}};
   const HttpResponse r = post("/v1/completions", body);
   ASSERT_EQ(r.status, 200) << r.body;
   const json j = json::parse(r.body);
@@ -165,8 +167,10 @@ TEST_F(ApiTest, CompletionsDefaultToSixteenTokensAndEcho) {
   EXPECT_EQ(j["usage"]["completion_tokens"], 16);
   EXPECT_EQ(j["choices"][0]["text"].get<std::string>().rfind("The sky is", 0), 0u);
   // A list of token-id prompts: one choice each.
-  body = {{"model", kModel}, {"prompt", json::array({json::array({1, 2, 3}), json::array({4, 5})})},
-          {"max_tokens", 2}, {"ignore_eos", true}};
+  body = {{"model", kModel},
+          {"prompt", json::array({json::array({1, 2, 3}), json::array({4, 5})})},
+          {"max_tokens", 2},
+          {"ignore_eos", true}};
   const HttpResponse ids = post("/v1/completions", body);
   ASSERT_EQ(ids.status, 200) << ids.body;
   const json k = json::parse(ids.body);
@@ -222,8 +226,11 @@ TEST_F(ApiTest, ChatStreamIsOpenAiSse) {
 }
 
 TEST_F(ApiTest, CompletionsStreamEndsWithDone) {
-  const json body = {{"model", kModel}, {"prompt", "Once"}, {"max_tokens", 3},
-                     {"ignore_eos", true}, {"stream", true}};
+  const json body = {{"model", kModel},
+                     {"prompt", "Once"},
+                     {"max_tokens", 3},
+                     {"ignore_eos", true},
+                     {"stream", true}};
   const HttpResponse r = post("/v1/completions", body);
   ASSERT_EQ(r.status, 200);
   const auto events = sse_events(r.body);
@@ -255,8 +262,11 @@ TEST_F(ApiTest, SeedAndNSampleChoiceIWithSeedPlusI) {
 }
 
 TEST_F(ApiTest, StopStringEndsTheText) {
-  json body = {{"model", kModel}, {"prompt", "Numbers:"}, {"max_tokens", 12},
-               {"ignore_eos", true}, {"temperature", 0}};
+  json body = {{"model", kModel},
+               {"prompt", "Numbers:"},
+               {"max_tokens", 12},
+               {"ignore_eos", true},
+               {"temperature", 0}};
   const std::string full = json::parse(post("/v1/completions", body).body)["choices"][0]["text"];
   // An ASCII character past the start (a stop string must be whole characters).
   size_t k = 1;
@@ -325,8 +335,8 @@ TEST_F(ApiTest, DisconnectAbortsAndFreesKv) {
   body["stream"] = true;
   const int fd = testing::connect_local(port_);
   ASSERT_GE(fd, 0);
-  const std::string req = testing::request_text(
-      "POST", "/v1/chat/completions", body.dump(), {std::string("Authorization: Bearer ") + kKey});
+  const std::string req = testing::request_text("POST", "/v1/chat/completions", body.dump(),
+                                                {std::string("Authorization: Bearer ") + kKey});
   ASSERT_EQ(write(fd, req.data(), req.size()), static_cast<ssize_t>(req.size()));
   char buf[512];
   ASSERT_GT(read(fd, buf, sizeof(buf)), 0);  // the stream has begun
@@ -340,8 +350,9 @@ TEST_F(ApiTest, DisconnectAbortsAndFreesKv) {
 
 // litellama bench --base-url drives the API like any OpenAI-compatible server.
 TEST_F(ApiTest, BenchDrivesTheHttpApi) {
-  const std::string cmd = cluster_->bin_dir() + "/litellama bench --base-url http://127.0.0.1:" +
-                          std::to_string(port_) + "/v1 --api-key " + kKey +
+  const std::string cmd = cluster_->bin_dir() +
+                          "/litellama bench --base-url http://127.0.0.1:" + std::to_string(port_) +
+                          "/v1 --api-key " + kKey +
                           " -n 4 -c 2 --input-len 8 --output-len 4 --vocab-size 500 --json "
                           "2>/dev/null";
   FILE* pipe = popen(cmd.c_str(), "r");
@@ -402,8 +413,11 @@ TEST(ApiServiceTest, NotReadyIs503TemplateErrorsAre400LateErrorsAreInBand) {
                  json{{"model", name}, {"prompt", "hi"}, {"max_tokens", 2}}.dump())
                 .status,
             200);
-  const json body = {{"model", name}, {"prompt", "Go"}, {"max_tokens", 200},
-                     {"ignore_eos", true}, {"stream", true}};
+  const json body = {{"model", name},
+                     {"prompt", "Go"},
+                     {"max_tokens", 200},
+                     {"ignore_eos", true},
+                     {"stream", true}};
   const int fd = testing::connect_local(port);
   const std::string req = testing::request_text("POST", "/v1/completions", body.dump(), {});
   ASSERT_EQ(write(fd, req.data(), req.size()), static_cast<ssize_t>(req.size()));

@@ -36,13 +36,12 @@ inline int connect_local(int port) {
 }
 
 inline std::string request_text(const std::string& method, const std::string& path,
-                                const std::string& body,
-                                const std::vector<std::string>& headers) {
+                                const std::string& body, const std::vector<std::string>& headers) {
   std::string req = method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n";
   for (const auto& h : headers) req += h + "\r\n";
   if (!body.empty() || method == "POST") {
-    req += "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
-           "\r\n";
+    req +=
+        "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
   }
   return req + "\r\n" + body;
 }
