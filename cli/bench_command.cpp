@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/bench_http.h"
 #include "cli/bench_workloads.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
@@ -42,6 +43,10 @@ struct BenchArgs {
   proto::SamplingOptions sampling;  // of every request; greedy by default
   WorkloadOptions workload;         // kind and the shared-prefix / multi-turn sizes
   int32_t priority = 0;             // of every request
+  std::string base_url;             // an OpenAI-compatible server instead of the scheduler
+  std::string api_key;
+  std::string model;           // --base-url: the model to name ("" : the first /models lists)
+  int32_t vocab_size = 32000;  // --base-url: prompt ids are drawn below this
 };
 
 struct RequestRecord {
@@ -89,8 +94,11 @@ struct BenchResult {
   Summary ttft, tpot, itl, e2e;
 };
 
-// Sends a.n_requests requests as a.concurrency / a.request_rate say and times their streams.
-Result<BenchResult> run_load(net::SchedulerClient& c, const BenchArgs& a, int32_t vocab) {
+// The workload of a run (bench_workloads.h) with every request's priority, and the arrival
+// times of its first requests: all at once, or a Poisson process at a.request_rate.
+Result<Workload> make_workload(const BenchArgs& a, int32_t vocab,
+                               std::vector<proto::GenerateRequest>* requests,
+                               std::vector<double>* arrivals) {
   WorkloadOptions wo = a.workload;
   wo.n_requests = a.n_requests;
   wo.input_len = a.input_len;
@@ -99,19 +107,30 @@ Result<BenchResult> run_load(net::SchedulerClient& c, const BenchArgs& a, int32_
   wo.seed = a.seed;
   wo.sampling = a.sampling;
   LITELLAMA_ASSIGN_OR_RETURN(Workload workload, Workload::create(wo, vocab));
-  std::vector<proto::GenerateRequest> requests = std::move(workload.initial());
-  for (auto& r : requests) r.priority = a.priority;
-  const size_t n_total = static_cast<size_t>(workload.total_requests());
+  *requests = std::move(workload.initial());
+  for (auto& r : *requests) r.priority = a.priority;
   std::mt19937_64 rng(a.seed ^ 0xa7717a1ull);
-  std::vector<double> arrivals(requests.size(), 0.0);
+  arrivals->assign(requests->size(), 0.0);
   if (a.request_rate > 0) {
     std::exponential_distribution<double> gap(a.request_rate);
     double t = 0;
-    for (double& x : arrivals) {
+    for (double& x : *arrivals) {
       x = t;
       t += gap(rng);
     }
   }
+  return workload;
+}
+
+BenchResult summarize_run(const std::vector<RequestRecord>& records, int64_t n_total,
+                          double duration);
+
+// Sends the workload's requests as a.concurrency / a.request_rate say and times their streams.
+Result<BenchResult> run_load(net::SchedulerClient& c, const BenchArgs& a, int32_t vocab) {
+  std::vector<proto::GenerateRequest> requests;
+  std::vector<double> arrivals;
+  LITELLAMA_ASSIGN_OR_RETURN(Workload workload, make_workload(a, vocab, &requests, &arrivals));
+  const size_t n_total = static_cast<size_t>(workload.total_requests());
 
   std::vector<RequestRecord> records(n_total);
   std::unordered_map<uint64_t, size_t> by_id;
@@ -189,9 +208,48 @@ Result<BenchResult> run_load(net::SchedulerClient& c, const BenchArgs& a, int32_
     if (now * 1000 > a.timeout_ms) return Status(StatusCode::kUnavailable, "timed out");
   }
   std::fprintf(stderr, "\n");
+  return summarize_run(records, static_cast<int64_t>(n_total), net::monotonic_seconds() - start);
+}
+
+// The same workload against an OpenAI-compatible server (--base-url).
+// Conversations need each answer's text for their next turn, which this path does not keep:
+// the multi-turn workload is refused with --base-url.
+Result<BenchResult> run_load_http(const BenchArgs& a, const std::string& model, int32_t vocab) {
+  std::vector<proto::GenerateRequest> requests;
+  std::vector<double> arrivals;
+  LITELLAMA_ASSIGN_OR_RETURN(Workload workload, make_workload(a, vocab, &requests, &arrivals));
+  if (workload.needs_outputs()) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "--workload {} is not supported with --base-url", a.workload.kind);
+  }
+  std::vector<HttpBenchRequest> http_requests;
+  for (const auto& r : requests) http_requests.push_back({r.prompt_ids, r.max_tokens, r.sampling});
+  std::vector<HttpBenchRecord> http_records;
+  LITELLAMA_ASSIGN_OR_RETURN(double duration,
+                             run_http_load(a.base_url, a.api_key, model, http_requests, arrivals,
+                                           a.concurrency, a.timeout_ms, &http_records));
+  std::vector<RequestRecord> records(http_records.size());
+  for (size_t i = 0; i < records.size(); ++i) {
+    const HttpBenchRecord& h = http_records[i];
+    RequestRecord& r = records[i];
+    r.t_submit = h.t_submit;
+    r.t_first = h.t_first;
+    r.t_last = h.t_last;
+    r.n_prompt = static_cast<int32_t>(requests[i].prompt_ids.size());
+    r.n_output = h.n_output;
+    r.itl = h.itl;
+    r.ok = h.ok;
+    r.error = h.error;
+    r.done = true;
+  }
+  return summarize_run(records, static_cast<int64_t>(records.size()), duration);
+}
+
+BenchResult summarize_run(const std::vector<RequestRecord>& records, int64_t n_total,
+                          double duration) {
   BenchResult result;
-  result.n_requests = static_cast<int64_t>(n_total);
-  result.duration = net::monotonic_seconds() - start;
+  result.n_requests = n_total;
+  result.duration = duration;
   std::vector<double> ttft, tpot, itl, e2e;
   for (const RequestRecord& r : records) {
     if (!r.error.empty()) ++result.errors[r.error];
@@ -304,6 +362,34 @@ int run_bench(const BenchArgs& a) {
     if (!parsed.is_ok()) return fail(cmd, parsed.status());
     runs = std::move(parsed).value();
   }
+  if (!a.base_url.empty()) {
+    // An OpenAI-compatible server: one run (or the sweep) over HTTP.
+    std::string model = a.model;
+    if (model.empty()) {
+      auto listed = http_first_model(a.base_url, a.api_key);
+      if (!listed.is_ok()) return fail(cmd, listed.status());
+      model = *listed;
+    }
+    bool complete = true;
+    nlohmann::json all = nlohmann::json::array();
+    for (const auto& [concurrency, n_requests] : runs) {
+      BenchArgs one = a;
+      one.concurrency = concurrency;
+      one.n_requests = n_requests;
+      auto r = run_load_http(one, model, a.vocab_size);
+      if (!r.is_ok()) return fail(cmd, r.status());
+      complete = complete && r->n_ok == n_requests;
+      if (a.json) {
+        all.push_back(to_json(one, *r));
+      } else {
+        std::printf("Server: %s, model %s, concurrency %d\n", a.base_url.c_str(), model.c_str(),
+                    concurrency);
+        print_text(one, *r);
+      }
+    }
+    if (a.json) std::printf("%s\n", (all.size() == 1 ? all[0] : all).dump(2).c_str());
+    return complete ? 0 : 1;
+  }
   auto endpoint = server_endpoint(a.server);
   if (!endpoint.is_ok()) return fail(cmd, endpoint.status());
   auto client = net::SchedulerClient::connect(*endpoint);
@@ -401,6 +487,14 @@ CommandMain register_bench_command(CLI::App& app) {
   sub->add_option("--top-p", a->sampling.top_p, "of every request (1: off)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--base-url", a->base_url,
+                  "an OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1) instead of the "
+                  "scheduler: streaming /completions with token-id prompts and ignore_eos");
+  sub->add_option("--api-key", a->api_key, "--base-url: sent as 'Authorization: Bearer KEY'");
+  sub->add_option("--model", a->model, "--base-url: model to name (default: the first listed)");
+  sub->add_option("--vocab-size", a->vocab_size, "--base-url: prompt ids are drawn below this")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 1 << 24));
   sub->add_flag("--json", a->json, "print one JSON object (with --sweep: an array of them)");
   sub->add_option("--sweep", a->sweep,
                   "runs CONCURRENCY:REQUESTS,... one after the other against the same server and "

@@ -33,6 +33,10 @@ int run_serve(LaunchOptions options, int ready_timeout_ms) {
   }
   std::fprintf(stderr, "litellama serve: ready on %s (Ctrl-C stops)\n",
                launcher.client_endpoint().c_str());
+  if (!launcher.api_listen().empty()) {
+    std::fprintf(stderr, "litellama serve: OpenAI-compatible API on http://%s/v1\n",
+                 launcher.api_listen().c_str());
+  }
   if (options.metrics_port > 0) {
     std::fprintf(stderr,
                  "litellama serve: metrics on http://%s:%d/metrics (worker +1, "
@@ -92,7 +96,48 @@ void add_launch_options(CLI::App* sub, LaunchOptions* o) {
                   "host the metrics listeners bind (0.0.0.0 for all interfaces)")
       ->capture_default_str();
   sub->add_option("--log-dir", o->log_dir, "write each service's log here (default: stderr)");
-  sub->add_option("--log-level", o->log_level, "services' log level")->capture_default_str();
+  sub->add_option("--log-level", o->log_level, "services' log level")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+  sub->add_flag_callback(
+      "-v,--verbose", [o] { o->log_level = "debug"; }, "same as --log-level debug");
+}
+
+// The flags of the HTTP API, on serve only (chat --start-services has no API port).
+static void add_api_options(CLI::App* sub, LaunchOptions* o) {
+  o->api_port = 8000;
+  sub->add_option("model", o->model_dir, "model directory (same as --model)");
+  sub->add_option("--host", o->api_host, "address the HTTP API binds (0.0.0.0 for all)")
+      ->capture_default_str();
+  sub->add_option("--port", o->api_port, "port of the HTTP API (0: off)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  auto* key = sub->add_option("--api-key", o->api_key,
+                              "clients must send 'Authorization: Bearer KEY' (not /health)");
+  sub->add_option("--api-key-file", o->api_key_file, "read the API key from this file's first line")
+      ->check(CLI::ExistingFile)
+      ->excludes(key);
+  sub->add_option("--served-model-name", o->served_model_name,
+                  "model name /v1/models lists and requests must name (default: the model's)");
+  sub->add_option("--max-model-len", o->max_model_len,
+                  "refuse requests whose prompt + completion exceed this many tokens (0: the "
+                  "model's context)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  sub->add_option("--kv-cache-bytes", o->kv_cache_bytes,
+                  "cpu: the most memory the KV pool takes (default 1 GiB; --kv-slots wins)")
+      ->check(CLI::Range(int64_t{1} << 20, int64_t{1} << 40));
+  sub->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
+                  "cuda: share of the device's total memory for weights, KV and workspaces, as "
+                  "vLLM's (default: 85% of what is free after loading; --kv-slots wins)")
+      ->check(CLI::Range(0.01, 1.0));
+  sub->add_option("--chat-template", o->chat_template_file,
+                  "Jinja chat template file used instead of the model's own")
+      ->check(CLI::ExistingFile);
+  sub->add_option("--max-request-bytes", o->max_request_bytes,
+                  "largest HTTP request body (larger gets 413)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
 }
 
 CommandMain register_serve_command(CLI::App& app) {
@@ -100,6 +145,7 @@ CommandMain register_serve_command(CLI::App& app) {
   auto ready_timeout_ms = std::make_shared<int>(300000);
   CLI::App* sub = app.add_subcommand("serve", "start the scheduler, worker and tokenizers");
   add_launch_options(sub, options.get());
+  add_api_options(sub, options.get());
   sub->add_option("--ready-timeout-ms", *ready_timeout_ms, "give up when not ready by then")
       ->capture_default_str();
   return [options, ready_timeout_ms] { return run_serve(*options, *ready_timeout_ms); };

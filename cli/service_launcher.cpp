@@ -61,6 +61,41 @@ std::string ServiceLauncher::describe_exit(const Service& s, int code, const cha
   return what;
 }
 
+std::string ServiceLauncher::api_listen() const {
+  if (options_.api_port <= 0) return "";
+  return options_.api_host.find(':') != std::string::npos
+             ? fmt::format("[{}]:{}", options_.api_host, options_.api_port)
+             : fmt::format("{}:{}", options_.api_host, options_.api_port);
+}
+
+Status ServiceLauncher::add_api_flags(std::vector<std::string>* argv) {
+  if (options_.max_model_len > 0) {
+    argv->insert(argv->end(), {"--max-model-len", std::to_string(options_.max_model_len)});
+  }
+  if (options_.api_port <= 0) return Status::ok();
+  argv->insert(argv->end(), {"--api-listen", api_listen(), "--max-request-bytes",
+                             std::to_string(options_.max_request_bytes)});
+  if (!options_.served_model_name.empty()) {
+    argv->insert(argv->end(), {"--served-model-name", options_.served_model_name});
+  }
+  std::string key_file = options_.api_key_file;
+  if (!options_.api_key.empty()) {
+    // The key goes to the scheduler in a file only this user can read (a command line is
+    // visible to every user of the machine).
+    key_file = options_.run_dir + "/api-key";
+    std::filesystem::remove(key_file);
+    std::ofstream out(key_file);
+    out << options_.api_key << "\n";
+    out.close();
+    std::error_code ec;
+    std::filesystem::permissions(
+        key_file, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write, ec);
+    if (!out || ec) return make_error(StatusCode::kUnavailable, "cannot write {}", key_file);
+  }
+  if (!key_file.empty()) argv->insert(argv->end(), {"--api-key-file", key_file});
+  return Status::ok();
+}
+
 Status ServiceLauncher::start() {
   const std::string bin = net::executable_dir();
   for (const char* name : {"litellama-scheduler", "litellama-worker", "litellama-tokenizer"}) {
@@ -106,6 +141,7 @@ Status ServiceLauncher::start() {
         services_.back().argv.end(),
         {"--max-waiting-requests", std::to_string(options_.max_waiting_requests)});
   }
+  LITELLAMA_RETURN_IF_ERROR(add_api_flags(&services_.back().argv));
   add("worker",
       {bin + "/litellama-worker",
        "--model",
@@ -129,11 +165,28 @@ Status ServiceLauncher::start() {
        "--max-batch-seqs",
        std::to_string(options_.max_batch_seqs)},
       metrics(1));
+  std::vector<std::string>& worker_argv = services_.back().argv;
+  if (options_.kv_cache_bytes > 0) {
+    worker_argv.insert(worker_argv.end(),
+                       {"--kv-cache-bytes", std::to_string(options_.kv_cache_bytes)});
+  }
+  if (options_.gpu_memory_utilization > 0) {
+    worker_argv.insert(worker_argv.end(), {"--gpu-memory-utilization",
+                                           fmt::format("{}", options_.gpu_memory_utilization)});
+  }
+  if (options_.max_model_len > 0) {
+    worker_argv.insert(worker_argv.end(),
+                       {"--max-model-len", std::to_string(options_.max_model_len)});
+  }
   for (int32_t i = 0; i < options_.n_tokenizers; ++i) {
     add(fmt::format("tokenizer-{}", i),
         {bin + "/litellama-tokenizer", "--model", options_.model_dir, "--scheduler", tokenizer_ep,
          "--metrics", metrics(2 + i), "--log-level", options_.log_level},
         metrics(2 + i));
+    if (!options_.chat_template_file.empty()) {
+      services_.back().argv.insert(services_.back().argv.end(),
+                                   {"--chat-template", options_.chat_template_file});
+    }
   }
   // A server already on this run dir would refuse our scheduler, and our worker and tokenizers
   // would join it: refuse before starting anything. The scheduler takes the locks for good.
@@ -150,6 +203,14 @@ Status ServiceLauncher::start() {
                         "from there (the scheduler's, the worker's, one per tokenizer), or "
                         "--metrics-port 0 to turn metrics off",
                         s.name, st.message(), 2 + options_.n_tokenizers);
+    }
+  }
+  if (!api_listen().empty()) {
+    if (Status st = net::MetricsServer::check_available(api_listen()); !st) {
+      return make_error(st.code(),
+                        "the HTTP API's address: {}; pass another --port (or --port 0 "
+                        "to turn the API off)",
+                        st.message());
     }
   }
   for (Service& s : services_) LITELLAMA_RETURN_IF_ERROR(launch(s));

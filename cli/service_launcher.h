@@ -42,6 +42,17 @@ struct LaunchOptions {
   std::string log_level = "info";
   std::string log_dir;  // "" : children write to this terminal
   bool restart = true;
+  // The scheduler's OpenAI-compatible HTTP API (litellama serve): off when api_port is 0.
+  std::string api_host = "127.0.0.1";
+  int32_t api_port = 0;
+  std::string api_key;       // written to a 0600 file in the run dir, never on a command line
+  std::string api_key_file;  // or read from here by the scheduler
+  std::string served_model_name;
+  int64_t max_model_len = 0;
+  int64_t max_request_bytes = int64_t{4} << 20;
+  std::string chat_template_file;     // litellama-tokenizer --chat-template
+  int64_t kv_cache_bytes = 0;         // litellama-worker --kv-cache-bytes (0: its default)
+  double gpu_memory_utilization = 0;  // litellama-worker --gpu-memory-utilization (0: its default)
 };
 
 // Registers the flags of LaunchOptions on a subcommand (serve, chat --start-services).
@@ -62,6 +73,8 @@ class ServiceLauncher {
   void stop_all();
 
   const std::string& client_endpoint() const { return client_endpoint_; }
+  // HOST:PORT of the HTTP API, "" when off.
+  std::string api_listen() const;
 
  private:
   struct Service {
@@ -74,6 +87,8 @@ class ServiceLauncher {
     std::chrono::steady_clock::time_point started;
   };
   Status launch(Service& s);
+  // The scheduler's --api-* and --max-model-len flags.
+  Status add_api_flags(std::vector<std::string>* argv);
   // "<name> exited with status N<when>" plus the last lines of its log file, when there is one.
   std::string describe_exit(const Service& s, int code, const char* when = "") const;
 

@@ -30,6 +30,10 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 bash scripts/fetch-assets.sh
+# The official openai npm client of the API's integration test, at the versions and checksums
+# tests/integration/openai_client/package-lock.json pins.
+npm ci --prefix tests/integration/openai_client --ignore-scripts --no-audit --no-fund \
+  --loglevel=error
 
 if [ "$do_build" -eq 1 ]; then
   jobs="$(nproc)"

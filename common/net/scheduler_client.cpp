@@ -112,9 +112,11 @@ Status SchedulerClient::abort(uint64_t request_id) {
 
 Result<bool> SchedulerClient::receive(int timeout_ms, std::optional<proto::ServerInfoReply>* info) {
   zmq::pollitem_t items[] = {{socket_.handle(), 0, ZMQ_POLLIN, 0},
-                             {monitor_.handle(), 0, ZMQ_POLLIN, 0}};
-  const int n = zmq::poll(items, 2, std::chrono::milliseconds(timeout_ms));
+                             {monitor_.handle(), 0, ZMQ_POLLIN, 0},
+                             {nullptr, wake_fd_, ZMQ_POLLIN, 0}};
+  const int n = zmq::poll(items, wake_fd_ >= 0 ? 3 : 2, std::chrono::milliseconds(timeout_ms));
   if (n == 0) return false;
+  if (wake_fd_ >= 0 && (items[2].revents & ZMQ_POLLIN) != 0) woken_ = true;
   std::vector<zmq::message_t> frames;
   // Replies already received come before the news that the connection dropped after them.
   if (!recv_frames(socket_, &frames)) {
@@ -172,7 +174,10 @@ Result<std::optional<ClientEvent>> SchedulerClient::next_event(int timeout_ms) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
                           deadline - std::chrono::steady_clock::now())
                           .count();
-    if (left <= 0) return std::optional<ClientEvent>();
+    if (left <= 0 || woken_) {
+      woken_ = false;
+      return std::optional<ClientEvent>();
+    }
     std::optional<proto::ServerInfoReply> ignored;
     LITELLAMA_ASSIGN_OR_RETURN(bool got, receive(static_cast<int>(left), &ignored));
     (void)got;

@@ -74,6 +74,11 @@ class SchedulerClient {
   Result<Completion> generate(proto::GenerateRequest request, const ChunkCallback& on_chunk,
                               int idle_timeout_ms = 60000);
 
+  // A file descriptor (an eventfd) that, when readable, makes next_event() return early with
+  // nothing, so that a thread waiting for events can also be woken for other work. The caller
+  // drains it. -1: none.
+  void set_wake_fd(int fd) { wake_fd_ = fd; }
+
   // Frames from the scheduler that could not be decoded (counted and dropped).
   int64_t n_protocol_errors() const { return n_protocol_errors_; }
 
@@ -95,6 +100,8 @@ class SchedulerClient {
   uint64_t next_request_id_ = 1;
   std::deque<ClientEvent> events_;
   int64_t n_protocol_errors_ = 0;
+  int wake_fd_ = -1;
+  bool woken_ = false;
 };
 
 }  // namespace litellama::net

@@ -40,6 +40,10 @@ inline constexpr int32_t kMaxTopLogits = kMaxStepTopLogits;
 // string limit: larger prompts are refused before anything tokenizes them.
 inline constexpr int64_t kDefaultMaxPromptBytes = int64_t{4} << 20;
 
+// GenerateRequest::max_tokens that asks for the rest of the context: the model's context (capped
+// by the KV pool) less the prompt, resolved when the request is admitted.
+inline constexpr int32_t kMaxTokensRestOfContext = -1;
+
 // client -> scheduler. The input is prompt_ids when non-empty, else messages (the chat template is
 // applied with a generation prompt) when non-empty, else the text prompt.
 struct GenerateRequest {
@@ -50,7 +54,7 @@ struct GenerateRequest {
   std::vector<int32_t> prompt_ids;
   bool add_special_tokens = true;  // text prompt only: prepend BOS etc. as the tokenizer says
   SamplingOptions sampling;
-  int32_t max_tokens = 16;
+  int32_t max_tokens = 16;              // or kMaxTokensRestOfContext
   std::vector<int32_t> stop_token_ids;  // besides the model's EOS ids
   std::vector<std::string> stop;        // stop strings; the text ends before the first match
   bool ignore_eos = false;              // do not stop on the model's EOS ids

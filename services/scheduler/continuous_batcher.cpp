@@ -192,6 +192,14 @@ ContinuousBatcher::AddResult ContinuousBatcher::add_sequence(Request* r, uint64_
 
 bool ContinuousBatcher::validate(Request* r, const proto::StepRingLimits& limits) {
   if (r->validated) return true;
+  if (r->max_tokens == proto::kMaxTokensRestOfContext) {
+    // "The rest of the context": what the model's context (capped by the pool) leaves after the
+    // prompt; at least 1, so that a prompt that fills it is refused below.
+    const int64_t room = max_model_len_ > 0
+                             ? std::min<int64_t>(max_model_len_, allocator_.n_total())
+                             : allocator_.n_total();
+    r->max_tokens = static_cast<int32_t>(std::clamp<int64_t>(room - r->n_prompt(), 1, 1 << 30));
+  }
   const int64_t need = static_cast<int64_t>(r->n_prompt()) + r->max_tokens;
   const auto bad_id = std::find_if(r->prompt_ids.begin(), r->prompt_ids.end(),
                                    [&](int32_t id) { return id < 0 || id >= vocab_size_; });

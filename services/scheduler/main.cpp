@@ -1,10 +1,44 @@
 // litellama-scheduler: parses flags and runs the SchedulerService.
+#include <fstream>
+#include <iterator>
+
 #include <CLI/CLI.hpp>
 
 #include "common/log.h"
 #include "common/net/service_main.h"
 #include "common/net/zmq_util.h"
+#include "services/api/api_server.h"
 #include "services/scheduler/scheduler_service.h"
+
+namespace {
+
+// The scheduler with the HTTP API started once its sockets are bound.
+class SchedulerWithApi {
+ public:
+  SchedulerWithApi(litellama::SchedulerOptions options, litellama::api::ApiOptions api, bool api_on)
+      : service_(std::move(options)), api_options_(std::move(api)), api_on_(api_on) {}
+  litellama::Status start() {
+    LITELLAMA_RETURN_IF_ERROR(service_.start());
+    if (!api_on_) return litellama::Status::ok();
+    LITELLAMA_ASSIGN_OR_RETURN(api_,
+                               litellama::api::ApiServer::start(api_options_, service_.registry()));
+    LITELLAMA_LOG_INFO("HTTP API on http://{} (port {})", api_options_.listen, api_->port());
+    return litellama::Status::ok();
+  }
+  void run() {
+    service_.run();
+    api_.reset();
+  }
+  std::atomic<bool>* stop_flag() { return service_.stop_flag(); }
+
+ private:
+  litellama::SchedulerService service_;
+  litellama::api::ApiOptions api_options_;
+  bool api_on_;
+  std::unique_ptr<litellama::api::ApiServer> api_;
+};
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"litellama-scheduler: request lifecycle, continuous batching, streaming"};
@@ -50,6 +84,24 @@ int main(int argc, char** argv) {
                  "Waiting requests beyond which new ones are refused as overloaded (0: no bound)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 24));
+  app.add_option("--max-model-len", options.max_model_len,
+                 "Longest prompt + completion in tokens (0: the model's context)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  litellama::api::ApiOptions api;
+  std::string api_listen;
+  std::string api_key_file;
+  app.add_option("--api-listen", api_listen,
+                 "HOST:PORT of the OpenAI-compatible HTTP API ('' : off; port 0 picks one)");
+  app.add_option("--api-key-file", api_key_file,
+                 "File whose first line is the API key clients must send as 'Authorization: "
+                 "Bearer KEY'");
+  app.add_option("--served-model-name", api.served_model_name,
+                 "Model name the API lists and requests must name (default: the worker's)");
+  app.add_option("--max-request-bytes", api.max_request_bytes,
+                 "Largest HTTP request body; larger gets 413")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   litellama::net::add_common_service_flags(app, options, run_dir, log_level, "127.0.0.1:9400",
                                            "A peer silent this long is down");
   CLI11_PARSE(app, argc, argv);
@@ -65,6 +117,18 @@ int main(int argc, char** argv) {
   if (options.tokenizer_endpoint.empty()) {
     options.tokenizer_endpoint = litellama::net::ipc_endpoint(run_dir, "tokenizer");
   }
-  litellama::SchedulerService service(options);
+  if (!api_key_file.empty()) {
+    std::ifstream in(api_key_file);
+    if (!in || !std::getline(in, api.api_key) || api.api_key.empty()) {
+      LITELLAMA_LOG_ERROR("--api-key-file {}: cannot read a key from its first line", api_key_file);
+      return litellama::net::kExitConfigError;
+    }
+    while (!api.api_key.empty() && (api.api_key.back() == '\r' || api.api_key.back() == ' ')) {
+      api.api_key.pop_back();
+    }
+  }
+  api.listen = api_listen;
+  api.scheduler_endpoint = options.client_endpoint;
+  SchedulerWithApi service(options, api, !api_listen.empty());
   return litellama::net::run_service(service);
 }

@@ -228,7 +228,9 @@ void SchedulerService::on_generate(const std::string& client, const proto::Gener
                msg.request_id);
     return;
   }
-  if (msg.max_tokens < 1 || msg.max_tokens > options_.max_tokens_limit) {
+  // kMaxTokensRestOfContext is resolved at admission, when the prompt's length is known.
+  if ((msg.max_tokens < 1 && msg.max_tokens != proto::kMaxTokensRestOfContext) ||
+      msg.max_tokens > options_.max_tokens_limit) {
     return reject(
         fmt::format("max_tokens {} is outside [1, {}]", msg.max_tokens, options_.max_tokens_limit));
   }
@@ -310,6 +312,12 @@ void SchedulerService::on_generate(const std::string& client, const proto::Gener
                      msg.messages.empty() ? "text prompt" : "chat messages", r->max_tokens);
 }
 
+int64_t SchedulerService::max_model_len(const proto::WorkerHeartbeat& hb) const {
+  if (options_.max_model_len <= 0) return hb.max_position_embeddings;
+  if (hb.max_position_embeddings <= 0) return options_.max_model_len;
+  return std::min<int64_t>(hb.max_position_embeddings, options_.max_model_len);
+}
+
 void SchedulerService::on_abort(const std::string& client, const proto::AbortRequest& msg) {
   auto it = by_client_.find({client, msg.request_id});
   if (it == by_client_.end()) return;  // already answered
@@ -329,7 +337,7 @@ void SchedulerService::on_server_info(const std::string& client,
     reply.model = worker_->info.model;
     reply.device = worker_->info.device;
     reply.dtype = worker_->info.dtype;
-    reply.max_model_len = worker_->info.max_position_embeddings;
+    reply.max_model_len = max_model_len(worker_->info);
     reply.eos_token_ids = worker_->info.eos_token_ids;
     reply.vocab_size = worker_->info.vocab_size;
   }
@@ -521,7 +529,7 @@ void SchedulerService::on_worker_heartbeat(const std::string& identity,
   for (int32_t id : tokenizer_eos_ids_) {
     if (std::find(eos.begin(), eos.end(), id) == eos.end()) eos.push_back(id);
   }
-  batcher_.set_model(hb.vocab_size, hb.max_position_embeddings, eos);
+  batcher_.set_model(hb.vocab_size, max_model_len(hb), eos);
   in_flight_.clear();
   worker_up_.store(true);
   worker_loading_.store(false);
@@ -793,7 +801,7 @@ void SchedulerService::on_encode_reply(const proto::EncodeReply& reply) {
   r->tokenizer_op = 0;
   pending_encodes_.erase(id);
   if (!reply.error.empty()) {
-    fail(r, StatusCode::kInvalidArgument, "the prompt could not be tokenized");
+    fail(r, StatusCode::kInvalidArgument, "the prompt could not be tokenized: " + reply.error);
     return;
   }
   if (reply.token_ids.empty()) {

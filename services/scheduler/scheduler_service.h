@@ -58,6 +58,8 @@ struct SchedulerOptions {
   // Requests waiting for admission (tokenizing or queued) beyond which new ones are refused at
   // once with "overloaded"; 0: unbounded.
   int32_t max_waiting_requests = 0;
+  // Longest prompt + completion a request may have (--max-model-len); 0: the model's own.
+  int64_t max_model_len = 0;
 };
 
 class SchedulerService {
@@ -73,6 +75,8 @@ class SchedulerService {
   std::atomic<bool>* stop_flag() { return &stop_; }
 
   int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
+  // The metrics registry (thread-safe to collect), also served by the HTTP API.
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
 
  private:
   struct WorkerPeer {
@@ -138,6 +142,8 @@ class SchedulerService {
   void on_tick();
   void update_gauges();
   std::string ready_reason() const;
+  // The context the batcher enforces: the model's, capped by options_.max_model_len.
+  int64_t max_model_len(const proto::WorkerHeartbeat& hb) const;
 
   SchedulerOptions options_;
   std::atomic<bool> stop_{false};

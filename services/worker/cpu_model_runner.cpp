@@ -373,8 +373,11 @@ Result<std::unique_ptr<ModelRunner>> create_cpu_model_runner(const Checkpoint& c
   if (n_slots <= 0) {
     // A few full-length sequences (at least one step's tokens), within the memory budget.
     const int64_t per_slot = int64_t{2} * c.n_layers * c.n_kv_heads * c.head_dim * 4;
+    const int64_t context = options.max_model_len > 0 ? std::min<int64_t>(options.max_model_len,
+                                                                          c.max_position_embeddings)
+                                                      : c.max_position_embeddings;
     const int64_t wanted =
-        std::max<int64_t>(kDefaultKvContexts * c.max_position_embeddings, options.max_batch_tokens);
+        std::max<int64_t>(kDefaultKvContexts * context, options.max_batch_tokens);
     n_slots = static_cast<int32_t>(
         std::min<int64_t>({options.kv_memory_bytes / per_slot, wanted, int64_t{1} << 24}));
   }

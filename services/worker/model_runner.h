@@ -107,6 +107,12 @@ struct RunnerOptions {
   int32_t n_kv_slots = 0;
   double kv_memory_fraction = 0.85;            // CUDA: share of free device memory after weights
   int64_t kv_memory_bytes = int64_t{1} << 30;  // CPU: the most the pool takes, n_kv_slots == 0
+  // CUDA, n_kv_slots == 0, when > 0: vLLM's --gpu-memory-utilization, the share of the device's
+  // total memory this process may hold (weights, workspaces and KV); the pool takes what is left
+  // of it once the rest is allocated. Replaces kv_memory_fraction.
+  double gpu_memory_utilization = 0.0;
+  // Longest sequence served (--max-model-len); 0: the model's. Sizes the CPU's default pool.
+  int64_t max_model_len = 0;
   int32_t n_threads = 0;                       // CPU: 0 = all hardware threads
   int32_t max_batch_tokens = 8192;             // largest n_tokens of one step (sizes workspaces)
   int32_t max_batch_seqs = 256;                // largest n_seqs of one step

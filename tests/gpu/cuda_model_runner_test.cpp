@@ -712,6 +712,36 @@ TEST(CudaModelRunner, SizesThePoolFromFreeMemory) {
   EXPECT_GE(out.sampled_ids[0], 0);
 }
 
+// --gpu-memory-utilization as vLLM means it: the share of the device's total memory this process
+// may hold; the pool gets what is left of it, and a share below what is in use is refused.
+TEST(CudaModelRunner, SizesThePoolFromGpuMemoryUtilization) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  TempDir dir("pool_utilization");
+  auto ckpt = make_checkpoint(dir, kModels[4], DType::kBF16, 10);
+  LITELLAMA_ASSERT_OK(ckpt.status());
+  size_t free_bytes = 0, total_bytes = 0;
+  LITELLAMA_ASSERT_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const double in_use = static_cast<double>(total_bytes - free_bytes) / total_bytes;
+  RunnerOptions o = runner_options(Device::kCuda, DType::kBF16);
+  o.n_kv_slots = 0;
+  o.gpu_memory_utilization = in_use + 0.01;
+  auto runner = create_cuda_model_runner(*ckpt, o);
+  LITELLAMA_ASSERT_OK(runner.status());
+  const ModelConfig& c = ckpt->config();
+  const double slot_bytes = 2.0 * c.n_layers * c.n_kv_heads * c.head_dim * 2;
+  const int32_t n_slots = (*runner)->n_kv_slots();
+  EXPECT_GT(n_slots, 0);
+  // At most the 1% of the total left above what was in use (the weights come out of it too).
+  EXPECT_LE(n_slots * slot_bytes, 0.01 * static_cast<double>(total_bytes));
+  runner->reset();
+  o.gpu_memory_utilization = in_use / 2;
+  auto refused = create_cuda_model_runner(*ckpt, o);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("--gpu-memory-utilization"), std::string::npos)
+      << refused.status().to_string();
+}
+
 // Time of one batch-1 decode step (host wall clock around step(), which ends in the step's only
 // synchronization) on a Llama-3.2-1B shape in bf16. Run with --gtest_also_run_disabled_tests.
 TEST(CudaModelRunnerTiming, DISABLED_DecodeStepLlama32_1B) {

@@ -208,7 +208,7 @@ TEST(Fault, SecondSchedulerOnTheRunDirIsRefusedAndTheFirstServesOn) {
   // `litellama serve` on that run dir refuses before starting anything.
   const CommandResult serve =
       run_command(cluster.bin_dir() + "/litellama serve --model " + cluster.model_dir() +
-                      " --run-dir " + cluster.run_dir() + " --metrics-port 0",
+                      " --run-dir " + cluster.run_dir() + " --metrics-port 0 --port 0",
                   30);
   EXPECT_NE(serve.rc, 0);
   EXPECT_NE(serve.output.find("already served by another process"), std::string::npos)

@@ -142,10 +142,11 @@ TEST(ServiceOperation, ServeRefusesATakenMetricsPortBeforeStartingAnything) {
   }
   const int base = held->port() - 1;
   const std::string run = (cluster.dir() / "run").string();
-  const Exit exit = run_to_exit(
-      {cluster.bin_dir() + "/litellama", "serve", "--model", (cluster.dir() / "no-model").string(),
-       "--run-dir", run, "--metrics-port", std::to_string(base), "--ready-timeout-ms", "60000"},
-      cluster.dir() / "serve.log", 10000);
+  const Exit exit =
+      run_to_exit({cluster.bin_dir() + "/litellama", "serve", "--port", "0", "--model",
+                   (cluster.dir() / "no-model").string(), "--run-dir", run, "--metrics-port",
+                   std::to_string(base), "--ready-timeout-ms", "60000"},
+                  cluster.dir() / "serve.log", 10000);
   EXPECT_EQ(exit.status, 1) << exit.output;
   EXPECT_LT(exit.seconds, 5.0);
   const std::string port = "127.0.0.1:" + std::to_string(held->port());
@@ -162,10 +163,11 @@ TEST(ServiceOperation, ServeFailsFastWhenAServiceExitsWhileStarting) {
   const std::string logs = (cluster.dir() / "logs").string();
   // No model there: the worker and the tokenizer exit at once. Before, serve waited out the
   // whole ready timeout (300 s by default) without a word.
-  const Exit exit = run_to_exit(
-      {cluster.bin_dir() + "/litellama", "serve", "--model", (cluster.dir() / "no-model").string(),
-       "--run-dir", run, "--metrics-port", "0", "--log-dir", logs, "--ready-timeout-ms", "60000"},
-      cluster.dir() / "serve.log", 20000);
+  const Exit exit =
+      run_to_exit({cluster.bin_dir() + "/litellama", "serve", "--port", "0", "--model",
+                   (cluster.dir() / "no-model").string(), "--run-dir", run, "--metrics-port", "0",
+                   "--log-dir", logs, "--ready-timeout-ms", "60000"},
+                  cluster.dir() / "serve.log", 20000);
   EXPECT_EQ(exit.status, 1) << exit.output;
   EXPECT_LT(exit.seconds, 10.0);
   EXPECT_NE(exit.output.find("while the services were starting"), std::string::npos) << exit.output;
@@ -179,8 +181,8 @@ TEST(ServiceOperation, ServicesDoNotOutliveAKilledServe) {
   ASSERT_NO_FATAL_FAILURE(cluster.make_model());
   const std::string run = (cluster.dir() / "serve-run").string();
   auto serve = net::ChildProcess::spawn(
-      {cluster.bin_dir() + "/litellama", "serve", "--model", cluster.model_dir(), "--run-dir", run,
-       "--metrics-port", "0", "--kv-slots", "1024", "--threads", "1", "--log-dir",
+      {cluster.bin_dir() + "/litellama", "serve", "--port", "0", "--model", cluster.model_dir(),
+       "--run-dir", run, "--metrics-port", "0", "--kv-slots", "1024", "--threads", "1", "--log-dir",
        (cluster.dir() / "logs").string()},
       (cluster.dir() / "serve.log").string());
   ASSERT_TRUE(serve.is_ok());

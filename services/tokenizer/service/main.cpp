@@ -1,4 +1,7 @@
 // litellama-tokenizer: parses flags and runs one TokenizerService.
+#include <fstream>
+#include <iterator>
+
 #include <CLI/CLI.hpp>
 
 #include "common/log.h"
@@ -20,6 +23,10 @@ int main(int argc, char** argv) {
                  "Largest text to encode in bytes (after the chat template); larger is refused")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{15} << 20));
+  std::string chat_template_file;
+  app.add_option("--chat-template", chat_template_file,
+                 "Jinja chat template file used instead of the tokenizer's own")
+      ->check(CLI::ExistingFile);
   litellama::net::add_common_service_flags(app, options, run_dir, log_level, "127.0.0.1:9402",
                                            "The scheduler silent this long is down");
   CLI11_PARSE(app, argc, argv);
@@ -27,6 +34,14 @@ int main(int argc, char** argv) {
   litellama::init_logging("tokenizer", log_level);
   if (options.scheduler_endpoint.empty()) {
     options.scheduler_endpoint = litellama::net::ipc_endpoint(run_dir, "tokenizer");
+  }
+  if (!chat_template_file.empty()) {
+    std::ifstream in(chat_template_file, std::ios::binary);
+    options.chat_template.assign(std::istreambuf_iterator<char>(in), {});
+    if (!in.good() && !in.eof()) {
+      LITELLAMA_LOG_ERROR("--chat-template {}: cannot read it", chat_template_file);
+      return litellama::net::kExitConfigError;
+    }
   }
   litellama::TokenizerService service(options);
   return litellama::net::run_service(service);

@@ -103,6 +103,20 @@ Status TokenizerService::start() {
   impl_->eos_token_ids = tok.eos_token_ids();
   impl_->bos_token_id = tok.bos_token_id().value_or(-1);
   loaded_.store(true);
+  {
+    // A template we cannot render still serves text prompts: say so now, in the words chat
+    // requests will get.
+    const std::vector<Tokenizer::ChatMessage> probe = {{"user", "hello"}};
+    auto rendered = options_.chat_template.empty()
+                        ? tok.apply_chat_template(probe, true)
+                        : tok.apply_chat_template(options_.chat_template, probe, true);
+    if (!rendered) {
+      LITELLAMA_LOG_WARN(
+          "tokenizer: the chat template cannot be rendered: {}; text prompts are served, chat "
+          "requests are refused with this reason",
+          rendered.status().to_string());
+    }
+  }
 
   try {
     scheduler_ = zmq::socket_t(context_, zmq::socket_type::dealer);
@@ -132,9 +146,11 @@ proto::EncodeReply TokenizerService::encode(const proto::EncodeRequest& request)
   if (!request.messages.empty()) {
     std::vector<Tokenizer::ChatMessage> messages;
     for (const auto& m : request.messages) messages.push_back({m.role, m.content});
-    auto templated = tok.apply_chat_template(messages, true);
+    auto templated = options_.chat_template.empty()
+                         ? tok.apply_chat_template(messages, true)
+                         : tok.apply_chat_template(options_.chat_template, messages, true);
     if (!templated) {
-      reply.error = templated.status().to_string();
+      reply.error = "the chat template cannot be rendered: " + templated.status().to_string();
       return reply;
     }
     text = std::move(templated).value();

@@ -37,6 +37,8 @@ struct TokenizerOptions {
   bool allow_insecure_tcp = false;  // tcp:// endpoints off loopback (--insecure-tcp)
   // Text prompts (after the chat template) longer than this are refused, not encoded.
   int64_t max_prompt_bytes = proto::kDefaultMaxPromptBytes;
+  // A chat template (Jinja source) used instead of the tokenizer's own; "" : the tokenizer's.
+  std::string chat_template;
 };
 
 class TokenizerService {

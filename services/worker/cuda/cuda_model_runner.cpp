@@ -346,7 +346,19 @@ Status CudaModelRunner::allocate_kv_pool() {
   if (n_slots <= 0) {
     size_t free_bytes = 0, total_bytes = 0;
     LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
-    const double budget = static_cast<double>(free_bytes) * options_.kv_memory_fraction;
+    double budget = static_cast<double>(free_bytes) * options_.kv_memory_fraction;
+    if (options_.gpu_memory_utilization > 0.0) {
+      // vLLM's meaning: this share of the total, less what is in use already (weights and
+      // workspaces of this process, and whatever else holds device memory).
+      budget = static_cast<double>(total_bytes) * options_.gpu_memory_utilization -
+               static_cast<double>(total_bytes - free_bytes);
+      if (budget <= 0.0) {
+        return make_error(StatusCode::kResourceExhausted,
+                          "--gpu-memory-utilization {} leaves no memory for the KV pool: {} of "
+                          "{} bytes of the device are in use already",
+                          options_.gpu_memory_utilization, total_bytes - free_bytes, total_bytes);
+      }
+    }
     n_slots = static_cast<int64_t>(budget / static_cast<double>(per_slot_all_layers));
     n_slots = std::min<int64_t>(n_slots, int64_t{1} << 30);
   }

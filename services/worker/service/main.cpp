@@ -28,6 +28,19 @@ int main(int argc, char** argv) {
                  "contexts, at most 1 GiB, mapped on first use)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 28));
+  app.add_option("--kv-cache-bytes", options.runner.kv_memory_bytes,
+                 "cpu, --kv-slots 0: the most memory the KV pool takes")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1} << 20, int64_t{1} << 40));
+  app.add_option("--gpu-memory-utilization", options.runner.gpu_memory_utilization,
+                 "cuda, --kv-slots 0: share of the device's total memory for weights, KV and "
+                 "workspaces, as vLLM's (0: 85% of the memory free after loading)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--max-model-len", options.runner.max_model_len,
+                 "longest sequence served; sizes the cpu's default KV pool (0: the model's)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   app.add_option("--threads", options.runner.n_threads, "CPU threads (0: all)")
       ->capture_default_str();
   app.add_option("--max-batch-tokens", options.runner.max_batch_tokens, "Tokens per step")

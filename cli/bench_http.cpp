@@ -1,0 +1,244 @@
+#include "cli/bench_http.h"
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+
+#include <curl/curl.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace litellama::cli {
+
+namespace {
+
+using nlohmann::json;
+
+double seconds_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string trim_slash(std::string url) {
+  while (!url.empty() && url.back() == '/') url.pop_back();
+  return url;
+}
+
+struct Transfer {
+  CURL* easy = nullptr;
+  curl_slist* headers = nullptr;
+  std::string body;    // request body
+  std::string buffer;  // response bytes not yet split into events
+  std::string raw;     // the start of a response that is not a stream (errors)
+  size_t index = 0;
+  double start = 0.0;
+  HttpBenchRecord* record = nullptr;
+  int32_t n_chunks = 0;
+  int32_t usage_tokens = -1;
+  bool done = false;  // [DONE] seen
+
+  ~Transfer() {
+    if (easy) curl_easy_cleanup(easy);
+    if (headers) curl_slist_free_all(headers);
+  }
+};
+
+// One SSE event of a completions stream.
+void on_event(Transfer& t, const std::string& data) {
+  if (data == "[DONE]") {
+    t.done = true;
+    return;
+  }
+  const json j = json::parse(data, nullptr, false);
+  if (!j.is_object()) return;
+  if (j.contains("error")) {
+    t.record->error = j["error"].value("message", std::string("error in the stream"));
+    return;
+  }
+  if (j.contains("usage") && j["usage"].is_object()) {
+    t.usage_tokens = j["usage"].value("completion_tokens", -1);
+  }
+  if (!j.contains("choices") || !j["choices"].is_array() || j["choices"].empty()) return;
+  const json& c = j["choices"][0];
+  const std::string text =
+      c.contains("text") && c["text"].is_string() ? c["text"].get<std::string>() : std::string();
+  if (text.empty()) return;
+  const double now = seconds_now() - t.start;
+  if (t.n_chunks == 0) {
+    t.record->t_first = now;
+  } else {
+    t.record->itl.push_back(now - t.record->t_last);
+  }
+  t.record->t_last = now;
+  ++t.n_chunks;
+}
+
+size_t on_write(char* data, size_t size, size_t n, void* user) {
+  auto& t = *static_cast<Transfer*>(user);
+  const size_t bytes = size * n;
+  t.buffer.append(data, bytes);
+  if (t.raw.size() < 4096) t.raw.append(data, std::min(bytes, 4096 - t.raw.size()));
+  size_t end;
+  while ((end = t.buffer.find("\n\n")) != std::string::npos) {
+    const std::string event = t.buffer.substr(0, end);
+    t.buffer.erase(0, end + 2);
+    if (event.rfind("data: ", 0) == 0) on_event(t, event.substr(6));
+  }
+  return bytes;
+}
+
+size_t on_collect(char* data, size_t size, size_t n, void* user) {
+  static_cast<std::string*>(user)->append(data, size * n);
+  return size * n;
+}
+
+struct CurlGlobal {
+  CurlGlobal() { curl_global_init(CURL_GLOBAL_DEFAULT); }
+};
+
+void ensure_curl() {
+  static CurlGlobal once;
+}
+
+}  // namespace
+
+Result<std::string> http_first_model(const std::string& base_url, const std::string& api_key) {
+  ensure_curl();
+  std::unique_ptr<CURL, void (*)(CURL*)> easy(curl_easy_init(), curl_easy_cleanup);
+  std::string body;
+  const std::string url = trim_slash(base_url) + "/models";
+  curl_slist* headers = nullptr;
+  if (!api_key.empty())
+    headers = curl_slist_append(headers, ("Authorization: Bearer " + api_key).c_str());
+  curl_easy_setopt(easy.get(), CURLOPT_URL, url.c_str());
+  curl_easy_setopt(easy.get(), CURLOPT_HTTPHEADER, headers);
+  curl_easy_setopt(easy.get(), CURLOPT_WRITEFUNCTION, &on_collect);
+  curl_easy_setopt(easy.get(), CURLOPT_WRITEDATA, &body);
+  curl_easy_setopt(easy.get(), CURLOPT_TIMEOUT_MS, 10000L);
+  const CURLcode rc = curl_easy_perform(easy.get());
+  long status = 0;
+  curl_easy_getinfo(easy.get(), CURLINFO_RESPONSE_CODE, &status);
+  curl_slist_free_all(headers);
+  if (rc != CURLE_OK) {
+    return make_error(StatusCode::kUnavailable, "GET {}: {}", url, curl_easy_strerror(rc));
+  }
+  const json j = json::parse(body, nullptr, false);
+  if (status != 200 || !j.is_object() || !j.contains("data") || !j["data"].is_array() ||
+      j["data"].empty() || !j["data"][0].contains("id")) {
+    return make_error(StatusCode::kUnavailable, "GET {} answered {}: {}", url, status,
+                      body.substr(0, 300));
+  }
+  return j["data"][0]["id"].get<std::string>();
+}
+
+Result<double> run_http_load(const std::string& base_url, const std::string& api_key,
+                             const std::string& model,
+                             const std::vector<HttpBenchRequest>& requests,
+                             const std::vector<double>& arrivals, int32_t concurrency,
+                             int32_t timeout_ms, std::vector<HttpBenchRecord>* records) {
+  ensure_curl();
+  const std::string url = trim_slash(base_url) + "/completions";
+  records->assign(requests.size(), HttpBenchRecord{});
+  CURLM* multi = curl_multi_init();
+  curl_multi_setopt(multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, 0L);
+  std::vector<std::unique_ptr<Transfer>> transfers(requests.size());
+  size_t next = 0, n_done = 0, n_in_flight = 0;
+  const double start = seconds_now();
+  double last_progress = 0.0;
+  Status failure = Status::ok();
+  while (n_done < requests.size()) {
+    const double now = seconds_now() - start;
+    while (next < requests.size() && arrivals[next] <= now &&
+           (concurrency <= 0 || n_in_flight < static_cast<size_t>(concurrency))) {
+      auto t = std::make_unique<Transfer>();
+      const HttpBenchRequest& r = requests[next];
+      json body = {{"model", model},
+                   {"prompt", r.prompt_ids},
+                   {"max_tokens", r.max_tokens},
+                   {"ignore_eos", true},
+                   {"stream", true},
+                   {"stream_options", {{"include_usage", true}}},
+                   {"temperature", r.sampling.temperature},
+                   {"top_p", r.sampling.top_p},
+                   {"seed", r.sampling.seed & 0x7fffffffffffffffull}};
+      if (r.sampling.top_k > 0) body["top_k"] = r.sampling.top_k;
+      t->body = body.dump();
+      t->index = next;
+      t->start = start;
+      t->record = &(*records)[next];
+      t->record->t_submit = now;
+      t->easy = curl_easy_init();
+      t->headers = curl_slist_append(t->headers, "Content-Type: application/json");
+      if (!api_key.empty()) {
+        t->headers = curl_slist_append(t->headers, ("Authorization: Bearer " + api_key).c_str());
+      }
+      curl_easy_setopt(t->easy, CURLOPT_URL, url.c_str());
+      curl_easy_setopt(t->easy, CURLOPT_HTTPHEADER, t->headers);
+      curl_easy_setopt(t->easy, CURLOPT_POSTFIELDS, t->body.c_str());
+      curl_easy_setopt(t->easy, CURLOPT_POSTFIELDSIZE, static_cast<long>(t->body.size()));
+      curl_easy_setopt(t->easy, CURLOPT_WRITEFUNCTION, &on_write);
+      curl_easy_setopt(t->easy, CURLOPT_WRITEDATA, t.get());
+      curl_easy_setopt(t->easy, CURLOPT_PRIVATE, t.get());
+      curl_easy_setopt(t->easy, CURLOPT_TCP_NODELAY, 1L);
+      curl_multi_add_handle(multi, t->easy);
+      transfers[next] = std::move(t);
+      ++next;
+      ++n_in_flight;
+    }
+    int running = 0;
+    curl_multi_perform(multi, &running);
+    int n_msgs = 0;
+    while (CURLMsg* msg = curl_multi_info_read(multi, &n_msgs)) {
+      if (msg->msg != CURLMSG_DONE) continue;
+      Transfer* t = nullptr;
+      curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, &t);
+      long status = 0;
+      curl_easy_getinfo(msg->easy_handle, CURLINFO_RESPONSE_CODE, &status);
+      HttpBenchRecord& rec = *t->record;
+      if (msg->data.result != CURLE_OK) {
+        rec.error = curl_easy_strerror(msg->data.result);
+      } else if (status != 200) {
+        rec.error = fmt::format("HTTP {}: {}", status, t->raw.substr(0, 300));
+      } else if (rec.error.empty() && !t->done) {
+        rec.error = "the stream ended without data: [DONE]";
+      }
+      rec.ok = rec.error.empty();
+      rec.n_output = t->usage_tokens >= 0 ? t->usage_tokens : t->n_chunks;
+      if (rec.ok && t->n_chunks == 0) {
+        rec.ok = false;
+        rec.error = "no text arrived";
+      }
+      curl_multi_remove_handle(multi, msg->easy_handle);
+      transfers[t->index].reset();
+      ++n_done;
+      --n_in_flight;
+    }
+    int wait_ms = 20;
+    if (next < requests.size() && arrivals[next] > now) {
+      wait_ms = std::clamp(static_cast<int>((arrivals[next] - now) * 1000), 0, 20);
+    }
+    if (n_in_flight > 0) {
+      curl_multi_poll(multi, nullptr, 0, wait_ms, nullptr);
+    } else if (wait_ms > 0 && next < requests.size()) {
+      struct timespec ts = {0, wait_ms * 1000000L};
+      nanosleep(&ts, nullptr);
+    }
+    if (now - last_progress > 0.5 || n_done == requests.size()) {
+      last_progress = now;
+      std::fprintf(stderr, "\rbench: %zu/%zu requests done", n_done, requests.size());
+    }
+    if (now * 1000 > timeout_ms) {
+      failure = Status(StatusCode::kUnavailable, "timed out");
+      break;
+    }
+  }
+  std::fprintf(stderr, "\n");
+  for (auto& t : transfers) {
+    if (t) curl_multi_remove_handle(multi, t->easy);
+  }
+  transfers.clear();
+  curl_multi_cleanup(multi);
+  if (!failure) return failure;
+  return seconds_now() - start;
+}
+
+}  // namespace litellama::cli

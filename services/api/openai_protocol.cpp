@@ -1,0 +1,528 @@
+#include "services/api/openai_protocol.h"
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <regex>
+
+#include <fmt/format.h>
+
+namespace litellama::api {
+
+using nlohmann::json;
+// Responses keep OpenAI's field order (id, object, created, model, choices, usage).
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+// Text out of the server is valid UTF-8 (the scheduler never splits a character); replacing
+// anything else keeps dump() from throwing whatever reaches it.
+std::string dump(const ojson& j) {
+  return j.dump(-1, ' ', false, ojson::error_handler_t::replace);
+}
+
+ApiError bad(const std::string& param, const std::string& message) {
+  ApiError e;
+  e.http_status = 400;
+  e.param = param;
+  e.message = message;
+  return e;
+}
+
+// Whether a present field asks for something (null, false, 0, "" and [] do not).
+bool asks_for(const json& v) {
+  if (v.is_null()) return false;
+  if (v.is_boolean()) return v.get<bool>();
+  if (v.is_number()) return v.get<double>() != 0.0;
+  if (v.is_string() || v.is_array() || v.is_object()) return !v.empty();
+  return true;
+}
+
+// Reads an optional number field within [lo, hi].
+bool read_number(const json& body, const char* name, double lo, double hi, double* out,
+                 ApiError* error) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return true;
+  if (!it->is_number()) {
+    *error = bad(name, fmt::format("'{}' must be a number", name));
+    return false;
+  }
+  const double v = it->get<double>();
+  if (!std::isfinite(v) || v < lo || v > hi) {
+    *error = bad(name, fmt::format("'{}' must be in [{}, {}], got {}", name, lo, hi, v));
+    return false;
+  }
+  *out = v;
+  return true;
+}
+
+bool read_int(const json& body, const char* name, int64_t lo, int64_t hi, int64_t* out,
+              ApiError* error) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return true;
+  if (!it->is_number_integer()) {
+    *error = bad(name, fmt::format("'{}' must be an integer", name));
+    return false;
+  }
+  // Unsigned values above int64 read as the largest int64: out of range below either way.
+  const int64_t v = it->is_number_unsigned() && it->get<uint64_t>() > uint64_t(INT64_MAX)
+                        ? INT64_MAX
+                        : it->get<int64_t>();
+  if (v < lo || v > hi) {
+    *error = bad(name, fmt::format("'{}' must be in [{}, {}], got {}", name, lo, hi, v));
+    return false;
+  }
+  *out = v;
+  return true;
+}
+
+bool read_bool(const json& body, const char* name, bool* out, ApiError* error) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return true;
+  if (!it->is_boolean()) {
+    *error = bad(name, fmt::format("'{}' must be a boolean", name));
+    return false;
+  }
+  *out = it->get<bool>();
+  return true;
+}
+
+// Token ids: a non-empty array of non-negative integers.
+bool read_ids(const json& v, const char* param, std::vector<int32_t>* out, ApiError* error) {
+  out->clear();
+  for (const auto& id : v) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+        id.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      *error = bad(param, fmt::format("'{}' token ids must be non-negative integers", param));
+      return false;
+    }
+    out->push_back(static_cast<int32_t>(id.get<int64_t>()));
+  }
+  return true;
+}
+
+bool read_messages(const json& body, std::vector<proto::ChatMessage>* out, ApiError* error) {
+  auto it = body.find("messages");
+  if (it == body.end() || !it->is_array() || it->empty()) {
+    *error = bad("messages", "'messages' must be a non-empty array");
+    return false;
+  }
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& m = (*it)[i];
+    const std::string where = fmt::format("messages[{}]", i);
+    if (!m.is_object()) {
+      *error = bad(where, where + " must be an object");
+      return false;
+    }
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) {
+      *error = bad(where + ".role", where + ".role must be a string");
+      return false;
+    }
+    proto::ChatMessage msg;
+    msg.role = role->get<std::string>();
+    if (msg.role == "developer") msg.role = "system";  // OpenAI's newer name for system
+    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant") {
+      *error = bad(where + ".role",
+                   fmt::format("{}.role '{}' is not system, developer, user or assistant "
+                               "(tool messages are not supported)",
+                               where, msg.role));
+      return false;
+    }
+    auto content = m.find("content");
+    if (content == m.end() || content->is_null()) {
+      *error = bad(where + ".content", where + ".content is required");
+      return false;
+    }
+    if (content->is_string()) {
+      msg.content = content->get<std::string>();
+    } else if (content->is_array()) {
+      // An array of parts: only text parts, concatenated.
+      for (const auto& part : *content) {
+        auto type = part.is_object() ? part.find("type") : part.end();
+        if (!part.is_object() || type == part.end() || !type->is_string()) {
+          *error = bad(where + ".content", where + ".content parts must be objects with a type");
+          return false;
+        }
+        if (*type != "text") {
+          *error = bad(where + ".content",
+                       fmt::format("{}.content part type '{}' is not supported (only 'text')",
+                                   where, type->get<std::string>()));
+          return false;
+        }
+        auto text = part.find("text");
+        if (text == part.end() || !text->is_string()) {
+          *error = bad(where + ".content", where + ".content text parts need a string 'text'");
+          return false;
+        }
+        msg.content += text->get<std::string>();
+      }
+    } else {
+      *error = bad(where + ".content", where + ".content must be a string or an array of parts");
+      return false;
+    }
+    out->push_back(std::move(msg));
+  }
+  return true;
+}
+
+// The prompts of a completions request: strings, or token-id lists.
+struct Prompt {
+  std::string text;
+  std::vector<int32_t> ids;
+  bool is_ids = false;
+};
+
+bool read_prompts(const json& body, std::vector<Prompt>* out, ApiError* error) {
+  auto it = body.find("prompt");
+  if (it == body.end() || it->is_null()) {
+    *error = bad("prompt", "'prompt' is required");
+    return false;
+  }
+  const json& p = *it;
+  if (p.is_string()) {
+    out->push_back({p.get<std::string>(), {}, false});
+    return true;
+  }
+  if (!p.is_array() || p.empty()) {
+    *error = bad("prompt", "'prompt' must be a string, an array of strings or token ids");
+    return false;
+  }
+  if (p[0].is_number()) {
+    Prompt one;
+    one.is_ids = true;
+    if (!read_ids(p, "prompt", &one.ids, error)) return false;
+    out->push_back(std::move(one));
+    return true;
+  }
+  for (const auto& item : p) {
+    if (item.is_string()) {
+      out->push_back({item.get<std::string>(), {}, false});
+    } else if (item.is_array() && !item.empty()) {
+      Prompt one;
+      one.is_ids = true;
+      if (!read_ids(item, "prompt", &one.ids, error)) return false;
+      out->push_back(std::move(one));
+    } else {
+      *error = bad("prompt", "'prompt' items must be strings or non-empty token-id arrays");
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string error_body(const ApiError& e) {
+  ojson err = {{"message", e.message},
+               {"type", e.type},
+               {"param", e.param.empty() ? ojson(nullptr) : ojson(e.param)},
+               {"code", e.code.empty() ? ojson(nullptr) : ojson(e.code)}};
+  return dump(ojson{{"error", err}});
+}
+
+bool parse_request(const std::string& text, bool chat, const ParseContext& context,
+                   ParsedRequest* out, ApiError* error) {
+  // Without exceptions: a syntax error or a string that is not UTF-8 gives a discarded value.
+  const json body = json::parse(text, nullptr, false);
+  if (body.is_discarded()) {
+    *error = bad("", "the request body is not valid JSON (or not valid UTF-8)");
+    return false;
+  }
+  if (!body.is_object()) {
+    *error = bad("", "the request body must be a JSON object");
+    return false;
+  }
+  // OpenAI fields this server does not implement: refused, never silently ignored.
+  static const char* const kUnsupported[] = {
+      "tools",        "tool_choice",  "functions",    "function_call",       "response_format",
+      "logit_bias",   "logprobs",     "top_logprobs", "parallel_tool_calls", "audio",
+      "modalities",   "prediction",   "suffix",       "web_search_options",  "guided_json",
+      "guided_regex", "guided_choice"};
+  for (const char* name : kUnsupported) {
+    auto it = body.find(name);
+    if (it != body.end() && asks_for(*it)) {
+      *error = bad(name, fmt::format("'{}' is not supported by this server", name));
+      return false;
+    }
+  }
+  if (auto it = body.find("best_of"); it != body.end() && !it->is_null() && *it != 1) {
+    *error = bad("best_of", "'best_of' other than 1 is not supported by this server");
+    return false;
+  }
+  auto model = body.find("model");
+  if (model == body.end() || !model->is_string()) {
+    *error = bad("model", "'model' must be a string naming the served model");
+    return false;
+  }
+  out->model = model->get<std::string>();
+  if (out->model != context.served_model_name) {
+    ApiError e;
+    e.http_status = 404;
+    e.param = "model";
+    e.code = "model_not_found";
+    e.message = fmt::format("The model '{}' does not exist; this server serves '{}'", out->model,
+                            context.served_model_name);
+    *error = e;
+    return false;
+  }
+  out->chat = chat;
+  if (!read_bool(body, "stream", &out->stream, error)) return false;
+  if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) {
+      *error = bad("stream_options", "'stream_options' must be an object");
+      return false;
+    }
+    if (!read_bool(*it, "include_usage", &out->include_usage, error)) {
+      error->param = "stream_options.include_usage";
+      return false;
+    }
+  }
+
+  proto::GenerateRequest base;
+  double d = 0.0;
+  d = 1.0;  // OpenAI's default temperature is 1
+  if (!read_number(body, "temperature", 0.0, 2.0, &d, error)) return false;
+  base.sampling.temperature = static_cast<float>(d);
+  d = 1.0;
+  if (!read_number(body, "top_p", 0.0, 1.0, &d, error)) return false;
+  if (d <= 0.0) {
+    *error = bad("top_p", "'top_p' must be in (0, 1]");
+    return false;
+  }
+  base.sampling.top_p = static_cast<float>(d);
+  d = 0.0;
+  if (!read_number(body, "min_p", 0.0, 1.0, &d, error)) return false;
+  base.sampling.min_p = static_cast<float>(d);
+  d = 0.0;
+  if (!read_number(body, "presence_penalty", -2.0, 2.0, &d, error)) return false;
+  base.sampling.presence_penalty = static_cast<float>(d);
+  d = 0.0;
+  if (!read_number(body, "frequency_penalty", -2.0, 2.0, &d, error)) return false;
+  base.sampling.frequency_penalty = static_cast<float>(d);
+  d = 1.0;
+  if (!read_number(body, "repetition_penalty", 1e-3, 100.0, &d, error)) return false;
+  base.sampling.repetition_penalty = static_cast<float>(d);
+  int64_t top_k = 0;
+  if (!read_int(body, "top_k", -1, 1 << 20, &top_k, error)) return false;
+  base.sampling.top_k = top_k < 0 ? 0 : static_cast<int32_t>(top_k);  // -1: off, as vLLM
+  int64_t n = 1;
+  if (!read_int(body, "n", 1, context.max_n, &n, error)) return false;
+  out->n = static_cast<int32_t>(n);
+
+  // max_tokens: 16 for completions as OpenAI's; chat: the rest of the context. The newer name
+  // max_completion_tokens wins when both are given.
+  int64_t max_tokens = chat ? proto::kMaxTokensRestOfContext : 16;
+  if (!read_int(body, "max_tokens", 1, 1 << 24, &max_tokens, error)) return false;
+  if (!read_int(body, "max_completion_tokens", 1, 1 << 24, &max_tokens, error)) return false;
+  base.max_tokens = static_cast<int32_t>(max_tokens);
+
+  bool have_seed = false;
+  uint64_t seed = 0;
+  if (auto it = body.find("seed"); it != body.end() && !it->is_null()) {
+    if (!it->is_number_integer()) {
+      *error = bad("seed", "'seed' must be an integer");
+      return false;
+    }
+    have_seed = true;
+    seed =
+        it->is_number_unsigned() ? it->get<uint64_t>() : static_cast<uint64_t>(it->get<int64_t>());
+  }
+  if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
+    if (it->is_string()) {
+      base.stop.push_back(it->get<std::string>());
+    } else if (it->is_array()) {
+      for (const auto& s : *it) {
+        if (!s.is_string()) {
+          *error = bad("stop", "'stop' must be a string or an array of strings");
+          return false;
+        }
+        base.stop.push_back(s.get<std::string>());
+      }
+    } else {
+      *error = bad("stop", "'stop' must be a string or an array of strings");
+      return false;
+    }
+    for (const auto& s : base.stop) {
+      if (s.empty()) {
+        *error = bad("stop", "'stop' strings must not be empty");
+        return false;
+      }
+    }
+  }
+  if (auto it = body.find("stop_token_ids"); it != body.end() && !it->is_null()) {
+    if (!it->is_array() || !read_ids(*it, "stop_token_ids", &base.stop_token_ids, error)) {
+      if (error->message.empty()) *error = bad("stop_token_ids", "'stop_token_ids' must be ids");
+      return false;
+    }
+  }
+  if (!read_bool(body, "ignore_eos", &base.ignore_eos, error)) return false;
+  if (!read_bool(body, "skip_special_tokens", &base.skip_special_tokens, error)) return false;
+  if (auto it = body.find("user"); it != body.end() && !it->is_null() && !it->is_string()) {
+    *error = bad("user", "'user' must be a string");
+    return false;
+  }
+  bool echo = false;
+  if (!chat && !read_bool(body, "echo", &echo, error)) return false;
+
+  std::vector<Prompt> prompts;
+  if (chat) {
+    if (!read_messages(body, &base.messages, error)) return false;
+    prompts.emplace_back();
+  } else {
+    if (!read_prompts(body, &prompts, error)) return false;
+  }
+  std::random_device random;
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    if (echo && prompts[p].is_ids) {
+      *error = bad("echo", "'echo' with a token-id prompt is not supported (use a text prompt)");
+      return false;
+    }
+    for (int32_t i = 0; i < out->n; ++i) {
+      proto::GenerateRequest g = base;
+      if (!chat) {
+        if (prompts[p].is_ids) {
+          g.prompt_ids = prompts[p].ids;
+        } else {
+          g.prompt = prompts[p].text;
+          if (g.prompt.empty()) {
+            *error = bad("prompt", "'prompt' must not be empty");
+            return false;
+          }
+        }
+      }
+      // Choice i samples with seed + i; without a seed every choice draws its own.
+      g.sampling.seed = have_seed ? seed + static_cast<uint64_t>(i)
+                                  : (uint64_t{random()} << 32) ^ uint64_t { random() };
+      out->generate.push_back(std::move(g));
+      out->echo_prefix.push_back(echo ? prompts[p].text : std::string());
+      out->prompt_index.push_back(static_cast<int32_t>(p));
+    }
+  }
+  return true;
+}
+
+ApiError map_scheduler_error(const std::string& code, const std::string& message, bool chat) {
+  ApiError e;
+  e.message = message;
+  if (code == "invalid argument") {
+    e.http_status = 400;
+    // The batcher's words: "prompt (A tokens) + max_tokens (B) = C exceeds the model's context
+    // of D tokens by E" (or "... exceeds the KV pool of D slots by E").
+    static const std::regex kFit(
+        R"(prompt \((\d+) tokens\) \+ max_tokens \((\d+)\) = (\d+) exceeds the (model's context of|KV pool of) (\d+))");
+    std::smatch m;
+    if (std::regex_search(message, m, kFit)) {
+      e.code = "context_length_exceeded";
+      e.param = chat ? "messages" : "prompt";
+      e.message = fmt::format(
+          "This model's maximum context length is {} tokens. However, you requested {} tokens "
+          "({} in the {}, {} in the completion). Please reduce the length of the {} or the "
+          "completion.",
+          m[5].str(), m[3].str(), m[1].str(), chat ? "messages" : "prompt", m[2].str(),
+          chat ? "messages" : "prompt");
+      if (m[4].str() != "model's context of") e.message += " (limited by the KV cache size)";
+    } else if (message.find("chat template") != std::string::npos) {
+      e.param = "messages";
+    }
+  } else if (code == "resource exhausted") {
+    e.http_status = 429;
+    e.type = "rate_limit_exceeded";
+  } else if (code == "unavailable") {
+    e.http_status = 503;
+    e.type = "service_unavailable";
+  } else {
+    e.http_status = 500;
+    e.type = "server_error";
+  }
+  return e;
+}
+
+nlohmann::ordered_json usage_json(const std::vector<ChoiceResult>& choices,
+                                  const std::vector<int32_t>& prompt_index) {
+  int64_t prompt = 0, completion = 0;
+  int32_t last_prompt = -1;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    if (prompt_index[i] != last_prompt) prompt += choices[i].n_prompt_tokens;
+    last_prompt = prompt_index[i];
+    completion += choices[i].n_generated_tokens;
+  }
+  return ojson{{"prompt_tokens", prompt},
+               {"completion_tokens", completion},
+               {"total_tokens", prompt + completion}};
+}
+
+std::string completion_body(const ParsedRequest& request, const std::string& id, int64_t created,
+                            const std::vector<ChoiceResult>& choices) {
+  ojson out_choices = ojson::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    ojson c;
+    c["index"] = i;
+    if (request.chat) {
+      c["message"] = {{"role", "assistant"}, {"content", choices[i].text}};
+    } else {
+      c["text"] = request.echo_prefix[i] + choices[i].text;
+    }
+    c["logprobs"] = nullptr;
+    c["finish_reason"] = choices[i].finish_reason;
+    out_choices.push_back(std::move(c));
+  }
+  ojson body = {{"id", id},
+                {"object", request.chat ? "chat.completion" : "text_completion"},
+                {"created", created},
+                {"model", request.model},
+                {"choices", std::move(out_choices)},
+                {"usage", usage_json(choices, request.prompt_index)}};
+  return dump(body);
+}
+
+std::string stream_chunk(const ParsedRequest& request, const std::string& id, int64_t created,
+                         int32_t index, const std::string* delta_text, bool role,
+                         const std::string& finish_reason) {
+  ojson c;
+  c["index"] = index;
+  if (request.chat) {
+    ojson delta = ojson::object();
+    if (role) delta["role"] = "assistant";
+    if (delta_text) delta["content"] = *delta_text;
+    c["delta"] = std::move(delta);
+  } else {
+    c["text"] = delta_text ? *delta_text : std::string();
+  }
+  c["logprobs"] = nullptr;
+  c["finish_reason"] = finish_reason.empty() ? ojson(nullptr) : ojson(finish_reason);
+  ojson body = {{"id", id},
+                {"object", request.chat ? "chat.completion.chunk" : "text_completion"},
+                {"created", created},
+                {"model", request.model},
+                {"choices", ojson::array({std::move(c)})}};
+  if (request.include_usage) body["usage"] = nullptr;
+  return "data: " + dump(body) + "\n\n";
+}
+
+std::string stream_usage_chunk(const ParsedRequest& request, const std::string& id, int64_t created,
+                               const nlohmann::ordered_json& usage) {
+  ojson body = {{"id", id},
+                {"object", request.chat ? "chat.completion.chunk" : "text_completion"},
+                {"created", created},
+                {"model", request.model},
+                {"choices", ojson::array()},
+                {"usage", usage}};
+  return "data: " + dump(body) + "\n\n";
+}
+
+std::string stream_error(const ApiError& e) {
+  return "data: " + error_body(e) + "\n\n";
+}
+
+std::string models_body(const std::string& served_model_name, int64_t created,
+                        int64_t max_model_len) {
+  ojson model = {{"id", served_model_name},
+                 {"object", "model"},
+                 {"created", created},
+                 {"owned_by", "litellama"}};
+  if (max_model_len > 0) model["max_model_len"] = max_model_len;
+  return dump(ojson{{"object", "list"}, {"data", ojson::array({model})}});
+}
+
+}  // namespace litellama::api
