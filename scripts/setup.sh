@@ -18,9 +18,16 @@ while [ $# -gt 0 ]; do
 done
 
 mapfile -t pkgs < <(grep -v '^\s*#' scripts/debian-packages.txt | tr -s ' \t' '\n' | grep -v '^$')
+# A package counts as present when it is installed or when an installed package provides it
+# (NodeSource's nodejs provides npm, and conflicts with Debian's npm package).
+provided="$(dpkg-query -W -f='${Status}|${Provides}\n' 2>/dev/null |
+  awk -F'|' '$1 ~ /install ok installed/ { print $2 }' | tr ',' '\n' | sed 's/(.*//; s/ //g' |
+  sort -u)"
 missing=()
 for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' && continue
+  grep -qx -- "$p" <<<"$provided" && continue
+  missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
