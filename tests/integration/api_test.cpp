@@ -340,7 +340,7 @@ TEST_F(ApiTest, DisconnectAbortsAndFreesKv) {
   ASSERT_EQ(write(fd, req.data(), req.size()), static_cast<ssize_t>(req.size()));
   char buf[512];
   ASSERT_GT(read(fd, buf, sizeof(buf)), 0);  // the stream has begun
-  EXPECT_GT(metric_value(cluster_->scheduler_metrics(), "litellama_scheduler_kv_slots_used"), 0);
+  EXPECT_TRUE(cluster_->wait_metric_above("litellama_scheduler_kv_slots_used", 0));
   close(fd);
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_TRUE(cluster_->wait_metric("litellama_scheduler_kv_slots_used", 0, 1000));

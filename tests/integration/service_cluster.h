@@ -233,6 +233,16 @@ class ServiceCluster {
   std::string scheduler_metrics() const { return http_get(scheduler_port_, "/metrics").second; }
 
   // Polls the scheduler's metrics until `series` equals `value` (within timeout_ms).
+  // Whether the scheduler's series exceeds `value` within the timeout (its gauges refresh at
+  // most ten times a second while requests run).
+  bool wait_metric_above(const std::string& series, double value, int timeout_ms = 2000) const {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (metric_value(scheduler_metrics(), series) > value) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
   bool wait_metric(const std::string& series, double value, int timeout_ms = 5000) const {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     while (std::chrono::steady_clock::now() < deadline) {
