@@ -413,6 +413,7 @@ void ApiServer::Impl::on_event(net::SchedulerClient& client, const net::ClientEv
   ch.result.text += chunk.text;
   ch.result.n_prompt_tokens = chunk.n_prompt_tokens;
   ch.result.n_generated_tokens = chunk.n_generated_tokens;
+  if (chunk.finished) ch.result.n_cached_tokens = chunk.n_cached_tokens;
   if (chunk.finished) ch.result.finish_reason = chunk.finish_reason;
   if (job->failed || job->gone) return;
   const ParsedRequest& req = job->request;

@@ -440,16 +440,20 @@ ApiError map_scheduler_error(const std::string& code, const std::string& message
 
 nlohmann::ordered_json usage_json(const std::vector<ChoiceResult>& choices,
                                   const std::vector<int32_t>& prompt_index) {
-  int64_t prompt = 0, completion = 0;
+  int64_t prompt = 0, completion = 0, cached = 0;
   int32_t last_prompt = -1;
   for (size_t i = 0; i < choices.size(); ++i) {
-    if (prompt_index[i] != last_prompt) prompt += choices[i].n_prompt_tokens;
+    if (prompt_index[i] != last_prompt) {
+      prompt += choices[i].n_prompt_tokens;
+      cached += choices[i].n_cached_tokens;
+    }
     last_prompt = prompt_index[i];
     completion += choices[i].n_generated_tokens;
   }
   return ojson{{"prompt_tokens", prompt},
                {"completion_tokens", completion},
-               {"total_tokens", prompt + completion}};
+               {"total_tokens", prompt + completion},
+               {"prompt_tokens_details", ojson{{"cached_tokens", cached}}}};
 }
 
 std::string completion_body(const ParsedRequest& request, const std::string& id, int64_t created,

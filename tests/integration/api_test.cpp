@@ -154,6 +154,23 @@ TEST_F(ApiTest, ChatCompletionCarriesUsage) {
   EXPECT_EQ(j["usage"]["total_tokens"].get<int>(), j["usage"]["prompt_tokens"].get<int>() + 5);
 }
 
+// usage.prompt_tokens_details.cached_tokens: the prompt tokens the prefix cache served. The same
+// conversation again finds all of its prompt but the last token cached.
+TEST_F(ApiTest, UsageCountsCachedPromptTokens) {
+  const json body = chat_body("A question the cache will see twice, word for word", 4);
+  const HttpResponse first = post("/v1/chat/completions", body);
+  ASSERT_EQ(first.status, 200) << first.body;
+  const json a = json::parse(first.body);
+  const int prompt = a["usage"]["prompt_tokens"].get<int>();
+  ASSERT_GT(prompt, 3);
+  EXPECT_EQ(a["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  const HttpResponse second = post("/v1/chat/completions", body);
+  ASSERT_EQ(second.status, 200) << second.body;
+  const json b = json::parse(second.body);
+  EXPECT_EQ(b["usage"]["prompt_tokens"], prompt);
+  EXPECT_EQ(b["usage"]["prompt_tokens_details"]["cached_tokens"], prompt - 1);
+}
+
 TEST_F(ApiTest, CompletionsDefaultToSixteenTokensAndEcho) {
   json body = {{"model", kModel},
                {"prompt", "The sky is"},
