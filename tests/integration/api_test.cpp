@@ -161,14 +161,14 @@ TEST_F(ApiTest, UsageCountsCachedPromptTokens) {
   const HttpResponse first = post("/v1/chat/completions", body);
   ASSERT_EQ(first.status, 200) << first.body;
   const json a = json::parse(first.body);
-  const int prompt = a["usage"]["prompt_tokens"].get<int>();
+  const int prompt = a.at("usage").at("prompt_tokens").get<int>();
   ASSERT_GT(prompt, 3);
-  EXPECT_EQ(a["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(a.at("usage").at("prompt_tokens_details").at("cached_tokens"), 0);
   const HttpResponse second = post("/v1/chat/completions", body);
   ASSERT_EQ(second.status, 200) << second.body;
   const json b = json::parse(second.body);
-  EXPECT_EQ(b["usage"]["prompt_tokens"], prompt);
-  EXPECT_EQ(b["usage"]["prompt_tokens_details"]["cached_tokens"], prompt - 1);
+  EXPECT_EQ(b.at("usage").at("prompt_tokens"), prompt);
+  EXPECT_EQ(b.at("usage").at("prompt_tokens_details").at("cached_tokens"), prompt - 1);
 }
 
 TEST_F(ApiTest, CompletionsDefaultToSixteenTokensAndEcho) {
