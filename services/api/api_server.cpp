@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <ctime>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <unordered_map>
@@ -347,22 +348,30 @@ MHD_Result ApiServer::Impl::start_generation(MHD_Connection* c, bool chat, ConnS
 
 MHD_Result ApiServer::Impl::continue_job(MHD_Connection* c, ConnState* state) {
   const std::shared_ptr<Job>& job = state->job;
-  std::lock_guard lock(job->mu);
-  if (job->gone) return MHD_NO;
-  if (!job->head) {
-    job->suspended = true;
-    MHD_suspend_connection(c);
-    return MHD_YES;
+  // What to answer is read under the job's lock; the response is queued after it is released.
+  // read_stream takes the lock while libmicrohttpd holds the response's mutex, so queuing (which
+  // takes that mutex) under the lock would order the two both ways. Suspending stays under the
+  // lock: the pump resumes only a connection it sees suspended.
+  std::optional<ApiError> error;
+  std::string body;
+  {
+    std::lock_guard lock(job->mu);
+    if (job->gone) return MHD_NO;
+    if (!job->head) {
+      job->suspended = true;
+      MHD_suspend_connection(c);
+      return MHD_YES;
+    }
+    if (job->failed && (!job->request.stream || job->out.empty())) {
+      error = job->error;
+    } else if (!job->request.stream) {
+      std::vector<ChoiceResult> results;
+      for (const Choice& ch : job->choices) results.push_back(ch.result);
+      body = completion_body(job->request, job->id, job->created, results);
+    }
   }
-  if (job->failed && (!job->request.stream || job->out.empty())) {
-    return queue_error(c, job->error);
-  }
-  if (!job->request.stream) {
-    std::vector<ChoiceResult> results;
-    for (const Choice& ch : job->choices) results.push_back(ch.result);
-    return queue_text(c, 200, completion_body(job->request, job->id, job->created, results),
-                      "application/json");
-  }
+  if (error) return queue_error(c, *error);
+  if (!job->request.stream) return queue_text(c, 200, body, "application/json");
   MHD_Response* r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, &read_stream,
                                                       new std::shared_ptr<Job>(job), &free_stream);
   if (r == nullptr) return MHD_NO;
