@@ -113,9 +113,9 @@ struct RunnerOptions {
   double gpu_memory_utilization = 0.0;
   // Longest sequence served (--max-model-len); 0: the model's. Sizes the CPU's default pool.
   int64_t max_model_len = 0;
-  int32_t n_threads = 0;                       // CPU: 0 = all hardware threads
-  int32_t max_batch_tokens = 8192;             // largest n_tokens of one step (sizes workspaces)
-  int32_t max_batch_seqs = 256;                // largest n_seqs of one step
+  int32_t n_threads = 0;            // CPU: 0 = all hardware threads
+  int32_t max_batch_tokens = 8192;  // largest n_tokens of one step (sizes workspaces)
+  int32_t max_batch_seqs = 256;     // largest n_seqs of one step
   // CUDA: launch pure decode steps as captured CUDA graphs (one per batch size); false runs every
   // kernel launch from the host, the reference the graph path is tested against.
   bool use_cuda_graphs = true;
