@@ -402,9 +402,7 @@ TEST_P(CudaModelRunnerTest, CudaGraphsMatchDirectLaunches) {
 // plain launches, no graphs) over mixed prefill + decode steps of 1 to 5 sequences: top logits
 // within the dtype's tolerance; greedy ids equal until a step where the reference's top two are a
 // near tie (after that the sequences legitimately diverge). The fast path with and without graphs
-// must agree exactly: the same kernels run in both.
-// The decode kernels (GEMV layers, graphs, PDL) against the reference path (cuBLAS, direct
-// launches, no PDL) on model m, for HalfPrecisionDecodeKernelsMatchReferencePath.
+// must agree exactly: the same kernels run in both. This runs it on model m.
 void expect_decode_kernels_match_reference_path(const ModelCase& m, const std::string& dir_name) {
   TempDir dir(dir_name);
   auto ckpt = make_checkpoint(dir, m, DType::kBF16, 10);
@@ -524,6 +522,13 @@ TEST_P(CudaModelRunnerTest, RepeatedLayerKernelsKeepTheOutputs) {
   bad.layer_kernel_repeats.down = 3;
   EXPECT_EQ(create_cuda_model_runner(*ckpt, bad).status().code(), StatusCode::kInvalidArgument);
 }
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaModelRunnerTest, ::testing::ValuesIn(kModels),
+                         [](const ::testing::TestParamInfo<ModelCase>& info) {
+                           std::string name = info.param.preset;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 TEST(CudaModelRunner, RefusesUnsupportedHeadDim) {
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
