@@ -186,7 +186,14 @@ int run(const Args& a) {
   o.max_batch_seqs = std::max(256, *std::max_element(batches.begin(), batches.end()));
   o.use_cuda_graphs = a.graphs;
   o.gemv_max_tokens = a.gemv;
+#if LITELLAMA_PROFILING
   o.layer_kernel_repeats = *repeats;
+#else
+  if (*repeats != LayerKernelRepeats{}) {
+    std::fprintf(stderr, "--kernel-repeats needs a build with -DLITELLAMA_PROFILING=ON\n");
+    return 2;
+  }
+#endif
   o.gemv_gate_up_max_tokens = a.gemv_gate_up;
   o.use_programmatic_launch = a.pdl;
   int64_t slots = 0;
@@ -385,10 +392,11 @@ int main(int argc, char** argv) {
   app.add_option("--copy-bandwidth", a.copy_bandwidth, "measure the device copy bandwidth (1/0)");
   app.add_option("--kernel-repeats", a.kernel_repeats,
                  "profiling: launches per layer of GEMV-layer kernels, e.g. qkv=2 or attention=0 "
-                 "(qkv, attention, o, post_norm, gate_up, down; bench/step_breakdown.py)");
+                 "(qkv, attention, o, post_norm, gate_up, down; bench/step_breakdown.py; needs a "
+                 "build with LITELLAMA_PROFILING)");
   app.add_option("--block-trace", a.block_trace,
                  "profiling: after each batch's timed steps, trace one more decode step's kernel "
-                 "blocks into this CSV file (appended; needs a build with LITELLAMA_BLOCK_TRACE; "
+                 "blocks into this CSV file (appended; needs a build with LITELLAMA_PROFILING; "
                  "bench/block_timeline.py reads it)");
   CLI11_PARSE(app, argc, argv);
   return litellama::run(a);

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Per-kernel timeline figures of one decode step from a block trace (kernels/block_trace.h).
 
-`litellama-bench ... --block-trace trace.csv`, built with -DLITELLAMA_BLOCK_TRACE=ON, appends
+`litellama-bench ... --block-trace trace.csv`, built with -DLITELLAMA_PROFILING=ON, appends
 one row per block of the traced kernels (the GEMVs, decode attention, add_rmsnorm) of one decode
 step per batch: the multiprocessor, and the global timer when the block started, when its wait
 for the previous kernel returned and when it finished. Here the rows become launches (blocks of

@@ -15,6 +15,16 @@ nvidia-smi -L
 status=0
 ctest --test-dir build -L gpu -j1 --output-on-failure > "$out/gpu_tests.log" 2>&1 || status=1
 grep -E "tests passed|tests failed" "$out/gpu_tests.log"
+# The profiling build's own tests (-DLITELLAMA_PROFILING=ON: layer kernel repeats, block trace).
+cmake -S . -B build-profiling -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DLITELLAMA_CUDA_ARCHITECTURES=90 -DLITELLAMA_PROFILING=ON -DLITELLAMA_BENCH=OFF \
+  > "$out/cmake_profiling.log" 2>&1 &&
+  cmake --build build-profiling -j"$(nproc)" --target cuda_model_runner_test cuda_gemv_test \
+    > "$out/build_profiling.log" 2>&1 &&
+  build-profiling/tests/cuda_model_runner_test --gtest_filter='*RepeatedLayerKernels*' \
+    > "$out/profiling_tests.log" 2>&1 &&
+  build-profiling/tests/cuda_gemv_test --gtest_filter='*BlockTrace*' \
+    >> "$out/profiling_tests.log" 2>&1 || { echo "profiling build tests failed"; status=1; }
 # compute-sanitizer over the GPU test binaries (bench/gpu_sanitize.sh): the parts named in
 # GPU_SANITIZE_PARTS (default: memcheck of the kernel tests and of three golden models; `all`
 # is every binary under memcheck and racecheck, several calls' worth). Any error fails this script.

@@ -158,11 +158,13 @@ int run(int argc, char** argv) {
     const int launches = std::max(copies, 8);
     auto weights = [&](int i) { return pool + static_cast<size_t>(i % copies) * bytes; };
     const DType out = std::strcmp(s.name, "1b.lm_head") == 0 ? DType::kF32 : DType::kBF16;
+    // The launches' stream; each variant sets whether they carry PDL.
+    KernelStream ks(stream, true);
     auto gemv = [&](int i) {
       if (s.silu) {
-        CHECK_OK(launch_gemv_silu_mul(y, x, weights(i), m, s.n, s.k, DType::kBF16, stream));
+        CHECK_OK(launch_gemv_silu_mul(y, x, weights(i), m, s.n, s.k, DType::kBF16, ks));
       } else {
-        CHECK_OK(launch_gemv(y, x, weights(i), m, s.n, s.k, DType::kBF16, out, stream));
+        CHECK_OK(launch_gemv(y, x, weights(i), m, s.n, s.k, DType::kBF16, out, ks));
       }
     };
     auto blas_call = [&](int i) {
@@ -171,7 +173,7 @@ int run(int argc, char** argv) {
     };
     auto read = [&](int i) {
       const int64_t n16 = static_cast<int64_t>(bytes / 16);
-      CHECK(launch_kernel(stream_read_kernel, dim3(132 * 8), dim3(256), 0, stream,
+      CHECK(launch_kernel(stream_read_kernel, dim3(132 * 8), dim3(256), 0, ks,
                           reinterpret_cast<const uint4*>(weights(i)), n16, sink));
     };
     struct Variant {
@@ -192,11 +194,11 @@ int run(int argc, char** argv) {
       std::fflush(stdout);
     };
     for (const Variant& v : variants) {
-      set_programmatic_launch_enabled(v.pdl);
+      ks.programmatic = v.pdl;
       report(v.name, time_graph(stream, launches, reps, v.body));
     }
     if (!sweep) continue;
-    set_programmatic_launch_enabled(true);
+    ks.programmatic = true;
     auto try_config = [&](auto cfg, auto silu_c, auto segs_c) {
       using C = decltype(cfg);
       constexpr bool kSilu = decltype(silu_c)::value;
@@ -218,13 +220,13 @@ int run(int argc, char** argv) {
           cudaError_t e;
           if constexpr (kSilu) {
             e = gemv_detail::launch<__nv_bfloat16, __nv_bfloat16, 2, Epilogue::kSiluMul, C::kWarps,
-                                    C::kVecs, C::kPipe, false, kLoop>(p, stream);
+                                    C::kVecs, C::kPipe, false, kLoop>(p, ks);
           } else if (out == DType::kF32) {
             e = gemv_detail::launch<__nv_bfloat16, float, 1, Epilogue::kStore, C::kWarps, C::kVecs,
-                                    C::kPipe, false, kLoop, kSegs>(p, stream);
+                                    C::kPipe, false, kLoop, kSegs>(p, ks);
           } else {
             e = gemv_detail::launch<__nv_bfloat16, __nv_bfloat16, 1, Epilogue::kStore, C::kWarps,
-                                    C::kVecs, C::kPipe, false, kLoop, kSegs>(p, stream);
+                                    C::kVecs, C::kPipe, false, kLoop, kSegs>(p, ks);
           }
           CHECK(e);
         };

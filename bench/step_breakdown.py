@@ -8,7 +8,8 @@ repeat does the same work again) or left out, against the normal step, in separa
 alternating, `--rounds` times each. Per layer, the difference is that kernel's cost on the step's
 critical path, dependency on its predecessor included. A repeat of a matrix that fits in L2
 (50 MB on an H200) reads part of it from there, so for small matrices the figure is a lower
-bound. Only the GEMV layer path (steps of up to 8 tokens for the small models) has the switch.
+bound. Only the GEMV layer path (steps of up to 8 tokens for the small models) has the switch,
+and only a profiling build (cmake -DLITELLAMA_PROFILING=ON) has --kernel-repeats.
 
 Per kernel the table also gives its weights' read time at the copy bandwidth the first run
 measures (bf16 weights, sizes from the checkpoint's config.json).

@@ -70,7 +70,7 @@ __global__ void add_rmsnorm_kernel(T* __restrict__ normed, T* __restrict__ resid
 
 template <typename T>
 Status launch_typed(void* normed, void* residual, const void* delta, const float* weight,
-                    int32_t n_rows, int32_t hidden, float eps, cudaStream_t stream, bool after) {
+                    int32_t n_rows, int32_t hidden, float eps, KernelStream stream, bool after) {
   const int n = vec_width(hidden, sizeof(T));
   const int threads = std::min(1024, std::max(32, (hidden / n + 31) / 32 * 32));
   auto* out = static_cast<T*>(normed);
@@ -96,7 +96,7 @@ bool add_rmsnorm_supports(DType dtype) {
 
 Status launch_add_rmsnorm(void* normed, void* residual, const void* delta, const float* weight,
                           int32_t n_rows, int32_t hidden, float eps, DType dtype,
-                          cudaStream_t stream, bool dependents_after_input) {
+                          KernelStream stream, bool dependents_after_input) {
   if (n_rows == 0) return Status::ok();
   switch (dtype) {
     case DType::kF32:

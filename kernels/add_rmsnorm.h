@@ -12,6 +12,7 @@
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "kernels/kernel_stream.h"
 
 namespace litellama {
 
@@ -27,6 +28,6 @@ Status launch_add_rmsnorm(void* normed,         // [n_rows, hidden] out
                           const void* delta,    // [n_rows, hidden] or nullptr
                           const float* weight,  // [hidden]
                           int32_t n_rows, int32_t hidden, float eps, DType dtype,
-                          cudaStream_t stream, bool dependents_after_input = false);
+                          KernelStream stream, bool dependents_after_input = false);
 
 }  // namespace litellama

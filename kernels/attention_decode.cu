@@ -717,7 +717,7 @@ struct LaunchArgs {
   int32_t n_splits;
   float scale;
   void* workspace;
-  cudaStream_t stream;
+  KernelStream stream;
   bool cluster;  // tensor-core path: merge the splits in a cluster (cluster_merges)
 };
 
@@ -906,7 +906,7 @@ Status launch_attention_decode(void* out, const void* q, const void* k_pool, con
                                const int32_t* seq_ids, int32_t n_work, int32_t max_kv_len,
                                int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, DType dtype,
                                float scale, int32_t n_sms, void* workspace, size_t workspace_bytes,
-                               cudaStream_t stream) {
+                               KernelStream stream) {
   if (!attention_decode_supports(dtype, head_dim, n_heads, n_kv_heads)) {
     return make_error(StatusCode::kUnsupported,
                       "attention_decode: unsupported dtype {}, head_dim {} or heads {}/{}",

@@ -22,6 +22,7 @@
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "kernels/kernel_stream.h"
 
 namespace litellama {
 
@@ -82,6 +83,6 @@ Status launch_attention_decode(void* out,                   // [n_tokens, n_head
                                int32_t n_work, int32_t max_kv_len, int32_t n_heads,
                                int32_t n_kv_heads, int32_t head_dim, DType dtype, float scale,
                                int32_t n_sms, void* workspace, size_t workspace_bytes,
-                               cudaStream_t stream);
+                               KernelStream stream);
 
 }  // namespace litellama

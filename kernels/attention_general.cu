@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(kThreads) attention_general_kernel(Params p) {
 }
 
 template <typename T, int kVpl>
-Status launch_vpl(const Params& p, int32_t n_work, int32_t max_n_new, cudaStream_t stream) {
+Status launch_vpl(const Params& p, int32_t n_work, int32_t max_n_new, KernelStream stream) {
   const dim3 grid(static_cast<unsigned>(std::clamp(max_n_new, 1, 65535)),
                   static_cast<unsigned>(n_work), static_cast<unsigned>(p.n_heads));
   LITELLAMA_CUDA_RETURN_IF_ERROR(
@@ -139,7 +139,7 @@ Status launch_vpl(const Params& p, int32_t n_work, int32_t max_n_new, cudaStream
 
 // The one place where the runtime head size becomes a template parameter (values per lane).
 template <typename T>
-Status dispatch_vpl(const Params& p, int32_t n_work, int32_t max_n_new, cudaStream_t stream) {
+Status dispatch_vpl(const Params& p, int32_t n_work, int32_t max_n_new, KernelStream stream) {
   switch ((p.head_dim + 31) / 32) {
     case 1:
       return launch_vpl<T, 1>(p, n_work, max_n_new, stream);
@@ -176,7 +176,7 @@ Status launch_attention_general(void* out, const void* q, const void* k_pool, co
                                 const int32_t* slot_start, const int32_t* slot_table,
                                 const int32_t* seq_ids, int32_t n_work, int32_t max_n_new,
                                 int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, DType dtype,
-                                float scale, cudaStream_t stream) {
+                                float scale, KernelStream stream) {
   if (!attention_general_supports(dtype, head_dim, n_heads, n_kv_heads)) {
     return make_error(StatusCode::kUnsupported,
                       "attention_general: unsupported dtype {}, head_dim {} or heads {}/{}",

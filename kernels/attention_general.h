@@ -18,6 +18,7 @@
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "kernels/kernel_stream.h"
 
 namespace litellama {
 
@@ -42,6 +43,6 @@ Status launch_attention_general(void* out,                   // [n_tokens, n_hea
                                 const int32_t* seq_ids,      // [n_work]
                                 int32_t n_work, int32_t max_n_new, int32_t n_heads,
                                 int32_t n_kv_heads, int32_t head_dim, DType dtype, float scale,
-                                cudaStream_t stream);
+                                KernelStream stream);
 
 }  // namespace litellama

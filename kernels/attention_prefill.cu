@@ -417,7 +417,7 @@ struct LaunchArgs {
   int32_t n_heads;
   int32_t n_kv_heads;
   float scale;
-  cudaStream_t stream;
+  KernelStream stream;
 };
 
 template <typename T>
@@ -444,7 +444,7 @@ Status launch_typed(const LaunchArgs& a) {
   if constexpr (std::is_same_v<T, float>) {
     const int64_t tiles = (rows + kF32Rows - 1) / kF32Rows;
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, 65535)), a.n_work, a.n_kv_heads);
-    attention_prefill_f32_kernel<D><<<grid, kThreads, 0, a.stream>>>(make_params<float>(a));
+    attention_prefill_f32_kernel<D><<<grid, kThreads, 0, a.stream.stream>>>(make_params<float>(a));
     LITELLAMA_CUDA_CHECK_LAUNCH("attention_prefill_f32_kernel");
   } else {
     using L = TcLayout<T, D>;
@@ -454,7 +454,7 @@ Status launch_typed(const LaunchArgs& a) {
                                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                         static_cast<int>(L::kSmemBytes)));
     attention_prefill_tc_kernel<T, D>
-        <<<grid, kThreads, L::kSmemBytes, a.stream>>>(make_params<T>(a));
+        <<<grid, kThreads, L::kSmemBytes, a.stream.stream>>>(make_params<T>(a));
     LITELLAMA_CUDA_CHECK_LAUNCH("attention_prefill_tc_kernel");
   }
   return Status::ok();
@@ -512,7 +512,7 @@ Status launch_attention_prefill(void* out, const void* q, const void* k_pool, co
                                 const int32_t* slot_start, const int32_t* slot_table,
                                 const int32_t* seq_ids, int32_t n_work, int32_t max_n_new,
                                 int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, DType dtype,
-                                float scale, cudaStream_t stream) {
+                                float scale, KernelStream stream) {
   if (!attention_prefill_supports(dtype, head_dim, n_heads, n_kv_heads)) {
     return make_error(StatusCode::kUnsupported,
                       "attention_prefill: unsupported dtype {}, head_dim {} or heads {}/{}",

@@ -49,7 +49,7 @@ bool block_trace_compiled() {
 Status block_trace_start(int64_t capacity) {
   if (!block_trace_compiled()) {
     return make_error(StatusCode::kUnsupported,
-                      "block trace: the kernels were built without LITELLAMA_BLOCK_TRACE");
+                      "block trace: the kernels were built without LITELLAMA_PROFILING");
   }
   if (capacity <= 0) {
     return make_error(StatusCode::kInvalidArgument, "block trace: capacity {} <= 0", capacity);

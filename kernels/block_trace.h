@@ -4,7 +4,7 @@
 // for all multiprocessors). bench/block_timeline.py turns a trace of one decode step into per
 // kernel figures: dependency latency, ramp, drain and blocks per multiprocessor.
 //
-// Compiled in only with the CMake option LITELLAMA_BLOCK_TRACE (off by default): without it the
+// Compiled in only with the CMake option LITELLAMA_PROFILING (off by default): without it the
 // kernels carry no trace code and block_trace_start() returns kUnsupported. With it, a traced
 // kernel's thread 0 reads the timer three times and, while a trace is running, appends one record
 // per block (one atomic add); between traces it checks a null pointer. Traced: the GEMV kernels
@@ -40,7 +40,7 @@ struct BlockTraceRecord {
   uint32_t reserved;
 };
 
-// True when the kernels were built with LITELLAMA_BLOCK_TRACE.
+// True when the kernels were built with LITELLAMA_PROFILING (which sets LITELLAMA_BLOCK_TRACE).
 bool block_trace_compiled();
 
 // Starts recording up to `capacity` blocks (later blocks are counted, not recorded). Synchronizes

@@ -26,7 +26,7 @@ __global__ void embedding_kernel(T* __restrict__ out, const int32_t* __restrict_
 
 template <typename T>
 Status launch_typed(void* out, const int32_t* token_ids, const void* table, int32_t n_tokens,
-                    int32_t hidden, cudaStream_t stream) {
+                    int32_t hidden, KernelStream stream) {
   const int n = vec_width(hidden, sizeof(T));
   const int threads = std::min(256, std::max(32, (hidden / n + 31) / 32 * 32));
   if (n == 1) {
@@ -48,7 +48,7 @@ bool embedding_supports(DType dtype) {
 }
 
 Status launch_embedding(void* out, const int32_t* token_ids, const void* table, int32_t n_tokens,
-                        int32_t hidden, DType dtype, cudaStream_t stream) {
+                        int32_t hidden, DType dtype, KernelStream stream) {
   if (n_tokens == 0) return Status::ok();
   switch (dtype) {
     case DType::kF32:

@@ -8,6 +8,7 @@
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "kernels/kernel_stream.h"
 
 namespace litellama {
 
@@ -17,6 +18,6 @@ bool embedding_supports(DType dtype);
 Status launch_embedding(void* out,                 // [n_tokens, hidden]
                         const int32_t* token_ids,  // [n_tokens]
                         const void* table,         // [vocab_size, hidden]
-                        int32_t n_tokens, int32_t hidden, DType dtype, cudaStream_t stream);
+                        int32_t n_tokens, int32_t hidden, DType dtype, KernelStream stream);
 
 }  // namespace litellama

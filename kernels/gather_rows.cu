@@ -25,7 +25,7 @@ __global__ void gather_rows_kernel(T* __restrict__ out, const T* __restrict__ in
 
 template <typename T>
 Status launch_typed(void* out, const void* in, const int32_t* rows, int32_t n_rows_out,
-                    int32_t cols, cudaStream_t stream) {
+                    int32_t cols, KernelStream stream) {
   const int n = vec_width(cols, sizeof(T));
   const int threads = std::min(256, std::max(32, (cols / n + 31) / 32 * 32));
   if (n == 1) {
@@ -47,7 +47,7 @@ bool gather_rows_supports(DType dtype) {
 }
 
 Status launch_gather_rows(void* out, const void* in, const int32_t* rows, int32_t n_rows_out,
-                          int32_t cols, DType dtype, cudaStream_t stream) {
+                          int32_t cols, DType dtype, KernelStream stream) {
   if (n_rows_out == 0) return Status::ok();
   switch (dtype) {
     case DType::kF32:

@@ -9,6 +9,7 @@
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "kernels/kernel_stream.h"
 
 namespace litellama {
 
@@ -18,6 +19,6 @@ bool gather_rows_supports(DType dtype);
 Status launch_gather_rows(void* out,            // [n_rows_out, cols]
                           const void* in,       // [n_rows_in, cols]
                           const int32_t* rows,  // [n_rows_out]
-                          int32_t n_rows_out, int32_t cols, DType dtype, cudaStream_t stream);
+                          int32_t n_rows_out, int32_t cols, DType dtype, KernelStream stream);
 
 }  // namespace litellama

@@ -83,7 +83,7 @@ int single_segments(const Params& p) {
 
 // One tile per block (kStore, kResidualAdd): the configuration by tile count and k.
 template <typename T, typename OutT, Epilogue E>
-cudaError_t launch_single(const Params& p, cudaStream_t stream) {
+cudaError_t launch_single(const Params& p, KernelStream stream) {
   using gemv_detail::launch;
   const int64_t tiles = (static_cast<int64_t>(p.n) + kTileRows - 1) / kTileRows;
   const int64_t sms = sm_count();
@@ -128,7 +128,7 @@ cudaError_t launch_single(const Params& p, cudaStream_t stream) {
 // at 3 and 4 rows. Where single tiles would put two blocks on some multiprocessors (Llama-3.2-1B:
 // 192) or at 8 rows, the step measured slower (bench/RESULTS.md).
 template <typename T, Epilogue E, bool kNorm = false>
-cudaError_t launch_paired(const Params& p, cudaStream_t stream) {
+cudaError_t launch_paired(const Params& p, KernelStream stream) {
   using gemv_detail::launch;
   if constexpr (E == Epilogue::kRope) {
     if (p.k >= 4096 && p.m <= 2) return launch<T, T, 2, E, 8, 2, 2, kNorm>(p, stream);
@@ -168,7 +168,7 @@ bool gemv_rope_supports(int32_t head_dim) {
 }
 
 Status launch_gemv(void* y, const void* x, const void* w, int32_t m, int32_t n, int32_t k,
-                   DType dtype, DType out_dtype, cudaStream_t stream) {
+                   DType dtype, DType out_dtype, KernelStream stream) {
   if (!gemv_supports(dtype, out_dtype, m, k) || n <= 0) {
     return unsupported("gemv", dtype, out_dtype, m, n, k);
   }
@@ -187,7 +187,7 @@ Status launch_gemv(void* y, const void* x, const void* w, int32_t m, int32_t n, 
 }
 
 Status launch_gemv_residual_add(void* residual, const void* x, const void* w, int32_t m, int32_t n,
-                                int32_t k, DType dtype, cudaStream_t stream) {
+                                int32_t k, DType dtype, KernelStream stream) {
   if (!gemv_supports(dtype, dtype, m, k) || n <= 0) {
     return unsupported("gemv_residual_add", dtype, dtype, m, n, k);
   }
@@ -209,7 +209,7 @@ int32_t gemv_residual_add_k_segments(DType dtype, int32_t m, int32_t n, int32_t 
 }
 
 Status launch_gemv_silu_mul(void* act, const void* x, const void* w_gate_up, int32_t m,
-                            int32_t inter, int32_t k, DType dtype, cudaStream_t stream) {
+                            int32_t inter, int32_t k, DType dtype, KernelStream stream) {
   if (!gemv_supports(dtype, dtype, m, k) || inter <= 0) {
     return unsupported("gemv_silu_mul", dtype, dtype, m, inter, k);
   }
@@ -222,7 +222,7 @@ Status launch_gemv_silu_mul(void* act, const void* x, const void* w_gate_up, int
 }
 
 Status launch_gemv_qkv_rope(const GemvRope& rope, const void* x, const void* w_qkv, int32_t m,
-                            int32_t k, DType dtype, cudaStream_t stream,
+                            int32_t k, DType dtype, KernelStream stream,
                             std::optional<GemvRmsNorm> norm) {
   const int32_t n = (rope.n_heads + 2 * rope.n_kv_heads) * rope.head_dim;
   if (!gemv_supports(dtype, dtype, m, k) || !gemv_rope_supports(rope.head_dim) ||

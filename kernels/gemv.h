@@ -23,6 +23,7 @@
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "kernels/kernel_stream.h"
 
 namespace litellama {
 
@@ -36,12 +37,12 @@ Status launch_gemv(void* y,        // [m, n] of out_dtype
                    const void* x,  // [m, k] of dtype
                    const void* w,  // [n, k] of dtype
                    int32_t m, int32_t n, int32_t k, DType dtype, DType out_dtype,
-                   cudaStream_t stream);
+                   KernelStream stream);
 
 // residual[m, n] = round(residual + round(x @ w^T)): the projection and the residual add of
 // add_rmsnorm in one pass (n = hidden size).
 Status launch_gemv_residual_add(void* residual, const void* x, const void* w, int32_t m, int32_t n,
-                                int32_t k, DType dtype, cudaStream_t stream);
+                                int32_t k, DType dtype, KernelStream stream);
 
 // The k segments launch_gemv_residual_add runs this shape with on the current device (gemv.cu's
 // policy; 1: none), for tests and profiling. 0 where the shape is not supported.
@@ -51,7 +52,7 @@ int32_t gemv_residual_add_k_segments(DType dtype, int32_t m, int32_t n, int32_t 
 // rows of x @ [w_gate; w_up]^T (w_gate_up is [2 * inter, k]), each rounded to dtype first, as the
 // separate linear + silu_mul kernels compute it.
 Status launch_gemv_silu_mul(void* act, const void* x, const void* w_gate_up, int32_t m,
-                            int32_t inter, int32_t k, DType dtype, cudaStream_t stream);
+                            int32_t inter, int32_t k, DType dtype, KernelStream stream);
 
 // The RMSNorm before a projection, folded into it. The caller has multiplied every column j of
 // w by the norm's weight[j] (the CUDA runner loads its q/k/v weights that way); x is the
@@ -85,7 +86,7 @@ struct GemvRope {
 // kernels); other sizes run the QKV projection and qkv_rope's kernel separately.
 bool gemv_rope_supports(int32_t head_dim);
 Status launch_gemv_qkv_rope(const GemvRope& rope, const void* x, const void* w_qkv, int32_t m,
-                            int32_t k, DType dtype, cudaStream_t stream,
+                            int32_t k, DType dtype, KernelStream stream,
                             std::optional<GemvRmsNorm> norm = std::nullopt);
 
 }  // namespace litellama

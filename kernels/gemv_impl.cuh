@@ -553,7 +553,7 @@ int unit_blocks_per_sm() {
 // the launch's error.
 template <typename T, typename OutT, int kTiles, Epilogue E, int kWarps, int kVecs, int kPipe,
           bool kNorm = false, bool kLoop = false, int kSegs = 1>
-cudaError_t launch(Params p, cudaStream_t stream) {
+cudaError_t launch(Params p, KernelStream stream) {
   static_assert(kSegs == 1 || kSegs == 2 || kSegs == 4 || kSegs == 8, "segments divide a tile");
   static_assert(kSegs == 1 || (kTiles == 1 && !kNorm &&
                                (E == Epilogue::kStore || E == Epilogue::kResidualAdd)),

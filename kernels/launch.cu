@@ -1,13 +1,11 @@
-// Per-thread switch of programmatic dependent launch, and the current device's launch facts
-// (compute capability, multiprocessor count), read once per device.
+// The current device's launch facts (compute capability, multiprocessor count), read once per
+// device.
 #include "kernels/launch.h"
 
 #include <atomic>
 
 namespace litellama {
 namespace {
-
-thread_local bool g_programmatic_launch = true;
 
 struct DeviceFacts {
   bool sm90 = false;  // compute capability 9.0+: programmatic launch, clusters
@@ -42,12 +40,8 @@ DeviceFacts current_device_facts() {
 
 }  // namespace
 
-bool programmatic_launch_enabled() {
-  return g_programmatic_launch && current_device_facts().sm90;
-}
-
-void set_programmatic_launch_enabled(bool on) {
-  g_programmatic_launch = on;
+bool current_device_supports_programmatic_launch() {
+  return current_device_facts().sm90;
 }
 
 int current_device_sm_count() {

@@ -18,12 +18,12 @@
 
 #include <utility>
 
+#include "kernels/kernel_stream.h"
+
 namespace litellama {
 
-// Whether launch_kernel() sets the PDL attribute on this thread: on by default where the current
-// device supports it (compute capability 9.0+), off otherwise whatever was asked.
-bool programmatic_launch_enabled();
-void set_programmatic_launch_enabled(bool on);
+// Whether the current device runs programmatic dependent launch (compute capability 9.0+).
+bool current_device_supports_programmatic_launch();
 
 // Multiprocessors of the current device (0 when it cannot be read), read once per device.
 int current_device_sm_count();
@@ -41,19 +41,20 @@ struct LaunchShape {
   int carveout_percent = -1;
 };
 
-// Launches `kernel` on `stream` with `shape`, and the PDL attribute where enabled.
+// Launches `kernel` on `stream` with `shape`, with the PDL attribute when the stream asks for it
+// and the device supports it.
 template <typename... Params, typename... Args>
 cudaError_t launch_kernel_shaped(void (*kernel)(Params...), dim3 grid, dim3 block,
-                                 size_t smem_bytes, cudaStream_t stream, LaunchShape shape,
+                                 size_t smem_bytes, KernelStream stream, LaunchShape shape,
                                  Args&&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem_bytes;
-  config.stream = stream;
+  config.stream = stream.stream;
   cudaLaunchAttribute attributes[3]{};
   unsigned n = 0;
-  if (programmatic_launch_enabled()) {
+  if (stream.programmatic && current_device_supports_programmatic_launch()) {
     attributes[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attributes[n++].val.programmaticStreamSerializationAllowed = 1;
   }
@@ -74,10 +75,10 @@ cudaError_t launch_kernel_shaped(void (*kernel)(Params...), dim3 grid, dim3 bloc
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
-// Launches `kernel` on `stream`, with the PDL attribute where enabled.
+// Launches `kernel` on `stream` (PDL as the stream asks, where supported).
 template <typename... Params, typename... Args>
 cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
-                          cudaStream_t stream, Args&&... args) {
+                          KernelStream stream, Args&&... args) {
   return launch_kernel_shaped(kernel, grid, block, smem_bytes, stream, LaunchShape{},
                               std::forward<Args>(args)...);
 }
@@ -86,7 +87,7 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size
 // blocks (which must divide grid.x; compute capability 9.0+).
 template <typename... Params, typename... Args>
 cudaError_t launch_kernel_clustered(void (*kernel)(Params...), dim3 grid, dim3 block,
-                                    size_t smem_bytes, cudaStream_t stream, unsigned cluster_x,
+                                    size_t smem_bytes, KernelStream stream, unsigned cluster_x,
                                     Args&&... args) {
   return launch_kernel_shaped(kernel, grid, block, smem_bytes, stream, LaunchShape{cluster_x, -1},
                               std::forward<Args>(args)...);

@@ -41,7 +41,7 @@ bool linear_supports(DType dtype, DType out_dtype) {
 }
 
 Status launch_linear(void* y, const void* x, const void* w, int32_t m, int32_t n, int32_t k,
-                     DType dtype, DType out_dtype, cublasHandle_t handle, cudaStream_t stream) {
+                     DType dtype, DType out_dtype, cublasHandle_t handle, KernelStream stream) {
   if (!linear_supports(dtype, out_dtype)) {
     return make_error(StatusCode::kUnsupported, "linear: unsupported dtypes {} -> {}",
                       dtype_torch_name(dtype), dtype_torch_name(out_dtype));
@@ -50,7 +50,7 @@ Status launch_linear(void* y, const void* x, const void* w, int32_t m, int32_t n
   const float alpha = 1.0f, beta = 0.0f;
   const cublasComputeType_t compute =
       dtype == DType::kF32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
-  LITELLAMA_CUBLAS_RETURN_IF_ERROR(cublasSetStream(handle, stream));
+  LITELLAMA_CUBLAS_RETURN_IF_ERROR(cublasSetStream(handle, stream.stream));
   LITELLAMA_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
       handle, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, cuda_type(dtype), k, x,
       cuda_type(dtype), k, &beta, y, cuda_type(out_dtype), n, compute, CUBLAS_GEMM_DEFAULT));

@@ -11,6 +11,7 @@
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "kernels/kernel_stream.h"
 
 namespace litellama {
 
@@ -22,6 +23,6 @@ Status launch_linear(void* y,        // [m, n] of out_dtype
                      const void* x,  // [m, k] of dtype
                      const void* w,  // [n, k] of dtype
                      int32_t m, int32_t n, int32_t k, DType dtype, DType out_dtype,
-                     cublasHandle_t handle, cudaStream_t stream);
+                     cublasHandle_t handle, KernelStream stream);
 
 }  // namespace litellama

@@ -185,7 +185,7 @@ Status launch_general(int32_t head_dim, void* q_out, void* k_pool, void* v_pool,
                       const float* inv_freq, const int32_t* positions, const int32_t* token_slot,
                       const int32_t* token_freq_row, int32_t n_tokens, int32_t n_heads,
                       int32_t n_kv_heads, float attention_scaling, float norm_eps,
-                      cudaStream_t stream) {
+                      KernelStream stream) {
   const int64_t work = static_cast<int64_t>(n_tokens) * (n_heads + 2 * n_kv_heads);
   const int64_t blocks = (work + kWarpsPerBlock - 1) / kWarpsPerBlock;
   LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(
@@ -202,7 +202,7 @@ Status launch_hd(void* q_out, void* k_pool, void* v_pool, const void* qkv, const
                  const float* q_norm_weight, const float* k_norm_weight, const float* inv_freq,
                  const int32_t* positions, const int32_t* token_slot, const int32_t* token_freq_row,
                  int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, float attention_scaling,
-                 float norm_eps, cudaStream_t stream) {
+                 float norm_eps, KernelStream stream) {
   const int64_t work = static_cast<int64_t>(n_tokens) * (n_heads + 2 * n_kv_heads);
   const int64_t blocks = (work + kWarpsPerBlock - 1) / kWarpsPerBlock;
   LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(
@@ -219,7 +219,7 @@ Status launch_typed(int32_t head_dim, void* q_out, void* k_pool, void* v_pool, c
                     const float* inv_freq, const int32_t* positions, const int32_t* token_slot,
                     const int32_t* token_freq_row, int32_t n_tokens, int32_t n_heads,
                     int32_t n_kv_heads, float attention_scaling, float norm_eps,
-                    cudaStream_t stream) {
+                    KernelStream stream) {
   switch (head_dim) {
     case 64:
       return launch_hd<T, 64>(q_out, k_pool, v_pool, qkv, qkv_bias, q_norm_weight, k_norm_weight,
@@ -255,7 +255,7 @@ Status launch_qkv_rope(void* q_out, void* k_pool, void* v_pool, const void* qkv,
                        const float* k_norm_weight, const float* inv_freq, const int32_t* positions,
                        const int32_t* token_slot, const int32_t* token_freq_row, int32_t n_tokens,
                        int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                       float attention_scaling, float norm_eps, DType dtype, cudaStream_t stream) {
+                       float attention_scaling, float norm_eps, DType dtype, KernelStream stream) {
   if (n_tokens == 0) return Status::ok();
   switch (dtype) {
     case DType::kF32:

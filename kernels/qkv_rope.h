@@ -15,6 +15,7 @@
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "kernels/kernel_stream.h"
 
 namespace litellama {
 
@@ -33,6 +34,6 @@ Status launch_qkv_rope(void* q_out,                 // [n_tokens, n_heads, head_
                        const int32_t* token_slot,   // [n_tokens] KV slot of each token
                        const int32_t* token_freq_row,  // [n_tokens] or nullptr (all row 0)
                        int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                       float attention_scaling, float norm_eps, DType dtype, cudaStream_t stream);
+                       float attention_scaling, float norm_eps, DType dtype, KernelStream stream);
 
 }  // namespace litellama

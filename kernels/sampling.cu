@@ -739,7 +739,7 @@ size_t sampling_workspace_size_bytes(int32_t n_rows, int32_t vocab_size) {
 
 Status launch_sampling(int32_t* sampled_ids, int32_t* top_ids, float* top_logits, float* logits,
                        const SamplingRow* rows, const int32_t* history_ids, int32_t n_rows,
-                       int32_t vocab_size, int32_t n_top, int32_t* token_marks, cudaStream_t stream,
+                       int32_t vocab_size, int32_t n_top, int32_t* token_marks, KernelStream stream,
                        bool greedy_only, int32_t max_ctas_per_row) {
   if (!sampling_supports(vocab_size, n_top)) {
     return make_error(StatusCode::kUnsupported,

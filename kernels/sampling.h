@@ -35,6 +35,7 @@
 #include <cstdint>
 
 #include "common/status.h"
+#include "kernels/kernel_stream.h"
 
 namespace litellama {
 
@@ -77,7 +78,7 @@ Status launch_sampling(int32_t* sampled_ids,     // [n_rows]
                        const int32_t* history_ids,  // [n_history]
                        int32_t n_rows, int32_t vocab_size, int32_t n_top,
                        int32_t* token_marks,  // workspace, zero at rest
-                       cudaStream_t stream,
+                       KernelStream stream,
                        // every row greedy (temperature 0) without penalties: with n_top == 0 a
                        // plain argmax kernel runs
                        bool greedy_only = false,

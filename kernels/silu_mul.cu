@@ -35,7 +35,7 @@ __global__ void silu_mul_kernel(T* __restrict__ act, const T* __restrict__ gate_
 
 template <typename T, int N>
 Status launch_n(void* act, const void* gate_up, int32_t n_tokens, int32_t inter,
-                cudaStream_t stream) {
+                KernelStream stream) {
   const int64_t n_vecs = static_cast<int64_t>(n_tokens) * (inter / N);
   const int threads = 256;
   const int64_t blocks = std::min<int64_t>((n_vecs + threads - 1) / threads, 65536);
@@ -47,7 +47,7 @@ Status launch_n(void* act, const void* gate_up, int32_t n_tokens, int32_t inter,
 
 template <typename T>
 Status launch_typed(void* act, const void* gate_up, int32_t n_tokens, int32_t inter,
-                    cudaStream_t stream) {
+                    KernelStream stream) {
   if (vec_width(inter, sizeof(T)) == 1)
     return launch_n<T, 1>(act, gate_up, n_tokens, inter, stream);
   return launch_n<T, 16 / sizeof(T)>(act, gate_up, n_tokens, inter, stream);
@@ -60,7 +60,7 @@ bool silu_mul_supports(DType dtype) {
 }
 
 Status launch_silu_mul(void* act, const void* gate_up, int32_t n_tokens, int32_t inter, DType dtype,
-                       cudaStream_t stream) {
+                       KernelStream stream) {
   if (n_tokens == 0) return Status::ok();
   switch (dtype) {
     case DType::kF32:

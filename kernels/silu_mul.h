@@ -10,6 +10,7 @@
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "kernels/kernel_stream.h"
 
 namespace litellama {
 
@@ -17,6 +18,6 @@ bool silu_mul_supports(DType dtype);
 
 Status launch_silu_mul(void* act,            // [n_tokens, inter]
                        const void* gate_up,  // [n_tokens, 2 * inter]
-                       int32_t n_tokens, int32_t inter, DType dtype, cudaStream_t stream);
+                       int32_t n_tokens, int32_t inter, DType dtype, KernelStream stream);
 
 }  // namespace litellama

@@ -138,8 +138,10 @@ struct RunnerOptions {
   // CUDA, compute capability 9.0+: kernels are launched with programmatic dependent launch, so
   // each one starts (and loads its weights) while the previous one finishes.
   bool use_programmatic_launch = true;
-  // Profiling only (see LayerKernelRepeats); the default is the normal step.
+#if LITELLAMA_PROFILING
+  // Only in a profiling build (CMake option LITELLAMA_PROFILING; see LayerKernelRepeats).
   LayerKernelRepeats layer_kernel_repeats;
+#endif
 };
 
 class ModelRunner {

@@ -442,9 +442,11 @@ class PdlChain {
           upload(random_tensor(static_cast<size_t>(kH) * kH, DType::kBF16, -amp, amp, rng).bytes));
     }
   }
-  Status run(cudaStream_t stream) {
-    LITELLAMA_RETURN_IF_ERROR(cuda_ok(
-        cudaMemcpyAsync(residual_.get(), x0_.data(), x0_.size(), cudaMemcpyHostToDevice, stream)));
+  // The chain on `stream`, its kernels launched with PDL when `pdl`.
+  Status run(cudaStream_t raw_stream, bool pdl) {
+    const KernelStream stream(raw_stream, pdl);
+    LITELLAMA_RETURN_IF_ERROR(cuda_ok(cudaMemcpyAsync(residual_.get(), x0_.data(), x0_.size(),
+                                                      cudaMemcpyHostToDevice, raw_stream)));
     for (int32_t l = 0; l < kLayers; ++l) {
       LITELLAMA_RETURN_IF_ERROR(
           launch_add_rmsnorm(normed_.get(), residual_.get(), l == 0 ? nullptr : delta_.get(),
@@ -502,21 +504,19 @@ TEST(CudaGemv, ProgrammaticLaunchChainIsExactDirectAndInGraphs) {
   cudaStream_t stream = nullptr;
   LITELLAMA_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
-  set_programmatic_launch_enabled(false);
-  EXPECT_FALSE(programmatic_launch_enabled());
-  LITELLAMA_ASSERT_OK(chain.run(stream));
+  LITELLAMA_ASSERT_OK(chain.run(stream, /*pdl=*/false));
   LITELLAMA_ASSERT_CUDA(cudaStreamSynchronize(stream));
   const auto want = chain.result();
 
-  set_programmatic_launch_enabled(true);
-  // PDL is what this test is about: it must be on where the device has it.
-  EXPECT_EQ(programmatic_launch_enabled(), major >= 9);
+  // PDL is what this test is about: it must be available where the device has it.
+  EXPECT_EQ(current_device_supports_programmatic_launch(), major >= 9);
   expect_each_run_gives(
-      stream, 20, [&] { return chain.run(stream); }, [&] { return chain.result(); }, want);
+      stream, 20, [&] { return chain.run(stream, /*pdl=*/true); }, [&] { return chain.result(); },
+      want);
   (void)cudaStreamDestroy(stream);
 }
 
-// kernels/block_trace.h. Built without LITELLAMA_BLOCK_TRACE, a trace is refused. Built with it,
+// kernels/block_trace.h. Built without LITELLAMA_PROFILING, a trace is refused. Built with it,
 // a GEMV of 128 tiles (one unit per block) and an add_rmsnorm of 3 rows leave one record per
 // block: each block index once, on one of the device's multiprocessors, start <= release <= end,
 // the add_rmsnorm blocks released no earlier than the GEMV's last block ended (it depends on
@@ -645,7 +645,8 @@ TEST(CudaPdl, DecodeAttentionSeesTheNewestKeyItsProducerWrites) {
             attention_decode_workspace_size_bytes(n, kHeads, kKvHeads, head_dim, max_kv_len, n_sms);
         DevBuf d_ws(ws_bytes);
         // Resets the pools and poisons the output, then runs the kernels (all on `stream`).
-        auto step = [&](bool long_kernel_first) -> Status {
+        auto step = [&](bool long_kernel_first, bool pdl) -> Status {
+          const KernelStream ks(stream, pdl);
           const bool reset = cudaMemcpyAsync(d_k.get(), d_k_init.get(), pool_k.bytes.size(),
                                              cudaMemcpyDeviceToDevice, stream) == cudaSuccess &&
                              cudaMemcpyAsync(d_v.get(), d_v_init.get(), pool_v.bytes.size(),
@@ -654,29 +655,27 @@ TEST(CudaPdl, DecodeAttentionSeesTheNewestKeyItsProducerWrites) {
           if (!reset) return Status(StatusCode::kInternal, "reset failed");
           if (long_kernel_first) {
             LITELLAMA_RETURN_IF_ERROR(launch_gemv(d_long_y.get(), d_long_x.get(), d_long_w.get(), 1,
-                                                  kLongN, kLongK, dtype, dtype, stream));
+                                                  kLongN, kLongK, dtype, dtype, ks));
           }
           LITELLAMA_RETURN_IF_ERROR(launch_qkv_rope(
               d_q.get(), d_k.get(), d_v.get(), d_qkv.get(), nullptr, nullptr, nullptr,
               d_inv_freq.as<float>(), d_positions.as<int32_t>(), d_token_slot.as<int32_t>(),
-              nullptr, n, kHeads, kKvHeads, head_dim, 1.0f, 1e-6f, dtype, stream));
+              nullptr, n, kHeads, kKvHeads, head_dim, 1.0f, 1e-6f, dtype, ks));
           return launch_attention_decode(
               d_out.get(), d_q.get(), d_k.get(), d_v.get(), d_token_start.as<int32_t>(),
               d_kv_len.as<int32_t>(), d_slot_start.as<int32_t>(), d_slot_table.as<int32_t>(),
               d_seq_ids.as<int32_t>(), n, max_kv_len, kHeads, kKvHeads, head_dim, dtype,
-              1.0f / std::sqrt(static_cast<float>(head_dim)), n_sms, d_ws.get(), ws_bytes, stream);
+              1.0f / std::sqrt(static_cast<float>(head_dim)), n_sms, d_ws.get(), ws_bytes, ks);
         };
-        set_programmatic_launch_enabled(false);
-        LITELLAMA_ASSERT_OK(step(false));
+        LITELLAMA_ASSERT_OK(step(false, /*pdl=*/false));
         LITELLAMA_ASSERT_CUDA(cudaStreamSynchronize(stream));
         const auto want = download<uint16_t>(d_out, q_numel);
         const auto want_f32 = download_as_f32(d_out, q_numel, dtype);
         ASSERT_TRUE(std::all_of(want_f32.begin(), want_f32.end(),
                                 [](float x) { return std::isfinite(x); }));
 
-        set_programmatic_launch_enabled(true);
         expect_each_run_gives(
-            stream, 5, [&] { return step(true); },
+            stream, 5, [&] { return step(true, /*pdl=*/true); },
             [&] { return download<uint16_t>(d_out, q_numel); }, want);
       }
     }

@@ -467,11 +467,12 @@ TEST(CudaModelRunner, SegmentedDownProjectionMatchesReferencePath) {
   expect_decode_kernels_match_reference_path(m, "llama3_tiny_segmented_down");
 }
 
-// RunnerOptions::layer_kernel_repeats (bench/step_breakdown.py): launching the QKV, attention,
-// post-attention norm and gate/up kernels twice per layer repeats the same work, so every sampled
-// id and top logit stays exactly as in the normal step (each kernel sums in a fixed order), with
-// gate/up through the GEMV and through cuBLAS; launching o twice adds its output to the residual
-// stream twice and must change the logits. Counts outside 0 to 2 are refused.
+#if LITELLAMA_PROFILING
+// RunnerOptions::layer_kernel_repeats (profiling builds, bench/step_breakdown.py): launching the
+// QKV, attention, post-attention norm and gate/up kernels twice per layer repeats the same work, so
+// every sampled id and top logit stays exactly as in the normal step (each kernel sums in a fixed
+// order), with gate/up through the GEMV and through cuBLAS; launching o twice adds its output to
+// the residual stream twice and must change the logits. Counts outside 0 to 2 are refused.
 TEST_P(CudaModelRunnerTest, RepeatedLayerKernelsKeepTheOutputs) {
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   const ModelCase& m = GetParam();
@@ -522,6 +523,7 @@ TEST_P(CudaModelRunnerTest, RepeatedLayerKernelsKeepTheOutputs) {
   bad.layer_kernel_repeats.down = 3;
   EXPECT_EQ(create_cuda_model_runner(*ckpt, bad).status().code(), StatusCode::kInvalidArgument);
 }
+#endif  // LITELLAMA_PROFILING
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaModelRunnerTest, ::testing::ValuesIn(kModels),
                          [](const ::testing::TestParamInfo<ModelCase>& info) {

@@ -214,7 +214,6 @@ TEST(RunnerOptionsTest, LayerKernelRepeatsParse) {
   auto r = parse_layer_kernel_repeats("");
   ASSERT_TRUE(r.is_ok());
   EXPECT_EQ(*r, LayerKernelRepeats{});
-  EXPECT_EQ(*r, RunnerOptions{}.layer_kernel_repeats);
   r = parse_layer_kernel_repeats("qkv=2,attention=0,down=2");
   ASSERT_TRUE(r.is_ok()) << r.status().message();
   EXPECT_EQ(*r, (LayerKernelRepeats{.qkv = 2, .attention = 0, .down = 2}));

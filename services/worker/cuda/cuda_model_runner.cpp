@@ -178,6 +178,10 @@ class CudaModelRunner final : public ModelRunner {
   Status ensure_staging(size_t bytes);
   Status ensure_history_staging(size_t bytes);
   Status run_layers(const StepPlan& plan);
+  // The step stream, with PDL for the kernels launched on it as RunnerOptions asks.
+  KernelStream kernel_stream() const {
+    return KernelStream(ctx_.stream(), options_.use_programmatic_launch);
+  }
   // One layer of a step of n_tokens <= gemv_max_tokens tokens through the fused GEMV variants.
   Status run_layer_fused(const StepPlan& plan, int32_t l);
   Status run_attention(const StepPlan& plan, int32_t l);
@@ -416,7 +420,6 @@ Status CudaModelRunner::step(const StepBatch& batch, StepOutput* out) {
                       "the CUDA backend returns at most {} top logits (asked for {})",
                       kSamplingMaxTopLogits, batch.n_top_logits);
   }
-  set_programmatic_launch_enabled(options_.use_programmatic_launch);
   const StepPlan plan = plan_step(batch, config_);
   LITELLAMA_RETURN_IF_ERROR(ensure_staging(plan.layout.total_bytes));
   LITELLAMA_RETURN_IF_ERROR(fill_step(batch, config_, plan, n_slots_, staging_host_.data()));
@@ -551,13 +554,18 @@ Status CudaModelRunner::run_layer_fused(const StepPlan& plan, int32_t l) {
   const ModelConfig& c = config_;
   const StepLayout& L = plan.layout;
   const CudaLayerWeights& W = weights_.layers[static_cast<size_t>(l)];
-  cudaStream_t stream = ctx_.stream();
+  const KernelStream stream = kernel_stream();
   auto i32 = [&](size_t offset) { return staging_device_.as<const int32_t>(offset); };
   const int32_t T = plan.n_tokens;
   const int32_t H = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
+#if LITELLAMA_PROFILING
   const LayerKernelRepeats& repeats = options_.layer_kernel_repeats;
-  // Launches `launch` `count` times (RunnerOptions::layer_kernel_repeats; 1 outside profiling).
+#else
+  constexpr LayerKernelRepeats repeats{};
+#endif
+  // Launches `launch` `count` times (RunnerOptions::layer_kernel_repeats in a profiling build; once
+  // in every other).
   auto repeat = [](int32_t count, const auto& launch) -> Status {
     for (int32_t i = 0; i < count; ++i) LITELLAMA_RETURN_IF_ERROR(launch());
     return Status::ok();
@@ -620,15 +628,15 @@ Status CudaModelRunner::run_layer_fused(const StepPlan& plan, int32_t l) {
 Status CudaModelRunner::linear(void* y, const void* x, const void* w, int32_t n_rows, int32_t n,
                                int32_t k, DType out_dtype) {
   if (use_gemv(n_rows, k, out_dtype)) {
-    return launch_gemv(y, x, w, n_rows, n, k, dtype_, out_dtype, ctx_.stream());
+    return launch_gemv(y, x, w, n_rows, n, k, dtype_, out_dtype, kernel_stream());
   }
-  return launch_linear(y, x, w, n_rows, n, k, dtype_, out_dtype, ctx_.cublas(), ctx_.stream());
+  return launch_linear(y, x, w, n_rows, n, k, dtype_, out_dtype, ctx_.cublas(), kernel_stream());
 }
 
 Status CudaModelRunner::run_layers(const StepPlan& plan) {
   const ModelConfig& c = config_;
   const StepLayout& L = plan.layout;
-  cudaStream_t stream = ctx_.stream();
+  const KernelStream stream = kernel_stream();
   auto i32 = [&](size_t offset) { return staging_device_.as<const int32_t>(offset); };
   const int32_t T = plan.n_tokens;
   const int32_t H = c.hidden_size;
@@ -679,13 +687,13 @@ Status CudaModelRunner::run_qkv_rope(const StepPlan& plan, int32_t l) {
       rope_table(plan), staging_device_.as<const int32_t>(plan.layout.positions),
       staging_device_.as<const int32_t>(plan.layout.token_slot), rope_table_rows(plan),
       plan.n_tokens, c.n_heads, c.n_kv_heads, c.head_dim, rope_attention_scaling_,
-      static_cast<float>(c.rms_norm_eps), dtype_, ctx_.stream());
+      static_cast<float>(c.rms_norm_eps), dtype_, kernel_stream());
 }
 
 Status CudaModelRunner::run_attention(const StepPlan& plan, int32_t l) {
   const ModelConfig& c = config_;
   const StepLayout& L = plan.layout;
-  cudaStream_t stream = ctx_.stream();
+  const KernelStream stream = kernel_stream();
   auto i32 = [&](size_t offset) { return staging_device_.as<const int32_t>(offset); };
   const int32_t* decode_seqs = i32(L.work_seqs);
   const int32_t* prefill_seqs = decode_seqs + plan.n_decode;
@@ -708,7 +716,7 @@ Status CudaModelRunner::run_attention(const StepPlan& plan, int32_t l) {
 Status CudaModelRunner::run_head(const StepPlan& plan, int32_t n_top) {
   const ModelConfig& c = config_;
   const StepLayout& L = plan.layout;
-  cudaStream_t stream = ctx_.stream();
+  const KernelStream stream = kernel_stream();
   const auto R = static_cast<int32_t>(plan.sampled_seqs.size());
   const int32_t H = c.hidden_size;
   const int32_t* rows = staging_device_.as<const int32_t>(L.sample_rows);
@@ -751,7 +759,7 @@ Status CudaModelRunner::run_sampling(const StepPlan& plan, int32_t n_top) {
   return launch_sampling(sampled, top_ids, top_values, logits_.as<float>(),
                          staging_device_.as<const SamplingRow>(L.sampling_rows),
                          history_device_.as<const int32_t>(), R, c.vocab_size, n_top,
-                         token_marks_.as<int32_t>(), ctx_.stream(), plan.greedy_only);
+                         token_marks_.as<int32_t>(), kernel_stream(), plan.greedy_only);
 }
 
 Status check_supported(const ModelConfig& c, const RunnerOptions& options) {
@@ -787,6 +795,7 @@ Status check_supported(const ModelConfig& c, const RunnerOptions& options) {
     return make_error(StatusCode::kInvalidArgument,
                       "max_batch_tokens and max_batch_seqs must be positive");
   }
+#if LITELLAMA_PROFILING
   const LayerKernelRepeats& r = options.layer_kernel_repeats;
   for (int32_t count : {r.qkv, r.attention, r.o, r.post_norm, r.gate_up, r.down}) {
     if (count < 0 || count > 2) {
@@ -805,6 +814,7 @@ Status check_supported(const ModelConfig& c, const RunnerOptions& options) {
                       "{}, query width {}, intermediate {}) or gemv_max_tokens {} does not take",
                       c.hidden_size, q_dim, c.intermediate_size, options.gemv_max_tokens);
   }
+#endif
   return Status::ok();
 }
 
