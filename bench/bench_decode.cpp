@@ -96,6 +96,7 @@ struct Args {
   bool copy_bandwidth = true;
   std::string kernel_repeats;  // RunnerOptions::layer_kernel_repeats, "qkv=2,attention=0"
   std::string block_trace;     // CSV file the block timeline of one decode step is appended to
+  bool explain_plan = false;   // print each measured step's forward plan to stderr
 };
 
 // Appends one traced step's records to `path` as CSV (a header when the file is new or empty).
@@ -244,6 +245,10 @@ int run(const Args& a) {
       }
       double ms = 0;
       double device_ms = 0;
+      if (rep == 0 && a.explain_plan) {
+        std::fprintf(stderr, "plan of the prefill step %dx%d:\n%s", n, len,
+                     r.explain_step(batch).c_str());
+      }
       if (!timed_step(&ms, &device_ms)) return 1;
       if (rep >= 2) {
         times.push_back(ms);
@@ -302,6 +307,10 @@ int run(const Args& a) {
         const auto& t = tokens[static_cast<size_t>(q)];
         batch.add_sequence(std::span(&t.back(), 1), slots_of(q, t.size()), true, SamplingParams{},
                            step + 1);
+      }
+      if (step == 0 && a.explain_plan) {
+        std::fprintf(stderr, "plan of a decode step of batch %d:\n%s", b,
+                     r.explain_step(batch).c_str());
       }
       if (!timed_step(ms, device_ms)) return false;
       for (int32_t q = 0; q < b; ++q) {
@@ -394,6 +403,9 @@ int main(int argc, char** argv) {
                  "profiling: launches per layer of GEMV-layer kernels, e.g. qkv=2 or attention=0 "
                  "(qkv, attention, o, post_norm, gate_up, down; bench/step_breakdown.py; needs a "
                  "build with LITELLAMA_PROFILING)");
+  app.add_flag("--explain-plan", a.explain_plan,
+               "print the forward plan of each measured step (layer path, QKV variant, attention "
+               "splits, sampler, graph key) to stderr");
   app.add_option("--block-trace", a.block_trace,
                  "profiling: after each batch's timed steps, trace one more decode step's kernel "
                  "blocks into this CSV file (appended; needs a build with LITELLAMA_PROFILING; "

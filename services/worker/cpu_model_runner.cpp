@@ -8,6 +8,8 @@
 #include <thread>
 #include <utility>
 
+#include <fmt/format.h>
+
 #include "services/worker/checkpoint.h"
 #include "services/worker/cpu_sampler.h"
 #include "services/worker/rope_scaling.h"
@@ -73,6 +75,13 @@ class CpuModelRunner final : public ModelRunner {
   const ModelConfig& config() const override { return config_; }
   int32_t n_kv_slots() const override { return n_slots_; }
   Status step(const StepBatch& batch, StepOutput* out) override;
+  // The CPU runner has one path for every batch.
+  std::string explain_step(const StepBatch& batch) const override {
+    return fmt::format(
+        "float32 reference forward pass over {} tokens in {} sequences on {} threads (one path "
+        "for every batch), then the CPU sampler\n",
+        batch.n_tokens(), batch.n_seqs(), n_threads_);
+  }
 
  private:
   // out[t, n] = sum_k in[t, k] * w[n, k] (+ bias[n])

@@ -161,6 +161,9 @@ class ModelRunner {
   // second sight and replays after). Always 0 where there are no graphs.
   virtual int64_t graph_replays() const { return 0; }
   virtual int64_t graph_captures() const { return 0; }
+  // What a step of `batch` would run, one decision per line (litellama-bench --explain-plan);
+  // runs nothing.
+  virtual std::string explain_step(const StepBatch& batch) const = 0;
 };
 
 // The GEMV layers' token limit a CUDA runner uses: options.gemv_max_tokens, or for -1 (the

@@ -32,17 +32,16 @@
 // the newest key). That last one relies on no sequence reading, as an earlier key, a slot that the
 // same step writes (each new token gets a slot that no cached key occupies).
 //
-// CUDA graphs: a pure decode step (every sequence brings one token and is sampled) is launched as
-// one graph captured per (batch size, top-logit count, attention split count, whether every row
-// is greedy), from after the staging copies through sampling. What must stay true for a replay to
-// be right: every array the kernels read lives at an offset of the staging buffer that depends
-// only on the batch size (StepLayout puts the variable-length slot table last; the penalty
-// history, the other variable-length array, has a staging buffer of its own), the kernels read
-// kv_len, the slot table and the history from there rather than from launch arguments, and no
-// launch configuration depends on anything but the key (attention_decode's split count is part
-// of the key, so a graph is recaptured when growing contexts change it). The first step of a new
-// key runs eagerly (lazy module loading and cuBLAS heuristics happen outside capture); the second
-// captures. Growing a staging buffer moves it, which drops every graph.
+// Which of these paths a step takes, its attention split count, sampler and graph key are decided
+// once per step by plan_forward() (forward_plan.h) before any launch; the code below follows that
+// plan. A pure decode step (every sequence brings one token and is sampled) is launched through
+// GraphRunner (graph_runner.h) under the plan's key, which holds (batch size, top-logit count,
+// attention split count, whether every row is greedy). For a replay to be right, every array the
+// kernels read lives at an offset of the staging buffer that depends only on the batch size
+// (StepLayout puts the variable-length slot table last; the penalty history, the other
+// variable-length array, has a staging buffer of its own), and the kernels read kv_len, the slot
+// table and the history from there rather than from launch arguments. Growing a staging buffer
+// moves it, which drops every graph.
 //
 // Every buffer is allocated once in create(); a step allocates nothing unless its slot table or
 // penalty history outgrows its staging buffers (they then grow geometrically, once).
@@ -72,6 +71,8 @@
 #include "services/worker/checkpoint.h"
 #include "services/worker/cuda/cuda_weights.h"
 #include "services/worker/cuda/device_buffer.h"
+#include "services/worker/cuda/forward_plan.h"
+#include "services/worker/cuda/graph_runner.h"
 #include "services/worker/cuda/step_staging.h"
 #include "services/worker/rope_scaling.h"
 
@@ -85,37 +86,6 @@ constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 constexpr int32_t kMaxKvLenHint = int32_t{1} << 30;
 // Captured decode graphs kept at once; the least recently used is dropped beyond this.
 constexpr size_t kMaxDecodeGraphs = 64;
-
-// One instantiated graph; destroys it.
-class GraphExec {
- public:
-  GraphExec() = default;
-  explicit GraphExec(cudaGraphExec_t exec) : exec_(exec) {}
-  GraphExec(GraphExec&& o) noexcept : exec_(std::exchange(o.exec_, nullptr)) {}
-  GraphExec& operator=(GraphExec&& o) noexcept {
-    if (this != &o) {
-      reset();
-      exec_ = std::exchange(o.exec_, nullptr);
-    }
-    return *this;
-  }
-  GraphExec(const GraphExec&) = delete;
-  GraphExec& operator=(const GraphExec&) = delete;
-  ~GraphExec() { reset(); }
-  cudaGraphExec_t get() const { return exec_; }
-
- private:
-  void reset() {
-    if (exec_ != nullptr) (void)cudaGraphExecDestroy(exec_);
-    exec_ = nullptr;
-  }
-  cudaGraphExec_t exec_ = nullptr;
-};
-
-struct DecodeGraph {
-  GraphExec exec;  // empty until the key's second step captures it
-  uint64_t last_use = 0;
-};
 
 // Owns a stream, a cuBLAS handle and the two events that time a step on the device; destroyed in
 // reverse order of creation.
@@ -167,8 +137,9 @@ class CudaModelRunner final : public ModelRunner {
   std::optional<double> last_step_device_seconds() const override {
     return last_step_device_seconds_;
   }
-  int64_t graph_replays() const override { return graph_replays_; }
-  int64_t graph_captures() const override { return graph_captures_; }
+  int64_t graph_replays() const override { return graphs_.replays(); }
+  int64_t graph_captures() const override { return graphs_.captures(); }
+  std::string explain_step(const StepBatch& batch) const override;
 
  private:
   Status allocate_workspaces();
@@ -177,13 +148,15 @@ class CudaModelRunner final : public ModelRunner {
   Status grow_staging(size_t bytes, PinnedBuffer* host, DeviceBuffer* device);
   Status ensure_staging(size_t bytes);
   Status ensure_history_staging(size_t bytes);
-  Status run_layers(const StepPlan& plan);
+  // The facts plan_forward() reads besides the step itself.
+  ForwardPlanContext forward_context() const;
+  Status run_layers(const StepPlan& plan, const ForwardPlan& fp);
   // The step stream, with PDL for the kernels launched on it as RunnerOptions asks.
   KernelStream kernel_stream() const {
     return KernelStream(ctx_.stream(), options_.use_programmatic_launch);
   }
-  // One layer of a step of n_tokens <= gemv_max_tokens tokens through the fused GEMV variants.
-  Status run_layer_fused(const StepPlan& plan, int32_t l);
+  // One layer through the fused GEMV variants (ForwardPlan::gemv_layers).
+  Status run_layer_fused(const StepPlan& plan, const ForwardPlan& fp, int32_t l);
   Status run_attention(const StepPlan& plan, int32_t l);
   // qkv_rope for layer l over wide_ (the QKV projection's output).
   Status run_qkv_rope(const StepPlan& plan, int32_t l);
@@ -191,25 +164,22 @@ class CudaModelRunner final : public ModelRunner {
   // gives sequences past the original context rows of their own).
   const float* rope_table(const StepPlan& plan) const;
   const int32_t* rope_table_rows(const StepPlan& plan) const;
-  // y = x @ w^T for the step's n_rows rows: the small-batch GEMV where it applies, else cuBLAS.
-  Status linear(void* y, const void* x, const void* w, int32_t n_rows, int32_t n, int32_t k,
-                DType out_dtype);
-  bool use_gemv(int32_t n_rows, int32_t k, DType out_dtype) const;
-  // Whether a step of n_tokens runs its layers through the fused GEMV variants.
-  bool fused_layers(int32_t n_tokens) const;
+  // y = x @ w^T for n_rows rows, in the compute dtype: the small-batch GEMV when `gemv` (the
+  // plan's choice), else cuBLAS.
+  Status project(bool gemv, void* y, const void* x, const void* w, int32_t n_rows, int32_t n,
+                 int32_t k);
   // Whether the layers' input norm weights are folded into W.qkv at load, so that the QKV GEMV
   // takes the norm in (kernels/gemv.h, GemvRmsNorm): models whose small steps use the QKV RoPE
   // GEMV, in bfloat16. In fp16, products of small weights and norm weights could fall into the
   // subnormal range.
   bool fold_input_norms() const;
 
-  Status run_head(const StepPlan& plan, int32_t n_top);
-  Status run_sampling(const StepPlan& plan, int32_t n_top);
+  Status run_head(const StepPlan& plan, const ForwardPlan& fp);
+  Status run_sampling(const StepPlan& plan, const ForwardPlan& fp);
   // The step's kernels after the staging copy: layers then head.
-  Status run_kernels(const StepPlan& plan, int32_t n_top);
-  // Runs the layers and the head, eagerly or through a captured graph.
-  Status run_forward(const StepBatch& batch, const StepPlan& plan);
-  Status capture_forward(const StepPlan& plan, int32_t n_top, GraphExec* exec);
+  Status run_kernels(const StepPlan& plan, const ForwardPlan& fp);
+  // Runs the layers and the head, eagerly or through the graph runner, as the plan says.
+  Status run_forward(const StepPlan& plan, const ForwardPlan& fp);
   void* k_pool(int32_t layer) const;
   void* v_pool(int32_t layer) const;
 
@@ -254,12 +224,7 @@ class CudaModelRunner final : public ModelRunner {
   // The penalty history of a step (StepBatch::history_ids), int32.
   PinnedBuffer history_host_;
   DeviceBuffer history_device_;
-  // Decode graphs by key (n_seqs, n_top, attention split count); see the top of this file.
-  std::unordered_map<uint64_t, DecodeGraph> decode_graphs_;
-  uint64_t graph_clock_ = 0;
-  bool graphs_failed_ = false;
-  int64_t graph_replays_ = 0;   // steps launched from a graph captured by an earlier step
-  int64_t graph_captures_ = 0;  // steps that captured their graph (and then launched it)
+  GraphRunner graphs_{kMaxDecodeGraphs};  // decode graphs by ForwardPlan::graph_key
   std::optional<double> last_step_device_seconds_;
 };
 
@@ -379,9 +344,24 @@ Status CudaModelRunner::allocate_kv_pool() {
   return Status::ok();
 }
 
-Status CudaModelRunner::run_kernels(const StepPlan& plan, int32_t n_top) {
-  LITELLAMA_RETURN_IF_ERROR(run_layers(plan));
-  return plan.sampled_seqs.empty() ? Status::ok() : run_head(plan, n_top);
+Status CudaModelRunner::run_kernels(const StepPlan& plan, const ForwardPlan& fp) {
+  LITELLAMA_RETURN_IF_ERROR(run_layers(plan, fp));
+  return plan.sampled_seqs.empty() ? Status::ok() : run_head(plan, fp);
+}
+
+ForwardPlanContext CudaModelRunner::forward_context() const {
+  ForwardPlanContext ctx;
+  ctx.config = &config_;
+  ctx.options = &options_;
+  ctx.dtype = dtype_;
+  ctx.n_sms = n_sms_;
+  ctx.input_norms_folded = weights_.input_norms_folded;
+  ctx.graphs_available = graphs_.available();
+  return ctx;
+}
+
+std::string CudaModelRunner::explain_step(const StepBatch& batch) const {
+  return plan_forward(plan_step(batch, config_), batch.n_top_logits, forward_context()).describe();
 }
 
 Status CudaModelRunner::grow_staging(size_t bytes, PinnedBuffer* host, DeviceBuffer* device) {
@@ -389,7 +369,7 @@ Status CudaModelRunner::grow_staging(size_t bytes, PinnedBuffer* host, DeviceBuf
   // Rare (a longer slot table or history than ever before): wait until no copy uses them.
   LITELLAMA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx_.stream()));
   const size_t grown = std::max(bytes, host->size_bytes() * 2);
-  decode_graphs_.clear();  // they read the old buffer
+  graphs_.clear();  // they read the old buffer
   *host = PinnedBuffer();
   *device = DeviceBuffer();
   LITELLAMA_ASSIGN_OR_RETURN(*host, PinnedBuffer::allocate(grown));
@@ -437,7 +417,8 @@ Status CudaModelRunner::step(const StepBatch& batch, StepOutput* out) {
     LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(history_device_.data(), history_host_.data(),
                                                    history_bytes, cudaMemcpyHostToDevice, stream));
   }
-  LITELLAMA_RETURN_IF_ERROR(run_forward(batch, plan));
+  const ForwardPlan fp = plan_forward(plan, batch.n_top_logits, forward_context());
+  LITELLAMA_RETURN_IF_ERROR(run_forward(plan, fp));
 
   const auto n_sampled = static_cast<int32_t>(plan.sampled_seqs.size());
   const int32_t n_top = batch.n_top_logits;
@@ -472,76 +453,9 @@ Status CudaModelRunner::step(const StepBatch& batch, StepOutput* out) {
   return Status::ok();
 }
 
-Status CudaModelRunner::run_forward(const StepBatch& batch, const StepPlan& plan) {
-  const auto n_sampled = static_cast<int32_t>(plan.sampled_seqs.size());
-  const int32_t n_top = batch.n_top_logits;
-  const bool graphable = options_.use_cuda_graphs && !graphs_failed_ && plan.n_prefill == 0 &&
-                         n_sampled == plan.n_seqs;
-  if (!graphable) return run_kernels(plan, n_top);
-  const ModelConfig& c = config_;
-  const int32_t n_splits = attention_decode_n_splits(plan.n_decode, c.n_heads, c.n_kv_heads,
-                                                     c.head_dim, plan.max_decode_kv_len, n_sms_);
-  const uint64_t key = (static_cast<uint64_t>(plan.greedy_only) << 61) |
-                       (static_cast<uint64_t>(plan.n_seqs) << 40) |
-                       (static_cast<uint64_t>(n_top) << 20) | static_cast<uint64_t>(n_splits);
-  auto it = decode_graphs_.find(key);
-  if (it == decode_graphs_.end()) {
-    if (decode_graphs_.size() >= kMaxDecodeGraphs) {
-      auto oldest = decode_graphs_.begin();
-      for (auto g = decode_graphs_.begin(); g != decode_graphs_.end(); ++g) {
-        if (g->second.last_use < oldest->second.last_use) oldest = g;
-      }
-      decode_graphs_.erase(oldest);
-    }
-    decode_graphs_[key].last_use = ++graph_clock_;
-    return run_kernels(plan, n_top);  // first sight: eager, outside any capture
-  }
-  DecodeGraph& graph = it->second;
-  graph.last_use = ++graph_clock_;
-  const bool replay = graph.exec.get() != nullptr;
-  if (!replay && !capture_forward(plan, n_top, &graph.exec).is_ok()) {
-    // A capture the runtime refuses leaves the kernels unchanged and correct when launched
-    // directly: stop capturing and run eagerly from here on.
-    (void)cudaGetLastError();
-    LITELLAMA_LOG_WARN("CUDA graphs off: a decode graph capture failed; steps run eagerly");
-    graphs_failed_ = true;
-    decode_graphs_.clear();
-    return run_kernels(plan, n_top);
-  }
-  ++(replay ? graph_replays_ : graph_captures_);
-  LITELLAMA_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(graph.exec.get(), ctx_.stream()));
-  return Status::ok();
-}
-
-Status CudaModelRunner::capture_forward(const StepPlan& plan, int32_t n_top, GraphExec* exec) {
-  cudaStream_t stream = ctx_.stream();
-  LITELLAMA_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const Status recorded = run_kernels(plan, n_top);
-  cudaGraph_t graph = nullptr;
-  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
-  if (!recorded.is_ok()) {
-    if (graph != nullptr) (void)cudaGraphDestroy(graph);
-    return recorded;
-  }
-  LITELLAMA_CUDA_RETURN_IF_ERROR(ended);
-  cudaGraphExec_t instance = nullptr;
-  const cudaError_t made = cudaGraphInstantiate(&instance, graph, 0);
-  (void)cudaGraphDestroy(graph);
-  LITELLAMA_CUDA_RETURN_IF_ERROR(made);
-  *exec = GraphExec(instance);
-  return Status::ok();
-}
-
-bool CudaModelRunner::use_gemv(int32_t n_rows, int32_t k, DType out_dtype) const {
-  return n_rows <= options_.gemv_max_tokens && gemv_supports(dtype_, out_dtype, n_rows, k);
-}
-
-bool CudaModelRunner::fused_layers(int32_t n_tokens) const {
-  const ModelConfig& c = config_;
-  return n_tokens <= options_.gemv_max_tokens &&
-         gemv_supports(dtype_, dtype_, n_tokens, c.hidden_size) &&
-         gemv_supports(dtype_, dtype_, n_tokens, q_dim_) &&
-         gemv_supports(dtype_, dtype_, n_tokens, c.intermediate_size);
+Status CudaModelRunner::run_forward(const StepPlan& plan, const ForwardPlan& fp) {
+  if (!fp.graph) return run_kernels(plan, fp);
+  return graphs_.run(fp.graph_key, ctx_.stream(), [&] { return run_kernels(plan, fp); });
 }
 
 bool CudaModelRunner::fold_input_norms() const {
@@ -550,7 +464,7 @@ bool CudaModelRunner::fold_input_norms() const {
          gemv_rope_supports(c.head_dim);
 }
 
-Status CudaModelRunner::run_layer_fused(const StepPlan& plan, int32_t l) {
+Status CudaModelRunner::run_layer_fused(const StepPlan& plan, const ForwardPlan& fp, int32_t l) {
   const ModelConfig& c = config_;
   const StepLayout& L = plan.layout;
   const CudaLayerWeights& W = weights_.layers[static_cast<size_t>(l)];
@@ -570,10 +484,9 @@ Status CudaModelRunner::run_layer_fused(const StepPlan& plan, int32_t l) {
     for (int32_t i = 0; i < count; ++i) LITELLAMA_RETURN_IF_ERROR(launch());
     return Status::ok();
   };
-  const bool rope_gemv =
-      W.q_norm == nullptr && W.k_norm == nullptr && gemv_rope_supports(c.head_dim);
+  const bool rope_gemv = fp.qkv != QkvPath::kLinearThenRope;
   // The input norm inside the QKV GEMV (its weight folded into W.qkv at load).
-  const bool qkv_norm_in_gemv = rope_gemv && weights_.input_norms_folded;
+  const bool qkv_norm_in_gemv = fp.qkv == QkvPath::kFoldedNormGemvRope;
   if (!qkv_norm_in_gemv) {
     LITELLAMA_RETURN_IF_ERROR(launch_add_rmsnorm(normed_.data(), residual_.data(), nullptr,
                                                  W.input_norm, T, H, eps, dtype_, stream));
@@ -604,7 +517,7 @@ Status CudaModelRunner::run_layer_fused(const StepPlan& plan, int32_t l) {
   // for half, the step without the norm ran 0.849 ms, no faster than with it (0.844 to 0.846), so
   // the norm's kernel costs about nothing (bench/RESULTS.md). cuBLAS does not launch early either
   // way.
-  const bool gate_up_gemv = T <= options_.gemv_gate_up_max_tokens;
+  const bool gate_up_gemv = fp.gate_up_gemv;
   LITELLAMA_RETURN_IF_ERROR(repeat(repeats.post_norm, [&] {
     return launch_add_rmsnorm(normed_.data(), residual_.data(), nullptr, W.post_norm, T, H, eps,
                               dtype_, stream, /*dependents_after_input=*/gate_up_gemv);
@@ -625,15 +538,13 @@ Status CudaModelRunner::run_layer_fused(const StepPlan& plan, int32_t l) {
   });
 }
 
-Status CudaModelRunner::linear(void* y, const void* x, const void* w, int32_t n_rows, int32_t n,
-                               int32_t k, DType out_dtype) {
-  if (use_gemv(n_rows, k, out_dtype)) {
-    return launch_gemv(y, x, w, n_rows, n, k, dtype_, out_dtype, kernel_stream());
-  }
-  return launch_linear(y, x, w, n_rows, n, k, dtype_, out_dtype, ctx_.cublas(), kernel_stream());
+Status CudaModelRunner::project(bool gemv, void* y, const void* x, const void* w, int32_t n_rows,
+                                int32_t n, int32_t k) {
+  if (gemv) return launch_gemv(y, x, w, n_rows, n, k, dtype_, dtype_, kernel_stream());
+  return launch_linear(y, x, w, n_rows, n, k, dtype_, dtype_, ctx_.cublas(), kernel_stream());
 }
 
-Status CudaModelRunner::run_layers(const StepPlan& plan) {
+Status CudaModelRunner::run_layers(const StepPlan& plan, const ForwardPlan& fp) {
   const ModelConfig& c = config_;
   const StepLayout& L = plan.layout;
   const KernelStream stream = kernel_stream();
@@ -645,26 +556,27 @@ Status CudaModelRunner::run_layers(const StepPlan& plan) {
 
   LITELLAMA_RETURN_IF_ERROR(
       launch_embedding(residual_.data(), i32(L.token_ids), weights_.embed, T, H, dtype_, stream));
-  const bool fused = fused_layers(T);
   for (int32_t l = 0; l < c.n_layers; ++l) {
-    if (fused) {
-      LITELLAMA_RETURN_IF_ERROR(run_layer_fused(plan, l));
+    if (fp.gemv_layers) {
+      LITELLAMA_RETURN_IF_ERROR(run_layer_fused(plan, fp, l));
       continue;
     }
     const CudaLayerWeights& W = weights_.layers[static_cast<size_t>(l)];
     LITELLAMA_RETURN_IF_ERROR(launch_add_rmsnorm(normed_.data(), residual_.data(),
                                                  l == 0 ? nullptr : delta_.data(), W.input_norm, T,
                                                  H, eps, dtype_, stream));
-    LITELLAMA_RETURN_IF_ERROR(linear(wide_.data(), normed_.data(), W.qkv, T, qkv_dim_, H, dtype_));
+    LITELLAMA_RETURN_IF_ERROR(
+        project(fp.qkv_gemv, wide_.data(), normed_.data(), W.qkv, T, qkv_dim_, H));
     LITELLAMA_RETURN_IF_ERROR(run_qkv_rope(plan, l));
     LITELLAMA_RETURN_IF_ERROR(run_attention(plan, l));
-    LITELLAMA_RETURN_IF_ERROR(linear(delta_.data(), attn_.data(), W.o, T, H, q_dim_, dtype_));
+    LITELLAMA_RETURN_IF_ERROR(project(fp.o_gemv, delta_.data(), attn_.data(), W.o, T, H, q_dim_));
     LITELLAMA_RETURN_IF_ERROR(launch_add_rmsnorm(normed_.data(), residual_.data(), delta_.data(),
                                                  W.post_norm, T, H, eps, dtype_, stream));
     LITELLAMA_RETURN_IF_ERROR(
-        linear(wide_.data(), normed_.data(), W.gate_up, T, 2 * inter, H, dtype_));
+        project(fp.gate_up_linear_gemv, wide_.data(), normed_.data(), W.gate_up, T, 2 * inter, H));
     LITELLAMA_RETURN_IF_ERROR(launch_silu_mul(act_.data(), wide_.data(), T, inter, dtype_, stream));
-    LITELLAMA_RETURN_IF_ERROR(linear(delta_.data(), act_.data(), W.down, T, H, inter, dtype_));
+    LITELLAMA_RETURN_IF_ERROR(
+        project(fp.down_gemv, delta_.data(), act_.data(), W.down, T, H, inter));
   }
   return Status::ok();
 }
@@ -713,7 +625,7 @@ Status CudaModelRunner::run_attention(const StepPlan& plan, int32_t l) {
   return Status::ok();
 }
 
-Status CudaModelRunner::run_head(const StepPlan& plan, int32_t n_top) {
+Status CudaModelRunner::run_head(const StepPlan& plan, const ForwardPlan& fp) {
   const ModelConfig& c = config_;
   const StepLayout& L = plan.layout;
   const KernelStream stream = kernel_stream();
@@ -725,10 +637,10 @@ Status CudaModelRunner::run_head(const StepPlan& plan, int32_t n_top) {
   // sampled, the sampled rows are rows 0..R-1 in order and the norm works on the layer outputs in
   // place (its residual update is the step's last use of the residual; the next step's embedding
   // rewrites it).
-  const bool fused = fused_layers(plan.n_tokens);
+  const bool fused = fp.gemv_layers;
   void* residual = residual_.data();
   void* delta = fused ? nullptr : delta_.data();
-  if (R != plan.n_tokens || plan.n_seqs != plan.n_tokens) {
+  if (fp.head_gathers) {
     LITELLAMA_RETURN_IF_ERROR(
         launch_gather_rows(last_residual_.data(), residual_.data(), rows, R, H, dtype_, stream));
     residual = last_residual_.data();
@@ -746,10 +658,11 @@ Status CudaModelRunner::run_head(const StepPlan& plan, int32_t n_top) {
   LITELLAMA_RETURN_IF_ERROR(launch_linear(logits_.data(), last_normed_.data(), weights_.lm_head, R,
                                           c.vocab_size, H, dtype_, DType::kF32, ctx_.cublas(),
                                           stream));
-  return run_sampling(plan, n_top);
+  return run_sampling(plan, fp);
 }
 
-Status CudaModelRunner::run_sampling(const StepPlan& plan, int32_t n_top) {
+Status CudaModelRunner::run_sampling(const StepPlan& plan, const ForwardPlan& fp) {
+  const int32_t n_top = fp.n_top;
   const ModelConfig& c = config_;
   const StepLayout& L = plan.layout;
   const auto R = static_cast<int32_t>(plan.sampled_seqs.size());

@@ -1,0 +1,104 @@
+// plan_forward: see forward_plan.h.
+#include "services/worker/cuda/forward_plan.h"
+
+#include <fmt/format.h>
+
+#include "kernels/attention_decode.h"
+#include "kernels/gemv.h"
+#include "kernels/sampling.h"
+
+namespace litellama {
+
+namespace {
+
+const char* qkv_path_name(QkvPath p) {
+  switch (p) {
+    case QkvPath::kLinearThenRope:
+      return "add_rmsnorm -> linear -> qkv_rope";
+    case QkvPath::kNormThenGemvRope:
+      return "add_rmsnorm -> gemv_qkv_rope";
+    case QkvPath::kFoldedNormGemvRope:
+      return "gemv_qkv_rope with the input norm folded in";
+  }
+  return "?";
+}
+
+const char* via(bool gemv) {
+  return gemv ? "GEMV" : "cuBLAS";
+}
+
+}  // namespace
+
+ForwardPlan plan_forward(const StepPlan& step, int32_t n_top, const ForwardPlanContext& ctx) {
+  const ModelConfig& c = *ctx.config;
+  const RunnerOptions& o = *ctx.options;
+  const DType dt = ctx.dtype;
+  const int32_t T = step.n_tokens;
+  const int32_t q_dim = c.n_heads * c.head_dim;
+  ForwardPlan p;
+  auto gemv_takes = [&](int32_t rows, int32_t k) {
+    return rows <= o.gemv_max_tokens && gemv_supports(dt, dt, rows, k);
+  };
+  p.gemv_layers =
+      gemv_takes(T, c.hidden_size) && gemv_takes(T, q_dim) && gemv_takes(T, c.intermediate_size);
+  if (p.gemv_layers) {
+    const bool rope_gemv = !c.qk_norm && gemv_rope_supports(c.head_dim);
+    p.qkv = !rope_gemv               ? QkvPath::kLinearThenRope
+            : ctx.input_norms_folded ? QkvPath::kFoldedNormGemvRope
+                                     : QkvPath::kNormThenGemvRope;
+    p.qkv_gemv = p.o_gemv = p.down_gemv = true;
+    p.gate_up_gemv = T <= o.gemv_gate_up_max_tokens;
+  } else {
+    p.qkv_gemv = gemv_takes(T, c.hidden_size);
+    p.o_gemv = gemv_takes(T, q_dim);
+    p.gate_up_linear_gemv = gemv_takes(T, c.hidden_size);
+    p.down_gemv = gemv_takes(T, c.intermediate_size);
+  }
+  p.n_sampled = static_cast<int32_t>(step.sampled_seqs.size());
+  p.head_gathers = p.n_sampled != T || step.n_seqs != T;
+  p.attention_splits =
+      step.n_decode > 0 ? attention_decode_n_splits(step.n_decode, c.n_heads, c.n_kv_heads,
+                                                    c.head_dim, step.max_decode_kv_len, ctx.n_sms)
+                        : 0;
+  p.n_top = n_top;
+  p.greedy_sampler = step.greedy_only && n_top == 0;
+  p.graph = ctx.graphs_available && o.use_cuda_graphs && step.n_prefill == 0 &&
+            p.n_sampled == step.n_seqs;
+  if (p.graph) {
+    p.graph_key = (static_cast<uint64_t>(step.greedy_only) << 61) |
+                  (static_cast<uint64_t>(step.n_seqs) << 40) |
+                  (static_cast<uint64_t>(n_top) << 20) | static_cast<uint64_t>(p.attention_splits);
+  }
+  return p;
+}
+
+std::string ForwardPlan::describe() const {
+  std::string s;
+  if (gemv_layers) {
+    s += fmt::format("layers: GEMV variants\n  qkv: {}\n  o: gemv_residual_add\n",
+                     qkv_path_name(qkv));
+    s += gate_up_gemv ? "  gate/up: add_rmsnorm -> gemv_silu_mul\n"
+                      : "  gate/up: add_rmsnorm -> cuBLAS -> silu_mul\n";
+    s += "  down: gemv_residual_add\n";
+  } else {
+    s += fmt::format(
+        "layers: GEMMs\n  qkv: add_rmsnorm -> {} -> qkv_rope\n  o: {} -> add_rmsnorm\n"
+        "  gate/up: {} -> silu_mul\n  down: {}\n",
+        via(qkv_gemv), via(o_gemv), via(gate_up_linear_gemv), via(down_gemv));
+  }
+  s += attention_splits > 0
+           ? fmt::format(
+                 "attention: decode with {} key splits (+ prefill where rows have more "
+                 "than one new token)\n",
+                 attention_splits)
+           : std::string("attention: prefill only\n");
+  s += fmt::format("head: {}final norm -> cuBLAS LM head over {} rows\n",
+                   head_gathers ? "gather sampled rows -> " : "", n_sampled);
+  s += fmt::format("sampler: {}{}\n", greedy_sampler ? "argmax" : "general",
+                   n_top > 0 ? fmt::format(" with the top {} logits", n_top) : std::string());
+  s += graph ? fmt::format("launch: CUDA graph, key {:#x}\n", graph_key)
+             : std::string("launch: direct\n");
+  return s;
+}
+
+}  // namespace litellama
