@@ -62,8 +62,8 @@ int pick_segments(const Params& p, int64_t sms) {
   for (const int segs : {2, 4, 8}) {
     if (p.m * segs > kGemvMaxRows || p.k % (segs * 32) != 0) continue;
     const int64_t rows = kTileRows / segs;
-    const int64_t units = (static_cast<int64_t>(p.n) + rows - 1) / rows;
-    const int64_t blocks_on_busiest = (units + sms - 1) / sms;
+    const int64_t units = ceil_div<int64_t>(p.n, rows);
+    const int64_t blocks_on_busiest = ceil_div<int64_t>(units, sms);
     if (blocks_on_busiest > per_sm) continue;
     if (blocks_on_busiest * rows < best_rows) {
       best = segs;
@@ -76,7 +76,7 @@ int pick_segments(const Params& p, int64_t sms) {
 // The segments of launch_single: pick_segments where the tiles fit on the multiprocessors.
 template <typename T, typename OutT, Epilogue E>
 int single_segments(const Params& p) {
-  const int64_t tiles = (static_cast<int64_t>(p.n) + kTileRows - 1) / kTileRows;
+  const int64_t tiles = ceil_div<int64_t>(p.n, kTileRows);
   const int64_t sms = sm_count();
   return tiles <= sms ? pick_segments<T, OutT, E>(p, sms) : 1;
 }
@@ -85,7 +85,7 @@ int single_segments(const Params& p) {
 template <typename T, typename OutT, Epilogue E>
 cudaError_t launch_single(const Params& p, KernelStream stream) {
   using gemv_detail::launch;
-  const int64_t tiles = (static_cast<int64_t>(p.n) + kTileRows - 1) / kTileRows;
+  const int64_t tiles = ceil_div<int64_t>(p.n, kTileRows);
   const int64_t sms = sm_count();
   switch (single_segments<T, OutT, E>(p)) {
     case 2:

@@ -400,8 +400,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_unit_kernel(const Params p) 
       });
   if constexpr (kNorm) {
     // The 4 lanes of a token group cover each chunk of the warp; the warps cover all chunks.
-    squares += __shfl_xor_sync(0xffffffffu, squares, 1);
-    squares += __shfl_xor_sync(0xffffffffu, squares, 2);
+    squares = quad_sum(squares);
     if (t == 0) row_squares[warp][g] = squares;
   }
 
@@ -492,8 +491,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_loop_kernel(const Params p) 
     const int buf = iter & 1;
     if constexpr (kNorm) {
       // The 4 lanes of a token group cover each chunk of the warp; the warps cover all chunks.
-      squares += __shfl_xor_sync(0xffffffffu, squares, 1);
-      squares += __shfl_xor_sync(0xffffffffu, squares, 2);
+      squares = quad_sum(squares);
       if (t == 0) row_squares[buf][warp][g] = squares;
     }
 #pragma unroll
@@ -567,7 +565,7 @@ cudaError_t launch(Params p, KernelStream stream) {
     p.blocks_per_group = 1;
     p.group_rows = kTileRows;
     p.tile_stride = p.n / 2;
-    units = (static_cast<int64_t>(p.n / 2) + kTileRows - 1) / kTileRows;
+    units = ceil_div<int64_t>(p.n / 2, kTileRows);
   } else if constexpr (E == Epilogue::kRope) {
     static_assert(kTiles == 1 || kTiles == 2, "RoPE takes a tile of each half or of pairs");
     const int half = p.rope.head_dim / 2;  // a multiple of 16 (gemv_rope_supports)
@@ -586,7 +584,7 @@ cudaError_t launch(Params p, KernelStream stream) {
     p.blocks_per_group = 1;
     p.group_rows = kTileRows * kTiles / kSegs;
     p.tile_stride = kTileRows;
-    units = (static_cast<int64_t>(p.n) + p.group_rows - 1) / p.group_rows;
+    units = ceil_div<int64_t>(p.n, p.group_rows);
   }
   p.n_units = static_cast<int32_t>(units);
   if constexpr (!kLoop) {
@@ -596,8 +594,8 @@ cudaError_t launch(Params p, KernelStream stream) {
     auto* kernel = gemv_loop_kernel<T, OutT, kTiles, E, kWarps, kVecs, kPipe, kNorm, kSegs>;
     static const int per_sm = query_blocks_per_sm(kernel, kWarps * 32);
     const int64_t resident = sm_count() * per_sm;
-    const int64_t rounds = (units + resident - 1) / resident;
-    const int64_t blocks = (units + rounds - 1) / rounds;
+    const int64_t rounds = ceil_div<int64_t>(units, resident);
+    const int64_t blocks = ceil_div<int64_t>(units, rounds);
     return launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32), 0, stream,
                          p);
   }

@@ -88,7 +88,7 @@ struct Slice {
 __device__ __forceinline__ Slice slice_of(int vocab, int rank, int n_ctas) {
   const bool vec = (vocab & 3) == 0;
   const int units = vec ? vocab >> 2 : vocab;
-  const int per = (units + n_ctas - 1) / n_ctas;
+  const int per = ceil_div(units, n_ctas);
   const int begin = min(units, rank * per);
   return Slice{begin, min(units, begin + per), vec};
 }
@@ -232,8 +232,7 @@ __device__ ArgMax block_argmax(ArgMax x, Shared& sh) {
 }
 
 __device__ double block_sum(double x, Shared& sh) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(kFullMask, x, off);
+  x = warp_sum(x);
   __syncthreads();
   if ((threadIdx.x & 31) == 0) sh.sum_d[threadIdx.x >> 5] = x;
   __syncthreads();
@@ -243,8 +242,7 @@ __device__ double block_sum(double x, Shared& sh) {
 }
 
 __device__ int32_t block_count(int32_t x, Shared& sh) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(kFullMask, x, off);
+  x = warp_sum(x);
   __syncthreads();
   if ((threadIdx.x & 31) == 0) sh.count_i[threadIdx.x >> 5] = x;
   __syncthreads();
@@ -254,8 +252,7 @@ __device__ int32_t block_count(int32_t x, Shared& sh) {
 }
 
 __device__ uint32_t block_min(uint32_t x, Shared& sh) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) x = min(x, __shfl_xor_sync(kFullMask, x, off));
+  x = warp_min(x);
   __syncthreads();
   if ((threadIdx.x & 31) == 0) sh.min_u[threadIdx.x >> 5] = x;
   __syncthreads();
@@ -682,8 +679,7 @@ __global__ void __launch_bounds__(kThreads)
   unsigned long long best = 0;
   for_each_logit(logits_all + static_cast<int64_t>(r) * vocab, slice,
                  [&](float l, int i) { best = max(best, greedy_key(l, i)); });
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) best = max(best, __shfl_xor_sync(kFullMask, best, off));
+  best = warp_max(best);
   if ((threadIdx.x & 31) == 0) warp_best[threadIdx.x >> 5] = best;
   __syncthreads();
   if (threadIdx.x != 0) return;
