@@ -12,8 +12,8 @@
 //     (sequence, KV head, head block) form one thread-block cluster. Each CTA leaves its result in
 //     its own shared memory, the cluster synchronizes, and every CTA merges a share of the
 //     (head, dimension) outputs by reading all of the cluster's results through distributed
-//     shared memory: one kernel, no workspace, no global round trip (a separate merge kernel
-//     measured 6 us per layer alone);
+//     shared memory: one kernel, no workspace, no global round trip, and no separate merge
+//     launch per layer;
 //   - otherwise the CTAs write their results to the workspace and attention_decode_merge_kernel
 //     combines them.
 //
@@ -112,9 +112,9 @@ struct TcLayout {
 };
 
 // The slot of each row this thread copies in a tile of keys key0 .. key0+kBlockN-1 (0 past
-// key_end). Looked up before any copy is issued: with each lookup next to its copies, each copy's
-// address waited for its lookup and the lookups ran one after another (8 round trips per tile at
-// head_dim 128, about 7 us per Qwen2.5-1.5B attention launch while the QKV GEMV streamed).
+// key_end). All lookups are issued before any copy, so that they overlap: with each lookup next
+// to its copies, each copy's address would wait for its lookup and the lookups would run one
+// after another (8 dependent round trips per tile at head_dim 128).
 template <typename T, int D>
 __device__ __forceinline__ void lookup_kv_slots(int32_t (&slot)[TcLayout<T, D>::kChunksPerThread],
                                                 const int32_t* slots, int key0, int key_end) {
@@ -634,11 +634,10 @@ bool cluster_merges(int32_t n_splits, size_t elem_bytes) {
 }
 
 // Whether the tensor-core kernel loads its first K/V tiles before waiting for the previous kernel
-// (the kEarly instantiation). On an H200 that made Llama-3.2-1B decode steps 2 to 3% faster at
-// batch 1 and 8 and Qwen2.5-1.5B's 4 and 5.5%. Larger batches keep the plain kernel. A build where
-// one kernel held both paths (a runtime switch, and the skip test in every tile load) made batch 32
-// and 256 steps 6 and 13% slower whichever path ran, at the same register count; two
-// instantiations brought them back to the previous figures (bench/RESULTS.md).
+// (the kEarly instantiation): at up to kEarlyKvMaxWork sequences the early loads overlap the QKV
+// projection, larger batches keep the plain kernel. The two orders are two instantiations, not a
+// runtime switch: a switch (and the skip test it puts in every tile load) slows the large batches
+// whichever path runs.
 constexpr int32_t kEarlyKvMaxWork = 8;
 bool early_kv_loads(int32_t n_work) {
   return n_work <= kEarlyKvMaxWork;
@@ -646,16 +645,13 @@ bool early_kv_loads(int32_t n_work) {
 
 // Shared memory the tensor-core kernel asks each multiprocessor for, in percent of the most
 // (launch.h's LaunchShape); the rest is L1. The blocks that follow attention onto its
-// multiprocessors without a pause (the o projection's, launched early) ran slower in a block trace,
-// as if they kept attention's split, and the GEMVs need a large L1 for their loads in flight
-// (lowering the carveout of Llama-3.2-1B's attention removed the slow gate/up blocks of a step
-// without the post-attention norm: 1.084 -> 0.849 ms). The most shared memory fits two 128-wide
-// CTAs and leaves 28 KB of L1. A single sequence with 128-wide heads asks for one CTA's worth (the
-// 132 KB split): its CTAs spread one per multiprocessor and leave 124 KB of L1 beside them. On an
-// H200 that made Llama-3.1-8B batch 1 1.7 to 2.0% faster (attention 7.1 -> 5.3 us and the o
-// projection 10.8 -> 9.5 us per layer) and left Qwen2.5-1.5B's level; at 2 to 8 sequences (Qwen: 8)
-// it was 0.6 to 6% slower. The 64-wide heads keep the most: one CTA's worth made Llama-3.2-1B batch
-// 1 3% slower, two CTAs' worth batch 8 2% slower (bench/RESULTS.md).
+// multiprocessors without a pause (the o projection's GEMV, launched early) inherit attention's
+// split, and the GEMVs need a large L1 for their loads in flight. The most shared memory fits two
+// 128-wide CTAs and leaves 28 KB of L1. A single sequence with 128-wide heads asks for one CTA's
+// worth (the 132 KB split): its CTAs spread one per multiprocessor and leave 124 KB of L1 beside
+// them for the o projection. More sequences, and 64-wide heads, keep the most shared memory:
+// there attention's own occupancy matters more than the L1 left to the next kernel
+// (bench/RESULTS.md has the measurements).
 int tc_carveout_percent(int32_t head_dim, int32_t n_work) {
   if (head_dim != 128 || n_work != 1) return cudaSharedmemCarveoutMaxShared;
   const int bytes =
@@ -777,9 +773,9 @@ int32_t attention_decode_n_splits(int32_t n_work, int32_t n_heads, int32_t n_kv_
 
 int32_t attention_decode_launch_splits(int32_t n_splits, DType dtype) {
   // A context a little over 512 keys at batch 1 plans 9 splits of one tile, past the cluster size,
-  // so its splits would merge in a separate kernel. One cluster with two tiles per CTA was faster:
-  // Llama-3.2-1B batch 1 at context 512 took 0.910 against 0.930 ms per step on an H200
-  // (bench/RESULTS.md).
+  // so its splits would merge in a separate kernel. Up to twice the cluster size, one cluster with
+  // up to two tiles per CTA is used instead: it saves the merge launch and its workspace round
+  // trip, which cost more than the longer CTAs.
   if (n_splits > kMaxClusterSplits && n_splits <= 2 * kMaxClusterSplits &&
       attention_decode_merges_in_cluster(kMaxClusterSplits, dtype)) {
     return kMaxClusterSplits;

@@ -39,31 +39,21 @@
 // folded into w: each lane also sums the squares of the x vectors it loads, off the mma's
 // dependency chain, and the epilogue scales the sums by the row's 1 / rms before its rounding.
 //
-// Measured on an H200 and given up (bench/RESULTS.md has the figures): splitting k over the blocks
-// of a thread-block cluster (partial sums met in distributed shared memory) was at best 3% faster
-// on a few shapes and much slower on large ones, so every block covers all of k and more warps
-// per tile serve the matrices with few tiles; an RMSNorm prologue (every block normalizing the
-// input rows into shared memory) made the decode step slower than a separate norm kernel; letting
-// the next kernel launch before this one's wait (instead of after) made it slower too. So did two
-// transforms of x as the main loop reads it, which would each have removed a kernel per layer:
-// SiLU(gate) * up for the down projection (Llama-3.2-1B batch 1: 0.976 to 1.119 ms per step) and
-// RMSNorm from per-block sums of squares that the previous residual-add GEMV wrote (a further
-// 1.119 to 1.145 ms). At batch 1 only the 4 lanes of token 0 in each warp read x, so the extra
-// arithmetic lengthens every chunk's critical path. The norm as a scale of the sums (kNorm) keeps
-// x untransformed and pays: QKV with the input norm folded in took Llama-3.2-1B batch 1 from
-// 0.906 to 0.884 ms. The same for gate/up (after the o projection, without the post-attention
-// norm kernel between them) made it 1.06 ms, whether the o projection let it launch after its
-// wait or after its main loop: gate/up keeps its norm kernel (even where decode attention's
-// carveout no longer slows gate/up, leaving the norm out gains nothing). Copying the last part of
-// each row into shared memory with bulk copies before the wait, read back by the rings, so that
-// more of a projection streams during the kernel before it (32 or 64 KB per block for o, 64 for
-// QKV, 32 for down), was at best level and up to 1% slower. The loop kernel came from the
-// linear benchmark, where one block per unit left the large matrices (Llama-3.1-8B's gate/up,
-// 896 units of two tiles) at 3.4 TB/s, against 4.2 for a plain read: with 16 warps, 32 bytes
-// per row per lane and chunk and one chunk in flight it reached 4.06 TB/s; with the ring's
-// state for the next unit in registers, configurations with deeper rings lost occupancy and got
-// slower, so gemv.cu uses it for those paired shapes only, always with k a multiple of the ring
-// (the ring runs on); the refilled case serves the benchmark's sweep.
+// What the kernel deliberately does not do (bench/RESULTS.md has the measurements):
+//   - split k across blocks or a thread-block cluster: every block covers all of k, and matrices
+//     of few tiles get more warps per tile or k segments within the block instead;
+//   - transform x as the main loop reads it (SiLU(gate) * up, or an RMSNorm from per-block sums of
+//     squares): at batch 1 only the 4 lanes of token 0 in each warp read x, so arithmetic on x
+//     lengthens every chunk's critical path. The RMSNorm is folded as a scale of the sums (kNorm)
+//     instead, which leaves x as stored; gate/up keeps its separate norm kernel;
+//   - normalize the input rows in a prologue, or let the next kernel launch before this one's
+//     wait: both delay the step more than a separate kernel does;
+//   - stage the end of each weight row in shared memory before the wait: weights go from global
+//     memory straight into registers.
+// The loop kernel serves the large paired shapes, where one block per unit leaves the weight
+// stream well short of a plain read. Its ring state for the next unit lives in registers, so it
+// keeps one chunk in flight (deeper rings cost occupancy), and gemv.cu uses it only where k is a
+// multiple of the ring, so that the ring runs on; the refilled case serves the benchmark's sweep.
 #pragma once
 
 #include <cuda_bf16.h>
