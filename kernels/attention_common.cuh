@@ -51,6 +51,34 @@ AttentionTensors<T> typed_tensors(const AttentionTensors<void>& t) {
                              t.seq_ids};
 }
 
+// The float32 kernels' K/V step (prefill and decode alike): keys key0 .. key0 + kKeys - 1 of KV
+// head kvh, gathered through the sequence's slots by the kThreads threads of the CTA, 16 bytes a
+// thread at a time. K goes into rows padded by one float (the score loop's lanes read one column
+// of different rows); keys at or past key_end are zero in both.
+template <int D, int kKeys, int kThreads>
+__device__ __forceinline__ void load_kv_step_f32(float (*s_k)[D + 1], float (*s_v)[D],
+                                                 const float* k_pool, const float* v_pool,
+                                                 const int32_t* slots, int key0, int key_end,
+                                                 int n_kv_heads, int kvh) {
+  for (int c = threadIdx.x; c < kKeys * D / 4; c += kThreads) {
+    const int r = c / (D / 4);
+    const int col = (c % (D / 4)) * 4;
+    const int pos = key0 + r;
+    float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float4 vv = kv;
+    if (pos < key_end) {
+      const int64_t off = (static_cast<int64_t>(slots[pos]) * n_kv_heads + kvh) * D + col;
+      kv = *reinterpret_cast<const float4*>(k_pool + off);
+      vv = *reinterpret_cast<const float4*>(v_pool + off);
+    }
+    s_k[r][col] = kv.x;
+    s_k[r][col + 1] = kv.y;
+    s_k[r][col + 2] = kv.z;
+    s_k[r][col + 3] = kv.w;
+    *reinterpret_cast<float4*>(&s_v[r][col]) = vv;
+  }
+}
+
 // The dtype and head-count half of every attention supports() predicate: a float compute dtype
 // and n_heads a positive multiple of n_kv_heads (whole query groups per KV head).
 inline bool attention_shapes_supported(DType dtype, int32_t n_heads, int32_t n_kv_heads) {

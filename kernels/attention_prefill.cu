@@ -316,23 +316,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int ks = 0; ks < n_key_steps; ++ks) {
       const int key0 = ks * kF32Keys;
       __syncthreads();  // previous step's reads of s_k, s_v, s_p are done
-      for (int c = threadIdx.x; c < kF32Keys * D / 4; c += kThreads) {
-        const int r = c / (D / 4);
-        const int col = (c % (D / 4)) * 4;
-        const int pos = key0 + r;
-        float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        float4 vv = kv;
-        if (pos < kv_len) {
-          const int64_t off = (static_cast<int64_t>(slots[pos]) * p.n_kv_heads + kvh) * D + col;
-          kv = *reinterpret_cast<const float4*>(p.k_pool + off);
-          vv = *reinterpret_cast<const float4*>(p.v_pool + off);
-        }
-        s_k[r][col] = kv.x;
-        s_k[r][col + 1] = kv.y;
-        s_k[r][col + 2] = kv.z;
-        s_k[r][col + 3] = kv.w;
-        *reinterpret_cast<float4*>(&s_v[r][col]) = vv;
-      }
+      load_kv_step_f32<D, kF32Keys, kThreads>(s_k, s_v, p.k_pool, p.v_pool, slots, key0, kv_len,
+                                              p.n_kv_heads, kvh);
       __syncthreads();
       // Scores and the online-softmax update: warp w owns rows 4w..4w+3, lane = key.
 #pragma unroll
