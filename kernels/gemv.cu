@@ -124,7 +124,7 @@ cudaError_t launch_single(const Params& p, KernelStream stream) {
 // made 64); at 1 and 2 rows the tile pairs again, but with 16 warps (72 registers, one block per
 // multiprocessor), which are better there and worse at 3 and 4 rows. Where single tiles would put
 // two blocks on some multiprocessors (Llama-3.2-1B: 192), or at 8 rows, they lose to tile pairs
-// (bench/RESULTS.md has the measurements of this policy).
+// (the measurements are in the history of bench/RESULTS.md).
 template <typename T, Epilogue E, bool kNorm = false>
 cudaError_t launch_paired(const Params& p, KernelStream stream) {
   using gemv_detail::launch;

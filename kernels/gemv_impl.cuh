@@ -39,15 +39,16 @@
 // folded into w: each lane also sums the squares of the x vectors it loads, off the mma's
 // dependency chain, and the epilogue scales the sums by the row's 1 / rms before its rounding.
 //
-// What the kernel deliberately does not do (bench/RESULTS.md has the measurements):
+// What the kernel deliberately does not do (none paid in the decode step; the figures are in the
+// history of bench/RESULTS.md):
 //   - split k across blocks or a thread-block cluster: every block covers all of k, and matrices
 //     of few tiles get more warps per tile or k segments within the block instead;
 //   - transform x as the main loop reads it (SiLU(gate) * up, or an RMSNorm from per-block sums of
 //     squares): at batch 1 only the 4 lanes of token 0 in each warp read x, so arithmetic on x
 //     lengthens every chunk's critical path. The RMSNorm is folded as a scale of the sums (kNorm)
 //     instead, which leaves x as stored; gate/up keeps its separate norm kernel;
-//   - normalize the input rows in a prologue, or let the next kernel launch before this one's
-//     wait: both delay the step more than a separate kernel does;
+//   - normalize the input rows in a prologue (the separate norm kernel costs less), or let the
+//     next kernel launch before this one's wait rather than after it;
 //   - stage the end of each weight row in shared memory before the wait: weights go from global
 //     memory straight into registers.
 // The loop kernel serves the large paired shapes, where one block per unit leaves the weight
