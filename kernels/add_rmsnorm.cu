@@ -91,30 +91,17 @@ Status launch_typed(void* normed, void* residual, const void* delta, const float
 }  // namespace
 
 bool add_rmsnorm_supports(DType dtype) {
-  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
+  return is_float_compute_dtype(dtype);
 }
 
 Status launch_add_rmsnorm(void* normed, void* residual, const void* delta, const float* weight,
                           int32_t n_rows, int32_t hidden, float eps, DType dtype,
                           KernelStream stream, bool dependents_after_input) {
   if (n_rows == 0) return Status::ok();
-  switch (dtype) {
-    case DType::kF32:
-      return launch_typed<float>(normed, residual, delta, weight, n_rows, hidden, eps, stream,
-                                 dependents_after_input);
-    case DType::kBF16:
-      return launch_typed<__nv_bfloat16>(normed, residual, delta, weight, n_rows, hidden, eps,
-                                         stream, dependents_after_input);
-    case DType::kF16:
-      return launch_typed<__half>(normed, residual, delta, weight, n_rows, hidden, eps, stream,
-                                  dependents_after_input);
-    case DType::kI32:
-    case DType::kI64:
-    case DType::kU8:
-      break;
-  }
-  return make_error(StatusCode::kUnsupported, "add_rmsnorm: unsupported dtype {}",
-                    dtype_torch_name(dtype));
+  return dispatch_float_dtype(dtype, "add_rmsnorm", [&](auto type) {
+    return launch_typed<typename decltype(type)::type>(normed, residual, delta, weight, n_rows,
+                                                       hidden, eps, stream, dependents_after_input);
+  });
 }
 
 }  // namespace litellama

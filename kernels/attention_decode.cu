@@ -12,8 +12,8 @@
 //     (sequence, KV head, head block) form one thread-block cluster. Each CTA leaves its result in
 //     its own shared memory, the cluster synchronizes, and every CTA merges a share of the
 //     (head, dimension) outputs by reading all of the cluster's results through distributed
-//     shared memory: one kernel, no workspace, no global round trip (a separate merge kernel
-//     measured 6 us per layer alone);
+//     shared memory: one kernel, no workspace, no global round trip, and no separate merge
+//     launch per layer;
 //   - otherwise the CTAs write their results to the workspace and attention_decode_merge_kernel
 //     combines them.
 //
@@ -33,6 +33,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "kernels/attention_common.cuh"
 #include "kernels/attention_general.h"
 #include "kernels/cuda_check.h"
 #include "kernels/kernel_common.cuh"
@@ -59,35 +60,14 @@ constexpr int kMaxWaveSplits = 4;
 constexpr int kSmemPerSmBytes = 228 * 1024;  // sm_90 (sm_80: 164 KB; only the plan is off)
 constexpr int kSmemPerCtaReservedBytes = 1024;
 
-template <typename T>
-__device__ __forceinline__ T from_f32(float x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return x;
-  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __float2bfloat16_rn(x);
-  } else {
-    return __float2half_rn(x);
-  }
-}
-
 // Keys per split for a sequence of kv_len keys: whole tiles, so every split but the last is full.
 // The merge kernel recomputes it to know how many splits hold data (ceil(kv_len / chunk)).
 __host__ __device__ __forceinline__ int split_chunk(int kv_len, int n_splits) {
-  const int per_split = (kv_len + n_splits - 1) / n_splits;
-  return (per_split + kBlockN - 1) / kBlockN * kBlockN;
+  return round_up(ceil_div(kv_len, n_splits), kBlockN);
 }
 
 template <typename T>
-struct DecodeParams {
-  T* out;
-  const T* q;
-  const T* k_pool;
-  const T* v_pool;
-  const int32_t* token_start;
-  const int32_t* kv_len;
-  const int32_t* slot_start;
-  const int32_t* slot_table;
-  const int32_t* seq_ids;
+struct DecodeParams : AttentionTensors<T> {
   float* part_o;    // [n_work, n_splits, n_heads, head_dim] (n_splits > 1)
   float* part_lse;  // [n_work, n_splits, n_heads] base-2 log-sum-exp of scaled scores
   int n_heads;
@@ -103,7 +83,7 @@ __device__ __forceinline__ void store_result(const DecodeParams<T>& p, int work,
                                              int head, int64_t token, int d, float o_sum,
                                              float l_sum, float m_log2) {
   if (gridDim.x == 1) {
-    p.out[(token * p.n_heads + head) * D + d] = from_f32<T>(o_sum / l_sum);
+    p.out[(token * p.n_heads + head) * D + d] = from_float<T>(o_sum / l_sum);
     return;
   }
   const int64_t row = (static_cast<int64_t>(work) * gridDim.x + split) * p.n_heads + head;
@@ -132,9 +112,9 @@ struct TcLayout {
 };
 
 // The slot of each row this thread copies in a tile of keys key0 .. key0+kBlockN-1 (0 past
-// key_end). Looked up before any copy is issued: with each lookup next to its copies, each copy's
-// address waited for its lookup and the lookups ran one after another (8 round trips per tile at
-// head_dim 128, about 7 us per Qwen2.5-1.5B attention launch while the QKV GEMV streamed).
+// key_end). All lookups are issued before any copy, so that they overlap: with each lookup next
+// to its copies, each copy's address would wait for its lookup and the lookups would run one
+// after another (8 dependent round trips per tile at head_dim 128).
 template <typename T, int D>
 __device__ __forceinline__ void lookup_kv_slots(int32_t (&slot)[TcLayout<T, D>::kChunksPerThread],
                                                 const int32_t* slots, int key0, int key_end) {
@@ -236,7 +216,7 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams<T>& p, float* s
         acc += w * o[i];
       }
     }
-    p.out[(token * p.n_heads + head0 + r) * D + d] = from_f32<T>(acc / w_sum);
+    p.out[(token * p.n_heads + head0 + r) * D + d] = from_float<T>(acc / w_sum);
   }
   cluster.sync();  // no CTA leaves while another still reads its shared memory
 #else
@@ -274,7 +254,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_tc_kernel(const Dec
     return;
   }
   const int key_end = min(kv_len, key_begin + chunk);
-  const int n_tiles = max(0, (key_end - key_begin + kBlockN - 1) / kBlockN);
+  const int n_tiles = max(0, ceil_div(key_end - key_begin, kBlockN));
   const int32_t* slots = p.slot_table + p.slot_start[seq];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -374,8 +354,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_tc_kernel(const Dec
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       float mx = fmaxf(fmaxf(s[0][2 * i], s[0][2 * i + 1]), fmaxf(s[1][2 * i], s[1][2 * i + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      mx = quad_max(mx);
       const float m_new = fmaxf(m[i], mx);
       const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no key for this warp yet
       const float corr = exp2f(m[i] - m_use);
@@ -418,9 +397,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_tc_kernel(const Dec
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int r = lane / 4 + 8 * i;
-    float sum = l[i];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float sum = quad_sum(l[i]);
     float* dst = s_o + (warp * kHeadsPerCta + r) * L::kMergeStride + 2 * (lane % 4);
 #pragma unroll
     for (int nt = 0; nt < D / 8; ++nt) {
@@ -511,23 +488,8 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int key0 = key_begin; key0 < key_end; key0 += kF32Keys) {
     __syncthreads();  // previous step's reads of s_k, s_v, s_p are done
-    for (int c = threadIdx.x; c < kF32Keys * D / 4; c += kThreads) {
-      const int r = c / (D / 4);
-      const int col = (c % (D / 4)) * 4;
-      const int pos = key0 + r;
-      float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      float4 vv = kv;
-      if (pos < key_end) {
-        const int64_t off = (static_cast<int64_t>(slots[pos]) * p.n_kv_heads + kvh) * D + col;
-        kv = *reinterpret_cast<const float4*>(p.k_pool + off);
-        vv = *reinterpret_cast<const float4*>(p.v_pool + off);
-      }
-      s_k[r][col] = kv.x;
-      s_k[r][col + 1] = kv.y;
-      s_k[r][col + 2] = kv.z;
-      s_k[r][col + 3] = kv.w;
-      *reinterpret_cast<float4*>(&s_v[r][col]) = vv;
-    }
+    load_kv_step_f32<D, kF32Keys, kThreads>(s_k, s_v, p.k_pool, p.v_pool, slots, key0, key_end,
+                                            p.n_kv_heads, kvh);
     __syncthreads();
     // Scores and the online-softmax update: warp w owns heads 4w..4w+3, lane = key.
 #pragma unroll
@@ -537,15 +499,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll 16
       for (int d = 0; d < D; ++d) dot = fmaf(s_q[r][d], s_k[lane][d], dot);
       const float x = key0 + lane < key_end ? dot * p.scale : -INFINITY;
-      float mx = x;
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      const float mx = warp_max(x);
       const float m_old = s_m[r];
       const float m_new = fmaxf(m_old, mx);  // finite: key0 < key_end
       const float e = expf(x - m_new);
-      float sum = e;
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+      const float sum = warp_sum(e);
       s_p[r][lane] = e;
       __syncwarp();
       if (lane == 0) {
@@ -600,7 +558,7 @@ __global__ void __launch_bounds__(kThreads)
   const int seq = p.seq_ids[work];
   const int kv_len = p.kv_len[seq];
   const int chunk = split_chunk(kv_len, n_splits);
-  const int n_used = (kv_len + chunk - 1) / chunk;
+  const int n_used = ceil_div(kv_len, chunk);
   const int64_t row0 = static_cast<int64_t>(work) * n_splits * p.n_heads + head;
   float m_max = -INFINITY;
   for (int s = 0; s < n_used; ++s) m_max = fmaxf(m_max, p.part_lse[row0 + s * p.n_heads]);
@@ -618,17 +576,17 @@ __global__ void __launch_bounds__(kThreads)
   }
   const float inv = 1.0f / w_sum;
   T* dst = p.out + (static_cast<int64_t>(p.token_start[seq]) * p.n_heads + head) * D + d;
-  dst[0] = from_f32<T>(acc.x * inv);
-  dst[1] = from_f32<T>(acc.y * inv);
-  dst[2] = from_f32<T>(acc.z * inv);
-  dst[3] = from_f32<T>(acc.w * inv);
+  dst[0] = from_float<T>(acc.x * inv);
+  dst[1] = from_float<T>(acc.y * inv);
+  dst[2] = from_float<T>(acc.z * inv);
+  dst[3] = from_float<T>(acc.w * inv);
 }
 
 // ---- launch ------------------------------------------------------------------------------------
 
 int32_t n_head_blocks(int32_t n_heads, int32_t n_kv_heads) {
   const int32_t group = n_heads / n_kv_heads;
-  return (group + kHeadsPerCta - 1) / kHeadsPerCta;
+  return ceil_div<int32_t>(group, kHeadsPerCta);
 }
 
 size_t workspace_bytes_for(int32_t n_work, int32_t n_heads, int32_t head_dim, int32_t n_splits) {
@@ -661,11 +619,10 @@ bool cluster_merges(int32_t n_splits, size_t elem_bytes) {
 }
 
 // Whether the tensor-core kernel loads its first K/V tiles before waiting for the previous kernel
-// (the kEarly instantiation). On an H200 that made Llama-3.2-1B decode steps 2 to 3% faster at
-// batch 1 and 8 and Qwen2.5-1.5B's 4 and 5.5%. Larger batches keep the plain kernel. A build where
-// one kernel held both paths (a runtime switch, and the skip test in every tile load) made batch 32
-// and 256 steps 6 and 13% slower whichever path ran, at the same register count; two
-// instantiations brought them back to the previous figures (bench/RESULTS.md).
+// (the kEarly instantiation): at up to kEarlyKvMaxWork sequences the early loads overlap the QKV
+// projection, larger batches keep the plain kernel. The two orders are two instantiations, not a
+// runtime switch: a switch (and the skip test it puts in every tile load) slows the large batches
+// whichever path runs.
 constexpr int32_t kEarlyKvMaxWork = 8;
 bool early_kv_loads(int32_t n_work) {
   return n_work <= kEarlyKvMaxWork;
@@ -673,21 +630,18 @@ bool early_kv_loads(int32_t n_work) {
 
 // Shared memory the tensor-core kernel asks each multiprocessor for, in percent of the most
 // (launch.h's LaunchShape); the rest is L1. The blocks that follow attention onto its
-// multiprocessors without a pause (the o projection's, launched early) ran slower in a block trace,
-// as if they kept attention's split, and the GEMVs need a large L1 for their loads in flight
-// (lowering the carveout of Llama-3.2-1B's attention removed the slow gate/up blocks of a step
-// without the post-attention norm: 1.084 -> 0.849 ms). The most shared memory fits two 128-wide
-// CTAs and leaves 28 KB of L1. A single sequence with 128-wide heads asks for one CTA's worth (the
-// 132 KB split): its CTAs spread one per multiprocessor and leave 124 KB of L1 beside them. On an
-// H200 that made Llama-3.1-8B batch 1 1.7 to 2.0% faster (attention 7.1 -> 5.3 us and the o
-// projection 10.8 -> 9.5 us per layer) and left Qwen2.5-1.5B's level; at 2 to 8 sequences (Qwen: 8)
-// it was 0.6 to 6% slower. The 64-wide heads keep the most: one CTA's worth made Llama-3.2-1B batch
-// 1 3% slower, two CTAs' worth batch 8 2% slower (bench/RESULTS.md).
+// multiprocessors without a pause (the o projection's GEMV, launched early) inherit attention's
+// split, and the GEMVs need a large L1 for their loads in flight. The most shared memory fits two
+// 128-wide CTAs and leaves 28 KB of L1. A single sequence with 128-wide heads asks for one CTA's
+// worth (the 132 KB split): its CTAs spread one per multiprocessor and leave 124 KB of L1 beside
+// them for the o projection. More sequences, and 64-wide heads, keep the most shared memory:
+// there attention's own occupancy matters more than the L1 left to the next kernel
+// (bench/RESULTS.md has the measurements).
 int tc_carveout_percent(int32_t head_dim, int32_t n_work) {
   if (head_dim != 128 || n_work != 1) return cudaSharedmemCarveoutMaxShared;
   const int bytes =
       static_cast<int>(TcLayout<__nv_bfloat16, 128>::kSmemBytes) + kSmemPerCtaReservedBytes;
-  return (100 * bytes + kSmemPerSmBytes - 1) / kSmemPerSmBytes;
+  return ceil_div(100 * bytes, kSmemPerSmBytes);
 }
 
 // CTAs of the tensor-core kernel resident per multiprocessor (shared memory bound) under the
@@ -702,55 +656,29 @@ int32_t ctas_per_sm(int32_t head_dim, int32_t n_work) {
 }
 
 struct LaunchArgs {
-  void* out;
-  const void* q;
-  const void* k_pool;
-  const void* v_pool;
-  const int32_t* token_start;
-  const int32_t* kv_len;
-  const int32_t* slot_start;
-  const int32_t* slot_table;
-  const int32_t* seq_ids;
-  int32_t n_work;
-  int32_t n_heads;
-  int32_t n_kv_heads;
+  AttentionArgs attention;
   int32_t n_splits;
-  float scale;
   void* workspace;
-  KernelStream stream;
   bool cluster;  // tensor-core path: merge the splits in a cluster (cluster_merges)
 };
 
 template <typename T, int D>
-Status launch_typed(const LaunchArgs& a) {
-  float* part_o = static_cast<float*>(a.workspace);
+Status launch_typed(const LaunchArgs& la) {
+  const AttentionArgs& a = la.attention;
+  float* part_o = static_cast<float*>(la.workspace);
   float* part_lse = part_o == nullptr
                         ? nullptr
-                        : part_o + static_cast<size_t>(a.n_work) * a.n_splits * a.n_heads * D;
+                        : part_o + static_cast<size_t>(a.n_work) * la.n_splits * a.n_heads * D;
   const int32_t blocks = n_head_blocks(a.n_heads, a.n_kv_heads);
-  const DecodeParams<T> p{static_cast<T*>(a.out),
-                          static_cast<const T*>(a.q),
-                          static_cast<const T*>(a.k_pool),
-                          static_cast<const T*>(a.v_pool),
-                          a.token_start,
-                          a.kv_len,
-                          a.slot_start,
-                          a.slot_table,
-                          a.seq_ids,
-                          part_o,
-                          part_lse,
-                          a.n_heads,
-                          a.n_kv_heads,
-                          a.n_heads / a.n_kv_heads,
-                          blocks,
-                          a.scale};
-  const dim3 grid(a.n_splits, a.n_work, a.n_kv_heads * blocks);
+  const DecodeParams<T> p{typed_tensors<T>(a.tensors), part_o, part_lse, a.n_heads, a.n_kv_heads,
+                          a.n_heads / a.n_kv_heads,    blocks, a.scale};
+  const dim3 grid(la.n_splits, a.n_work, a.n_kv_heads * blocks);
   if constexpr (std::is_same_v<T, float>) {
     LITELLAMA_CUDA_RETURN_IF_ERROR(
         launch_kernel(attention_decode_f32_kernel<D>, grid, dim3(kThreads), 0, a.stream, p));
   } else {
     using L = TcLayout<T, D>;
-    const bool cluster = a.cluster;
+    const bool cluster = la.cluster;
     const bool early = early_kv_loads(a.n_work);
     auto* kernel = cluster ? (early ? attention_decode_tc_kernel<T, D, true, true>
                                     : attention_decode_tc_kernel<T, D, true, false>)
@@ -761,62 +689,35 @@ Status launch_typed(const LaunchArgs& a) {
     LITELLAMA_CUDA_RETURN_IF_ERROR(
         cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                              static_cast<int>(cudaSharedmemCarveoutMaxShared)));
-    const LaunchShape shape{cluster ? static_cast<unsigned>(a.n_splits) : 0u,
+    const LaunchShape shape{cluster ? static_cast<unsigned>(la.n_splits) : 0u,
                             tc_carveout_percent(D, a.n_work)};
     LITELLAMA_CUDA_RETURN_IF_ERROR(
         launch_kernel_shaped(kernel, grid, dim3(kThreads), L::kSmemBytes, a.stream, shape, p));
     if (cluster) return Status::ok();
   }
-  if (a.n_splits > 1) {
+  if (la.n_splits > 1) {
     constexpr int kHeadsPerBlock = kThreads / (D / 4);
     const int64_t n_rows = static_cast<int64_t>(a.n_work) * a.n_heads;
-    const unsigned merge_blocks =
-        static_cast<unsigned>((n_rows + kHeadsPerBlock - 1) / kHeadsPerBlock);
+    const unsigned merge_blocks = static_cast<unsigned>(ceil_div<int64_t>(n_rows, kHeadsPerBlock));
     LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(attention_decode_merge_kernel<T, D>,
                                                  dim3(merge_blocks), dim3(kThreads), 0, a.stream, p,
-                                                 a.n_work, a.n_splits));
+                                                 a.n_work, la.n_splits));
   }
   return Status::ok();
 }
 
-// The one place where runtime dtype and head_dim become template parameters.
-template <typename T>
-Status dispatch_head_dim(const LaunchArgs& a, int32_t head_dim) {
-  switch (head_dim) {
-    case 64:
-      return launch_typed<T, 64>(a);
-    case 128:
-      return launch_typed<T, 128>(a);
-    default:
-      break;
-  }
-  return make_error(StatusCode::kUnsupported, "attention_decode: head_dim {} not supported",
-                    head_dim);
-}
-
 Status dispatch(const LaunchArgs& a, DType dtype, int32_t head_dim) {
-  switch (dtype) {
-    case DType::kF32:
-      return dispatch_head_dim<float>(a, head_dim);
-    case DType::kBF16:
-      return dispatch_head_dim<__nv_bfloat16>(a, head_dim);
-    case DType::kF16:
-      return dispatch_head_dim<__half>(a, head_dim);
-    case DType::kI32:
-    case DType::kI64:
-    case DType::kU8:
-      break;
-  }
-  return make_error(StatusCode::kUnsupported, "attention_decode: dtype {} not supported",
-                    dtype_torch_name(dtype));
+  return dispatch_float_dtype(dtype, "attention_decode", [&](auto type) {
+    using T = typename decltype(type)::type;
+    return dispatch_tuned_head_dim(head_dim, "attention_decode",
+                                   [&](auto d) { return launch_typed<T, decltype(d)::value>(a); });
+  });
 }
 
 }  // namespace
 
 bool attention_decode_supports(DType dtype, int32_t head_dim, int32_t n_heads, int32_t n_kv_heads) {
-  const bool dtype_ok = dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
-  const bool heads_ok = n_kv_heads > 0 && n_heads > 0 && n_heads % n_kv_heads == 0;
-  return dtype_ok && heads_ok &&
+  return attention_shapes_supported(dtype, n_heads, n_kv_heads) &&
          (attention_decode_tuned(head_dim) ||
           attention_general_supports(dtype, head_dim, n_heads, n_kv_heads));
 }
@@ -835,9 +736,8 @@ int32_t attention_decode_n_splits(int32_t n_work, int32_t n_heads, int32_t n_kv_
       static_cast<int64_t>(n_work) * n_kv_heads * n_head_blocks(n_heads, n_kv_heads);
   const int64_t target = static_cast<int64_t>(kCtasPerSmTarget) * n_sms;
   if (base < target) {
-    const int64_t want = (target + base - 1) / base;
-    const int64_t by_len =
-        (static_cast<int64_t>(max_kv_len) + kMinKeysPerSplit - 1) / kMinKeysPerSplit;
+    const int64_t want = ceil_div(target, base);
+    const int64_t by_len = ceil_div<int64_t>(max_kv_len, kMinKeysPerSplit);
     return static_cast<int32_t>(std::clamp<int64_t>(std::min(want, by_len), 1, kMaxSplits));
   }
   // Cost in units of one unsplit CTA's time: waves of `slots` CTAs, each 1/s of the keys. A split
@@ -845,10 +745,9 @@ int32_t attention_decode_n_splits(int32_t n_work, int32_t n_heads, int32_t n_kv_
   const int64_t slots = static_cast<int64_t>(n_sms) * ctas_per_sm(head_dim, n_work);
   const int64_t max_s = std::min<int64_t>(kMaxWaveSplits, max_kv_len / kMinKeysPerWaveSplit);
   int64_t best_s = 1;
-  double best_cost = static_cast<double>((base + slots - 1) / slots);
+  double best_cost = static_cast<double>(ceil_div(base, slots));
   for (int64_t s = 2; s <= max_s; ++s) {
-    const double cost =
-        static_cast<double>((base * s + slots - 1) / slots) / static_cast<double>(s);
+    const double cost = static_cast<double>(ceil_div(base * s, slots)) / static_cast<double>(s);
     if (cost < 0.9 * best_cost) {
       best_s = s;
       best_cost = cost;
@@ -859,9 +758,9 @@ int32_t attention_decode_n_splits(int32_t n_work, int32_t n_heads, int32_t n_kv_
 
 int32_t attention_decode_launch_splits(int32_t n_splits, DType dtype) {
   // A context a little over 512 keys at batch 1 plans 9 splits of one tile, past the cluster size,
-  // so its splits would merge in a separate kernel. One cluster with two tiles per CTA was faster:
-  // Llama-3.2-1B batch 1 at context 512 took 0.910 against 0.930 ms per step on an H200
-  // (bench/RESULTS.md).
+  // so its splits would merge in a separate kernel. Up to twice the cluster size, one cluster with
+  // up to two tiles per CTA is used instead: it saves the merge launch and its workspace round
+  // trip, which cost more than the longer CTAs.
   if (n_splits > kMaxClusterSplits && n_splits <= 2 * kMaxClusterSplits &&
       attention_decode_merges_in_cluster(kMaxClusterSplits, dtype)) {
     return kMaxClusterSplits;
@@ -884,17 +783,15 @@ size_t attention_decode_workspace_size_bytes(int32_t max_n_work, int32_t n_heads
   // An upper bound of the plan over every max_kv_len up to the given one: each branch of
   // attention_decode_n_splits is bounded by its limits at the largest max_kv_len.
   const int64_t target = static_cast<int64_t>(kCtasPerSmTarget) * n_sms;
-  const int64_t by_len =
-      (static_cast<int64_t>(max_kv_len) + kMinKeysPerSplit - 1) / kMinKeysPerSplit;
+  const int64_t by_len = ceil_div<int64_t>(max_kv_len, kMinKeysPerSplit);
   const int64_t wave_max =
       std::max<int64_t>(1, std::min<int64_t>(kMaxWaveSplits, max_kv_len / kMinKeysPerWaveSplit));
   size_t bytes = 0;
   for (int32_t n = 1; n <= max_n_work; ++n) {
     const int64_t base = static_cast<int64_t>(n) * n_kv_heads * n_head_blocks(n_heads, n_kv_heads);
     const int64_t bound =
-        base < target
-            ? std::clamp<int64_t>(std::min((target + base - 1) / base, by_len), 1, kMaxSplits)
-            : wave_max;
+        base < target ? std::clamp<int64_t>(std::min(ceil_div(target, base), by_len), 1, kMaxSplits)
+                      : wave_max;
     bytes = std::max(bytes, workspace_bytes_for(n, n_heads, head_dim, static_cast<int32_t>(bound)));
   }
   return bytes;
@@ -926,22 +823,14 @@ Status launch_attention_decode(void* out, const void* q, const void* k_pool, con
   }
   const int32_t n_splits = attention_decode_launch_splits(
       attention_decode_n_splits(n_work, n_heads, n_kv_heads, head_dim, max_kv_len, n_sms), dtype);
-  LaunchArgs args{out,
-                  q,
-                  k_pool,
-                  v_pool,
-                  token_start,
-                  kv_len,
-                  slot_start,
-                  slot_table,
-                  seq_ids,
-                  n_work,
-                  n_heads,
-                  n_kv_heads,
+  LaunchArgs args{{{out, q, k_pool, v_pool, token_start, kv_len, slot_start, slot_table, seq_ids},
+                   n_work,
+                   n_heads,
+                   n_kv_heads,
+                   scale,
+                   stream},
                   n_splits,
-                  scale,
                   workspace,
-                  stream,
                   cluster_merges(n_splits, dtype_size_bytes(dtype))};
   if (args.cluster) {
     const Status clustered = dispatch(args, dtype, head_dim);

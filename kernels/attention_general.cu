@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/attention_common.cuh"
 #include "kernels/cuda_check.h"
 #include "kernels/kernel_common.cuh"
 #include "kernels/launch.h"
@@ -17,16 +18,8 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 
-struct Params {
-  void* out;
-  const void* q;
-  const void* k_pool;
-  const void* v_pool;
-  const int32_t* token_start;
-  const int32_t* kv_len;
-  const int32_t* slot_start;
-  const int32_t* slot_table;
-  const int32_t* seq_ids;
+// Untyped pointers: the kernel casts them to its storage type T.
+struct Params : AttentionTensors<void> {
   int32_t n_heads;
   int32_t n_kv_heads;
   int32_t head_dim;
@@ -38,7 +31,7 @@ __global__ void __launch_bounds__(kThreads) attention_general_kernel(Params p) {
   // Nothing here is a weight: every read waits for the kernel before (kernels/launch.h).
   pdl_wait();
   pdl_launch_dependents();
-  __shared__ float warp_max[kWarps];
+  __shared__ float warp_max_score[kWarps];
   __shared__ float warp_sum_exp[kWarps];
   __shared__ float warp_acc[kWarps][kVpl * 32];
 
@@ -94,7 +87,7 @@ __global__ void __launch_bounds__(kThreads) attention_general_kernel(Params p) {
       m = m_new;
     }
     if (lane == 0) {
-      warp_max[warp] = m;
+      warp_max_score[warp] = m;
       warp_sum_exp[warp] = l;
     }
 #pragma unroll
@@ -103,14 +96,14 @@ __global__ void __launch_bounds__(kThreads) attention_general_kernel(Params p) {
     if (warp == 0) {
       // Key 0 always exists and belongs to warp 0, so the overall max is finite; a warp that got
       // no key has max -inf and weight 0.
-      float m_all = warp_max[0];
+      float m_all = warp_max_score[0];
 #pragma unroll
-      for (int w = 1; w < kWarps; ++w) m_all = fmaxf(m_all, warp_max[w]);
+      for (int w = 1; w < kWarps; ++w) m_all = fmaxf(m_all, warp_max_score[w]);
       float weights[kWarps];
       float l_all = 0.0f;
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) {
-        weights[w] = expf(warp_max[w] - m_all);
+        weights[w] = expf(warp_max_score[w] - m_all);
         l_all = fmaf(warp_sum_exp[w], weights[w], l_all);
       }
       const float inv_l = 1.0f / l_all;
@@ -137,10 +130,10 @@ Status launch_vpl(const Params& p, int32_t n_work, int32_t max_n_new, KernelStre
   return Status::ok();
 }
 
-// The one place where the runtime head size becomes a template parameter (values per lane).
+// The runtime head size becomes this kernel's values per lane here (dtype: dispatch_float_dtype).
 template <typename T>
 Status dispatch_vpl(const Params& p, int32_t n_work, int32_t max_n_new, KernelStream stream) {
-  switch ((p.head_dim + 31) / 32) {
+  switch (ceil_div(p.head_dim, 32)) {
     case 1:
       return launch_vpl<T, 1>(p, n_work, max_n_new, stream);
     case 2:
@@ -166,9 +159,8 @@ Status dispatch_vpl(const Params& p, int32_t n_work, int32_t max_n_new, KernelSt
 
 bool attention_general_supports(DType dtype, int32_t head_dim, int32_t n_heads,
                                 int32_t n_kv_heads) {
-  const bool dtype_ok = dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
-  const bool heads_ok = n_kv_heads > 0 && n_heads > 0 && n_heads % n_kv_heads == 0;
-  return dtype_ok && head_dim >= 1 && head_dim <= kAttentionGeneralMaxHeadDim && heads_ok;
+  return attention_shapes_supported(dtype, n_heads, n_kv_heads) && head_dim >= 1 &&
+         head_dim <= kAttentionGeneralMaxHeadDim;
 }
 
 Status launch_attention_general(void* out, const void* q, const void* k_pool, const void* v_pool,
@@ -187,22 +179,14 @@ Status launch_attention_general(void* out, const void* q, const void* k_pool, co
                       "attention_general: n_work {} or n_heads {} out of range", n_work, n_heads);
   }
   if (n_work == 0) return Status::ok();
-  const Params p{out,        q,       k_pool,  v_pool,     token_start, kv_len, slot_start,
-                 slot_table, seq_ids, n_heads, n_kv_heads, head_dim,    scale};
-  switch (dtype) {
-    case DType::kF32:
-      return dispatch_vpl<float>(p, n_work, max_n_new, stream);
-    case DType::kBF16:
-      return dispatch_vpl<__nv_bfloat16>(p, n_work, max_n_new, stream);
-    case DType::kF16:
-      return dispatch_vpl<__half>(p, n_work, max_n_new, stream);
-    case DType::kI32:
-    case DType::kI64:
-    case DType::kU8:
-      break;
-  }
-  return make_error(StatusCode::kUnsupported, "attention_general: dtype {} not supported",
-                    dtype_torch_name(dtype));
+  const Params p{{out, q, k_pool, v_pool, token_start, kv_len, slot_start, slot_table, seq_ids},
+                 n_heads,
+                 n_kv_heads,
+                 head_dim,
+                 scale};
+  return dispatch_float_dtype(dtype, "attention_general", [&](auto type) {
+    return dispatch_vpl<typename decltype(type)::type>(p, n_work, max_n_new, stream);
+  });
 }
 
 }  // namespace litellama

@@ -24,8 +24,10 @@
 #include <cmath>
 #include <type_traits>
 
+#include "kernels/attention_common.cuh"
 #include "kernels/attention_general.h"
 #include "kernels/cuda_check.h"
+#include "kernels/kernel_common.cuh"
 #include "kernels/mma_common.cuh"
 
 namespace litellama {
@@ -34,16 +36,7 @@ namespace {
 constexpr int kThreads = 128;  // 4 warps
 
 template <typename T>
-struct PrefillParams {
-  T* out;
-  const T* q;
-  const T* k_pool;
-  const T* v_pool;
-  const int32_t* token_start;
-  const int32_t* kv_len;
-  const int32_t* slot_start;
-  const int32_t* slot_table;
-  const int32_t* seq_ids;
+struct PrefillParams : AttentionTensors<T> {
   int n_heads;
   int n_kv_heads;
   int group;
@@ -104,7 +97,7 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_tc_kernel(const Pr
   const int32_t* slots = p.slot_table + p.slot_start[seq];
   const int group = p.group;
   const int n_rows = n_new * group;
-  const int n_q_tiles = (n_rows + kBlockM - 1) / kBlockM;
+  const int n_q_tiles = ceil_div(n_rows, kBlockM);
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const float scale_log2 = p.scale * 1.4426950408889634f;
@@ -200,8 +193,7 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_tc_kernel(const Pr
 #pragma unroll
         for (int nt = 0; nt < kBlockN / 8; ++nt)
           mx = fmaxf(mx, fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        mx = quad_max(mx);
         const float m_new = fmaxf(m[i], mx);
         const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet
         const float corr = exp2f(m[i] - m_use);
@@ -245,9 +237,7 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_tc_kernel(const Pr
 
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      float sum = l[i];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float sum = quad_sum(l[i]);
       const float inv = 1.0f / sum;
       const int row = row0 + warp * 16 + lane / 4 + 8 * i;
       if (row >= n_rows) continue;
@@ -290,7 +280,7 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t* slots = p.slot_table + p.slot_start[seq];
   const int group = p.group;
   const int n_rows = n_new * group;
-  const int n_q_tiles = (n_rows + kF32Rows - 1) / kF32Rows;
+  const int n_q_tiles = ceil_div(n_rows, kF32Rows);
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
 
@@ -326,23 +316,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int ks = 0; ks < n_key_steps; ++ks) {
       const int key0 = ks * kF32Keys;
       __syncthreads();  // previous step's reads of s_k, s_v, s_p are done
-      for (int c = threadIdx.x; c < kF32Keys * D / 4; c += kThreads) {
-        const int r = c / (D / 4);
-        const int col = (c % (D / 4)) * 4;
-        const int pos = key0 + r;
-        float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        float4 vv = kv;
-        if (pos < kv_len) {
-          const int64_t off = (static_cast<int64_t>(slots[pos]) * p.n_kv_heads + kvh) * D + col;
-          kv = *reinterpret_cast<const float4*>(p.k_pool + off);
-          vv = *reinterpret_cast<const float4*>(p.v_pool + off);
-        }
-        s_k[r][col] = kv.x;
-        s_k[r][col + 1] = kv.y;
-        s_k[r][col + 2] = kv.z;
-        s_k[r][col + 3] = kv.w;
-        *reinterpret_cast<float4*>(&s_v[r][col]) = vv;
-      }
+      load_kv_step_f32<D, kF32Keys, kThreads>(s_k, s_v, p.k_pool, p.v_pool, slots, key0, kv_len,
+                                              p.n_kv_heads, kvh);
       __syncthreads();
       // Scores and the online-softmax update: warp w owns rows 4w..4w+3, lane = key.
 #pragma unroll
@@ -353,17 +328,12 @@ __global__ void __launch_bounds__(kThreads)
         for (int d = 0; d < D; ++d) dot = fmaf(s_q[r][d], s_k[lane][d], dot);
         const int key = key0 + lane;
         const float x = key <= s_pos[r] ? dot * p.scale : -INFINITY;
-        float mx = x;
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1)
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+        const float mx = warp_max(x);
         const float m_old = s_m[r];
         const float m_new = fmaxf(m_old, mx);
         const float m_use = m_new == -INFINITY ? 0.0f : m_new;
         const float e = expf(x - m_use);
-        float sum = e;
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        const float sum = warp_sum(e);
         s_p[r][lane] = e;
         __syncwarp();
         if (lane == 0) {
@@ -403,52 +373,29 @@ __global__ void __launch_bounds__(kThreads)
 // ---- launch ------------------------------------------------------------------------------------
 
 struct LaunchArgs {
-  void* out;
-  const void* q;
-  const void* k_pool;
-  const void* v_pool;
-  const int32_t* token_start;
-  const int32_t* kv_len;
-  const int32_t* slot_start;
-  const int32_t* slot_table;
-  const int32_t* seq_ids;
-  int32_t n_work;
+  AttentionArgs attention;
   int32_t max_n_new;
-  int32_t n_heads;
-  int32_t n_kv_heads;
-  float scale;
-  KernelStream stream;
 };
 
 template <typename T>
-PrefillParams<T> make_params(const LaunchArgs& a) {
-  return PrefillParams<T>{static_cast<T*>(a.out),
-                          static_cast<const T*>(a.q),
-                          static_cast<const T*>(a.k_pool),
-                          static_cast<const T*>(a.v_pool),
-                          a.token_start,
-                          a.kv_len,
-                          a.slot_start,
-                          a.slot_table,
-                          a.seq_ids,
-                          a.n_heads,
-                          a.n_kv_heads,
-                          a.n_heads / a.n_kv_heads,
-                          a.scale};
+PrefillParams<T> make_params(const AttentionArgs& a) {
+  return PrefillParams<T>{typed_tensors<T>(a.tensors), a.n_heads, a.n_kv_heads,
+                          a.n_heads / a.n_kv_heads, a.scale};
 }
 
 template <typename T, int D>
-Status launch_typed(const LaunchArgs& a) {
+Status launch_typed(const LaunchArgs& la) {
+  const AttentionArgs& a = la.attention;
   const int group = a.n_heads / a.n_kv_heads;
-  const int64_t rows = static_cast<int64_t>(std::max(a.max_n_new, 1)) * group;
+  const int64_t rows = static_cast<int64_t>(std::max(la.max_n_new, 1)) * group;
   if constexpr (std::is_same_v<T, float>) {
-    const int64_t tiles = (rows + kF32Rows - 1) / kF32Rows;
+    const int64_t tiles = ceil_div<int64_t>(rows, kF32Rows);
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, 65535)), a.n_work, a.n_kv_heads);
     attention_prefill_f32_kernel<D><<<grid, kThreads, 0, a.stream.stream>>>(make_params<float>(a));
     LITELLAMA_CUDA_CHECK_LAUNCH("attention_prefill_f32_kernel");
   } else {
     using L = TcLayout<T, D>;
-    const int64_t tiles = (rows + kBlockM - 1) / kBlockM;
+    const int64_t tiles = ceil_div<int64_t>(rows, kBlockM);
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, 65535)), a.n_work, a.n_kv_heads);
     LITELLAMA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(attention_prefill_tc_kernel<T, D>,
                                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -460,45 +407,19 @@ Status launch_typed(const LaunchArgs& a) {
   return Status::ok();
 }
 
-// The one place where runtime dtype and head_dim become template parameters.
-template <typename T>
-Status dispatch_head_dim(const LaunchArgs& a, int32_t head_dim) {
-  switch (head_dim) {
-    case 64:
-      return launch_typed<T, 64>(a);
-    case 128:
-      return launch_typed<T, 128>(a);
-    default:
-      break;
-  }
-  return make_error(StatusCode::kUnsupported, "attention_prefill: head_dim {} not supported",
-                    head_dim);
-}
-
 Status dispatch(const LaunchArgs& a, DType dtype, int32_t head_dim) {
-  switch (dtype) {
-    case DType::kF32:
-      return dispatch_head_dim<float>(a, head_dim);
-    case DType::kBF16:
-      return dispatch_head_dim<__nv_bfloat16>(a, head_dim);
-    case DType::kF16:
-      return dispatch_head_dim<__half>(a, head_dim);
-    case DType::kI32:
-    case DType::kI64:
-    case DType::kU8:
-      break;
-  }
-  return make_error(StatusCode::kUnsupported, "attention_prefill: dtype {} not supported",
-                    dtype_torch_name(dtype));
+  return dispatch_float_dtype(dtype, "attention_prefill", [&](auto type) {
+    using T = typename decltype(type)::type;
+    return dispatch_tuned_head_dim(head_dim, "attention_prefill",
+                                   [&](auto d) { return launch_typed<T, decltype(d)::value>(a); });
+  });
 }
 
 }  // namespace
 
 bool attention_prefill_supports(DType dtype, int32_t head_dim, int32_t n_heads,
                                 int32_t n_kv_heads) {
-  const bool dtype_ok = dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
-  const bool heads_ok = n_kv_heads > 0 && n_heads > 0 && n_heads % n_kv_heads == 0;
-  return dtype_ok && heads_ok &&
+  return attention_shapes_supported(dtype, n_heads, n_kv_heads) &&
          (attention_prefill_tuned(head_dim) ||
           attention_general_supports(dtype, head_dim, n_heads, n_kv_heads));
 }
@@ -529,9 +450,14 @@ Status launch_attention_prefill(void* out, const void* q, const void* k_pool, co
                                     slot_table, seq_ids, n_work, max_n_new, n_heads, n_kv_heads,
                                     head_dim, dtype, scale, stream);
   }
-  const LaunchArgs args{out,       q,          k_pool,     v_pool,  token_start,
-                        kv_len,    slot_start, slot_table, seq_ids, n_work,
-                        max_n_new, n_heads,    n_kv_heads, scale,   stream};
+  const LaunchArgs args{
+      {{out, q, k_pool, v_pool, token_start, kv_len, slot_start, slot_table, seq_ids},
+       n_work,
+       n_heads,
+       n_kv_heads,
+       scale,
+       stream},
+      max_n_new};
   return dispatch(args, dtype, head_dim);
 }
 

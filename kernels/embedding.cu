@@ -44,26 +44,16 @@ Status launch_typed(void* out, const int32_t* token_ids, const void* table, int3
 }  // namespace
 
 bool embedding_supports(DType dtype) {
-  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
+  return is_float_compute_dtype(dtype);
 }
 
 Status launch_embedding(void* out, const int32_t* token_ids, const void* table, int32_t n_tokens,
                         int32_t hidden, DType dtype, KernelStream stream) {
   if (n_tokens == 0) return Status::ok();
-  switch (dtype) {
-    case DType::kF32:
-      return launch_typed<float>(out, token_ids, table, n_tokens, hidden, stream);
-    case DType::kBF16:
-      return launch_typed<__nv_bfloat16>(out, token_ids, table, n_tokens, hidden, stream);
-    case DType::kF16:
-      return launch_typed<__half>(out, token_ids, table, n_tokens, hidden, stream);
-    case DType::kI32:
-    case DType::kI64:
-    case DType::kU8:
-      break;
-  }
-  return make_error(StatusCode::kUnsupported, "embedding: unsupported dtype {}",
-                    dtype_torch_name(dtype));
+  return dispatch_float_dtype(dtype, "embedding", [&](auto type) {
+    return launch_typed<typename decltype(type)::type>(out, token_ids, table, n_tokens, hidden,
+                                                       stream);
+  });
 }
 
 }  // namespace litellama

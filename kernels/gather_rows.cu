@@ -43,26 +43,15 @@ Status launch_typed(void* out, const void* in, const int32_t* rows, int32_t n_ro
 }  // namespace
 
 bool gather_rows_supports(DType dtype) {
-  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
+  return is_float_compute_dtype(dtype);
 }
 
 Status launch_gather_rows(void* out, const void* in, const int32_t* rows, int32_t n_rows_out,
                           int32_t cols, DType dtype, KernelStream stream) {
   if (n_rows_out == 0) return Status::ok();
-  switch (dtype) {
-    case DType::kF32:
-      return launch_typed<float>(out, in, rows, n_rows_out, cols, stream);
-    case DType::kBF16:
-      return launch_typed<__nv_bfloat16>(out, in, rows, n_rows_out, cols, stream);
-    case DType::kF16:
-      return launch_typed<__half>(out, in, rows, n_rows_out, cols, stream);
-    case DType::kI32:
-    case DType::kI64:
-    case DType::kU8:
-      break;
-  }
-  return make_error(StatusCode::kUnsupported, "gather_rows: unsupported dtype {}",
-                    dtype_torch_name(dtype));
+  return dispatch_float_dtype(dtype, "gather_rows", [&](auto type) {
+    return launch_typed<typename decltype(type)::type>(out, in, rows, n_rows_out, cols, stream);
+  });
 }
 
 }  // namespace litellama

@@ -46,11 +46,10 @@ Params make_params(const void* x, const void* w, void* y, int32_t m, int32_t n, 
 // Returns the segment count (2, 4 or 8) whose units put the fewest rows on the busiest
 // multiprocessor, all blocks resident at once, where that is fewer than 16 rows (the fewest
 // segments among equals); 1 otherwise. Needs m * segs <= 8 and k a multiple of segs chunks of 32
-// elements. Qwen2.5-1.5B's down projection (1536 rows, 96 tiles on an H200's 132
+// elements. For example Qwen2.5-1.5B's down projection (1536 rows, 96 tiles on 132
 // multiprocessors, k 8960) takes 4 at up to 2 rows: 384 units of 4 rows, at most 12 rows per
-// multiprocessor (bench/RESULTS.md: 10.55 -> 8.99 us alone, decode batch 1 -2.5%). Short rows do
-// not gain: its o projection (k 1536) took 2.27 us alone, 2.30 at best in segments, and in 384
-// units after attention made the decode step 0.7 ms slower (in 192, no change).
+// multiprocessor. Rows shorter than kMinSegmentK keep whole tiles: each block's stream is then too
+// short for the extra blocks to pay for themselves.
 constexpr int32_t kMinSegmentK = 4096;
 
 template <typename T, typename OutT, Epilogue E>
@@ -62,8 +61,8 @@ int pick_segments(const Params& p, int64_t sms) {
   for (const int segs : {2, 4, 8}) {
     if (p.m * segs > kGemvMaxRows || p.k % (segs * 32) != 0) continue;
     const int64_t rows = kTileRows / segs;
-    const int64_t units = (static_cast<int64_t>(p.n) + rows - 1) / rows;
-    const int64_t blocks_on_busiest = (units + sms - 1) / sms;
+    const int64_t units = ceil_div<int64_t>(p.n, rows);
+    const int64_t blocks_on_busiest = ceil_div<int64_t>(units, sms);
     if (blocks_on_busiest > per_sm) continue;
     if (blocks_on_busiest * rows < best_rows) {
       best = segs;
@@ -76,7 +75,7 @@ int pick_segments(const Params& p, int64_t sms) {
 // The segments of launch_single: pick_segments where the tiles fit on the multiprocessors.
 template <typename T, typename OutT, Epilogue E>
 int single_segments(const Params& p) {
-  const int64_t tiles = (static_cast<int64_t>(p.n) + kTileRows - 1) / kTileRows;
+  const int64_t tiles = ceil_div<int64_t>(p.n, kTileRows);
   const int64_t sms = sm_count();
   return tiles <= sms ? pick_segments<T, OutT, E>(p, sms) : 1;
 }
@@ -85,7 +84,7 @@ int single_segments(const Params& p) {
 template <typename T, typename OutT, Epilogue E>
 cudaError_t launch_single(const Params& p, KernelStream stream) {
   using gemv_detail::launch;
-  const int64_t tiles = (static_cast<int64_t>(p.n) + kTileRows - 1) / kTileRows;
+  const int64_t tiles = ceil_div<int64_t>(p.n, kTileRows);
   const int64_t sms = sm_count();
   switch (single_segments<T, OutT, E>(p)) {
     case 2:
@@ -100,9 +99,8 @@ cudaError_t launch_single(const Params& p, KernelStream stream) {
   if (tiles > 2 * sms) return launch<T, OutT, 1, E, 8, 1, 4>(p, stream);
   if (tiles > sms) {
     // One row at k up to 4096 (Llama-3.1-8B's o projection): 8 warps with 32-byte chunks, three
-    // blocks of 80 registers per multiprocessor where the 16-warp blocks fit two. Decode batch 1
-    // 4.27 -> 4.22 ms; at 2 to 4 rows it was 0.3 to 2% slower, and longer rows (the down
-    // projection, k 14336) 7 to 9% slower at batch 1, so those keep 16 warps (bench/RESULTS.md).
+    // blocks of 80 registers per multiprocessor where the 16-warp blocks fit two. More rows, or
+    // longer rows (the down projection, k 14336), stream better with 16 warps per tile.
     if (p.m == 1 && p.k <= 4096) return launch<T, OutT, 1, E, 8, 2, 2>(p, stream);
     return launch<T, OutT, 1, E, 16, 1, 2>(p, stream);
   }
@@ -116,17 +114,17 @@ cudaError_t launch_single(const Params& p, KernelStream stream) {
 // slot and the ring runs on into the next unit): chunks of 32 bytes of each row per lane where k
 // is a multiple of 1024; for gate/up, 48 bytes where k is a multiple of 1536 (Qwen2.5-1.5B's
 // hidden size). QKV at k >= 4096 and up to 2 rows (Llama-3.1-8B) takes one unit per block with 8
-// warps, 32-byte chunks and 2 in flight: in the decode step 0.3% faster than the looping kernel
-// at batch 1 and 2 (bench/RESULTS.md). Otherwise 8 warps, 16 bytes, 4 chunks, one unit per block.
+// warps, 32-byte chunks and 2 in flight, which edges out the looping kernel there. Otherwise 8
+// warps, 16 bytes, 4 chunks, one unit per block.
 //
 // QKV of up to 4 rows whose tiles of 8 rotary pairs (one tile per block: rows j and head_dim / 2
 // + j of a head as its rows g and g + 8) number no more than the multiprocessors, outside the
 // looping case: at 3 and 4 rows those single tiles, twice the blocks of tile pairs, each on its
 // own multiprocessor, with a ring of 8 chunks per warp (Qwen2.5-1.5B: 128 blocks where tile pairs
 // made 64); at 1 and 2 rows the tile pairs again, but with 16 warps (72 registers, one block per
-// multiprocessor), which made Qwen2.5-1.5B's batch 1 step 0.5 to 1% faster and was 1 to 2% slower
-// at 3 and 4 rows. Where single tiles would put two blocks on some multiprocessors (Llama-3.2-1B:
-// 192) or at 8 rows, the step measured slower (bench/RESULTS.md).
+// multiprocessor), which are better there and worse at 3 and 4 rows. Where single tiles would put
+// two blocks on some multiprocessors (Llama-3.2-1B: 192), or at 8 rows, they lose to tile pairs
+// (the measurements are in the history of bench/RESULTS.md).
 template <typename T, Epilogue E, bool kNorm = false>
 cudaError_t launch_paired(const Params& p, KernelStream stream) {
   using gemv_detail::launch;

@@ -39,31 +39,22 @@
 // folded into w: each lane also sums the squares of the x vectors it loads, off the mma's
 // dependency chain, and the epilogue scales the sums by the row's 1 / rms before its rounding.
 //
-// Measured on an H200 and given up (bench/RESULTS.md has the figures): splitting k over the blocks
-// of a thread-block cluster (partial sums met in distributed shared memory) was at best 3% faster
-// on a few shapes and much slower on large ones, so every block covers all of k and more warps
-// per tile serve the matrices with few tiles; an RMSNorm prologue (every block normalizing the
-// input rows into shared memory) made the decode step slower than a separate norm kernel; letting
-// the next kernel launch before this one's wait (instead of after) made it slower too. So did two
-// transforms of x as the main loop reads it, which would each have removed a kernel per layer:
-// SiLU(gate) * up for the down projection (Llama-3.2-1B batch 1: 0.976 to 1.119 ms per step) and
-// RMSNorm from per-block sums of squares that the previous residual-add GEMV wrote (a further
-// 1.119 to 1.145 ms). At batch 1 only the 4 lanes of token 0 in each warp read x, so the extra
-// arithmetic lengthens every chunk's critical path. The norm as a scale of the sums (kNorm) keeps
-// x untransformed and pays: QKV with the input norm folded in took Llama-3.2-1B batch 1 from
-// 0.906 to 0.884 ms. The same for gate/up (after the o projection, without the post-attention
-// norm kernel between them) made it 1.06 ms, whether the o projection let it launch after its
-// wait or after its main loop: gate/up keeps its norm kernel (even where decode attention's
-// carveout no longer slows gate/up, leaving the norm out gains nothing). Copying the last part of
-// each row into shared memory with bulk copies before the wait, read back by the rings, so that
-// more of a projection streams during the kernel before it (32 or 64 KB per block for o, 64 for
-// QKV, 32 for down), was at best level and up to 1% slower. The loop kernel came from the
-// linear benchmark, where one block per unit left the large matrices (Llama-3.1-8B's gate/up,
-// 896 units of two tiles) at 3.4 TB/s, against 4.2 for a plain read: with 16 warps, 32 bytes
-// per row per lane and chunk and one chunk in flight it reached 4.06 TB/s; with the ring's
-// state for the next unit in registers, configurations with deeper rings lost occupancy and got
-// slower, so gemv.cu uses it for those paired shapes only, always with k a multiple of the ring
-// (the ring runs on); the refilled case serves the benchmark's sweep.
+// What the kernel deliberately does not do (none paid in the decode step; the figures are in the
+// history of bench/RESULTS.md):
+//   - split k across blocks or a thread-block cluster: every block covers all of k, and matrices
+//     of few tiles get more warps per tile or k segments within the block instead;
+//   - transform x as the main loop reads it (SiLU(gate) * up, or an RMSNorm from per-block sums of
+//     squares): at batch 1 only the 4 lanes of token 0 in each warp read x, so arithmetic on x
+//     lengthens every chunk's critical path. The RMSNorm is folded as a scale of the sums (kNorm)
+//     instead, which leaves x as stored; gate/up keeps its separate norm kernel;
+//   - normalize the input rows in a prologue (the separate norm kernel costs less), or let the
+//     next kernel launch before this one's wait rather than after it;
+//   - stage the end of each weight row in shared memory before the wait: weights go from global
+//     memory straight into registers.
+// The loop kernel serves the large paired shapes, where one block per unit leaves the weight
+// stream well short of a plain read. Its ring state for the next unit lives in registers, so it
+// keeps one chunk in flight (deeper rings cost occupancy), and gemv.cu uses it only where k is a
+// multiple of the ring, so that the ring runs on; the refilled case serves the benchmark's sweep.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -400,8 +391,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_unit_kernel(const Params p) 
       });
   if constexpr (kNorm) {
     // The 4 lanes of a token group cover each chunk of the warp; the warps cover all chunks.
-    squares += __shfl_xor_sync(0xffffffffu, squares, 1);
-    squares += __shfl_xor_sync(0xffffffffu, squares, 2);
+    squares = quad_sum(squares);
     if (t == 0) row_squares[warp][g] = squares;
   }
 
@@ -492,8 +482,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_loop_kernel(const Params p) 
     const int buf = iter & 1;
     if constexpr (kNorm) {
       // The 4 lanes of a token group cover each chunk of the warp; the warps cover all chunks.
-      squares += __shfl_xor_sync(0xffffffffu, squares, 1);
-      squares += __shfl_xor_sync(0xffffffffu, squares, 2);
+      squares = quad_sum(squares);
       if (t == 0) row_squares[buf][warp][g] = squares;
     }
 #pragma unroll
@@ -567,7 +556,7 @@ cudaError_t launch(Params p, KernelStream stream) {
     p.blocks_per_group = 1;
     p.group_rows = kTileRows;
     p.tile_stride = p.n / 2;
-    units = (static_cast<int64_t>(p.n / 2) + kTileRows - 1) / kTileRows;
+    units = ceil_div<int64_t>(p.n / 2, kTileRows);
   } else if constexpr (E == Epilogue::kRope) {
     static_assert(kTiles == 1 || kTiles == 2, "RoPE takes a tile of each half or of pairs");
     const int half = p.rope.head_dim / 2;  // a multiple of 16 (gemv_rope_supports)
@@ -586,7 +575,7 @@ cudaError_t launch(Params p, KernelStream stream) {
     p.blocks_per_group = 1;
     p.group_rows = kTileRows * kTiles / kSegs;
     p.tile_stride = kTileRows;
-    units = (static_cast<int64_t>(p.n) + p.group_rows - 1) / p.group_rows;
+    units = ceil_div<int64_t>(p.n, p.group_rows);
   }
   p.n_units = static_cast<int32_t>(units);
   if constexpr (!kLoop) {
@@ -596,8 +585,8 @@ cudaError_t launch(Params p, KernelStream stream) {
     auto* kernel = gemv_loop_kernel<T, OutT, kTiles, E, kWarps, kVecs, kPipe, kNorm, kSegs>;
     static const int per_sm = query_blocks_per_sm(kernel, kWarps * 32);
     const int64_t resident = sm_count() * per_sm;
-    const int64_t rounds = (units + resident - 1) / resident;
-    const int64_t blocks = (units + rounds - 1) / rounds;
+    const int64_t rounds = ceil_div<int64_t>(units, resident);
+    const int64_t blocks = ceil_div<int64_t>(units, rounds);
     return launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32), 0, stream,
                          p);
   }

@@ -1,6 +1,8 @@
-// Device helpers shared by the element-wise kernels of this directory (norms, RoPE, activations,
-// gathers): the storage type of each compute DType, float conversions, 16-byte vectors and
-// block-wide reductions. Included by .cu files only; launchers take DType and dispatch here once.
+// Device helpers shared by the kernels of this directory: the storage type of each compute DType,
+// float conversions, 16-byte vectors, rounding, warp and block reductions, and the one dispatch
+// from a runtime DType (and attention head size) to template parameters. Included by .cu files
+// only. The reductions fix which lanes combine in which order; a kernel whose result must stay
+// bit-identical keeps the helper it uses.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -8,8 +10,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/dtype.h"
+#include "common/status.h"
 #include "kernels/block_trace.h"
 
 namespace litellama {
@@ -76,10 +80,75 @@ inline int vec_width(int64_t cols, size_t elem_bytes) {
   return cols % n == 0 ? n : 1;
 }
 
-__device__ __forceinline__ float warp_sum(float x) {
+// Rounding of sizes, b > 0: ceil_div is (a + b - 1) / b, which is ceil(a / b) for a >= 0;
+// round_up is a rounded up to a multiple of b.
+template <typename I>
+__host__ __device__ __forceinline__ constexpr I ceil_div(I a, I b) {
+  return (a + b - 1) / b;
+}
+template <typename I>
+__host__ __device__ __forceinline__ constexpr I round_up(I a, I b) {
+  return ceil_div(a, b) * b;
+}
+
+// Butterfly all-reduce over the 32 lanes of a full warp: lane l combines with lane l ^ off for
+// off = 16, 8, 4, 2, 1 in that order, so every lane ends with the same value and the order of the
+// floating-point operations is fixed.
+template <typename T, typename Op>
+__device__ __forceinline__ T warp_allreduce(T x, Op op) {
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+  for (int off = 16; off > 0; off >>= 1) x = op(x, __shfl_xor_sync(0xffffffffu, x, off));
   return x;
+}
+
+// The same over the 4 lanes of a quad (lanes 4q .. 4q+3): off = 1, then 2. The mma.sync fragment
+// layout spreads one accumulator row over a quad.
+template <typename T, typename Op>
+__device__ __forceinline__ T quad_allreduce(T x, Op op) {
+  x = op(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  x = op(x, __shfl_xor_sync(0xffffffffu, x, 2));
+  return x;
+}
+
+struct SumOp {
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const {
+    return max(a, b);
+  }
+};
+struct MinOp {
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const {
+    return min(a, b);
+  }
+};
+
+template <typename T>
+__device__ __forceinline__ T warp_sum(T x) {
+  return warp_allreduce(x, SumOp{});
+}
+template <typename T>
+__device__ __forceinline__ T warp_max(T x) {
+  return warp_allreduce(x, MaxOp{});
+}
+template <typename T>
+__device__ __forceinline__ T warp_min(T x) {
+  return warp_allreduce(x, MinOp{});
+}
+template <typename T>
+__device__ __forceinline__ T quad_sum(T x) {
+  return quad_allreduce(x, SumOp{});
+}
+template <typename T>
+__device__ __forceinline__ T quad_max(T x) {
+  return quad_allreduce(x, MaxOp{});
 }
 
 // Sum over the block (blockDim.x a multiple of 32, at most 1024) in a fixed order, so results are
@@ -94,6 +163,51 @@ __device__ __forceinline__ float block_sum(float x, float* scratch) {
   const int n_warps = blockDim.x >> 5;
   float total = lane < n_warps ? scratch[lane] : 0.0f;
   return warp_sum(total);
+}
+
+// The compute dtypes every kernel of this directory takes.
+inline bool is_float_compute_dtype(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
+}
+
+// The one place where a runtime compute DType becomes the storage type of a template: calls
+// f(TypeTag<T>{}) for f32, bf16 and fp16 and returns its Status; other dtypes are kUnsupported,
+// with `op` naming the kernel in the message.
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+template <typename F>
+Status dispatch_float_dtype(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case DType::kF32:
+      return f(TypeTag<float>{});
+    case DType::kBF16:
+      return f(TypeTag<__nv_bfloat16>{});
+    case DType::kF16:
+      return f(TypeTag<__half>{});
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
+      break;
+  }
+  return make_error(StatusCode::kUnsupported, "{}: unsupported dtype {}", op,
+                    dtype_torch_name(dtype));
+}
+
+// The head sizes the tuned attention kernels (prefill and decode) are compiled for: calls
+// f(std::integral_constant<int, D>{}) for D = 64 or 128; any other head_dim is kUnsupported.
+template <typename F>
+Status dispatch_tuned_head_dim(int32_t head_dim, const char* op, F&& f) {
+  switch (head_dim) {
+    case 64:
+      return f(std::integral_constant<int, 64>{});
+    case 128:
+      return f(std::integral_constant<int, 128>{});
+    default:
+      break;
+  }
+  return make_error(StatusCode::kUnsupported, "{}: head_dim {} not supported", op, head_dim);
 }
 
 // Programmatic dependent launch (kernels/launch.h states the rule). No-ops below sm_90 and for

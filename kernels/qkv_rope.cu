@@ -187,7 +187,7 @@ Status launch_general(int32_t head_dim, void* q_out, void* k_pool, void* v_pool,
                       int32_t n_kv_heads, float attention_scaling, float norm_eps,
                       KernelStream stream) {
   const int64_t work = static_cast<int64_t>(n_tokens) * (n_heads + 2 * n_kv_heads);
-  const int64_t blocks = (work + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  const int64_t blocks = ceil_div<int64_t>(work, kWarpsPerBlock);
   LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(
       qkv_rope_general_kernel<T>, dim3(static_cast<unsigned>(blocks)), dim3(kWarpsPerBlock * 32), 0,
       stream, static_cast<T*>(q_out), static_cast<T*>(k_pool), static_cast<T*>(v_pool),
@@ -204,7 +204,7 @@ Status launch_hd(void* q_out, void* k_pool, void* v_pool, const void* qkv, const
                  int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, float attention_scaling,
                  float norm_eps, KernelStream stream) {
   const int64_t work = static_cast<int64_t>(n_tokens) * (n_heads + 2 * n_kv_heads);
-  const int64_t blocks = (work + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  const int64_t blocks = ceil_div<int64_t>(work, kWarpsPerBlock);
   LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(
       qkv_rope_kernel<T, kHeadDim>, dim3(static_cast<unsigned>(blocks)), dim3(kWarpsPerBlock * 32),
       0, stream, static_cast<T*>(q_out), static_cast<T*>(k_pool), static_cast<T*>(v_pool),
@@ -246,8 +246,8 @@ Status launch_typed(int32_t head_dim, void* q_out, void* k_pool, void* v_pool, c
 }  // namespace
 
 bool qkv_rope_supports(int32_t head_dim, DType dtype) {
-  const bool dtype_ok = dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
-  return dtype_ok && head_dim >= 2 && head_dim % 2 == 0 && head_dim <= 64 * kMaxPairsPerLane;
+  return is_float_compute_dtype(dtype) && head_dim >= 2 && head_dim % 2 == 0 &&
+         head_dim <= 64 * kMaxPairsPerLane;
 }
 
 Status launch_qkv_rope(void* q_out, void* k_pool, void* v_pool, const void* qkv,
@@ -257,29 +257,12 @@ Status launch_qkv_rope(void* q_out, void* k_pool, void* v_pool, const void* qkv,
                        int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                        float attention_scaling, float norm_eps, DType dtype, KernelStream stream) {
   if (n_tokens == 0) return Status::ok();
-  switch (dtype) {
-    case DType::kF32:
-      return launch_typed<float>(head_dim, q_out, k_pool, v_pool, qkv, qkv_bias, q_norm_weight,
-                                 k_norm_weight, inv_freq, positions, token_slot, token_freq_row,
-                                 n_tokens, n_heads, n_kv_heads, attention_scaling, norm_eps,
-                                 stream);
-    case DType::kBF16:
-      return launch_typed<__nv_bfloat16>(head_dim, q_out, k_pool, v_pool, qkv, qkv_bias,
-                                         q_norm_weight, k_norm_weight, inv_freq, positions,
-                                         token_slot, token_freq_row, n_tokens, n_heads, n_kv_heads,
-                                         attention_scaling, norm_eps, stream);
-    case DType::kF16:
-      return launch_typed<__half>(head_dim, q_out, k_pool, v_pool, qkv, qkv_bias, q_norm_weight,
-                                  k_norm_weight, inv_freq, positions, token_slot, token_freq_row,
-                                  n_tokens, n_heads, n_kv_heads, attention_scaling, norm_eps,
-                                  stream);
-    case DType::kI32:
-    case DType::kI64:
-    case DType::kU8:
-      break;
-  }
-  return make_error(StatusCode::kUnsupported, "qkv_rope: unsupported dtype {}",
-                    dtype_torch_name(dtype));
+  return dispatch_float_dtype(dtype, "qkv_rope", [&](auto type) {
+    return launch_typed<typename decltype(type)::type>(
+        head_dim, q_out, k_pool, v_pool, qkv, qkv_bias, q_norm_weight, k_norm_weight, inv_freq,
+        positions, token_slot, token_freq_row, n_tokens, n_heads, n_kv_heads, attention_scaling,
+        norm_eps, stream);
+  });
 }
 
 }  // namespace litellama

@@ -88,7 +88,7 @@ struct Slice {
 __device__ __forceinline__ Slice slice_of(int vocab, int rank, int n_ctas) {
   const bool vec = (vocab & 3) == 0;
   const int units = vec ? vocab >> 2 : vocab;
-  const int per = (units + n_ctas - 1) / n_ctas;
+  const int per = ceil_div(units, n_ctas);
   const int begin = min(units, rank * per);
   return Slice{begin, min(units, begin + per), vec};
 }
@@ -232,8 +232,7 @@ __device__ ArgMax block_argmax(ArgMax x, Shared& sh) {
 }
 
 __device__ double block_sum(double x, Shared& sh) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(kFullMask, x, off);
+  x = warp_sum(x);
   __syncthreads();
   if ((threadIdx.x & 31) == 0) sh.sum_d[threadIdx.x >> 5] = x;
   __syncthreads();
@@ -243,8 +242,7 @@ __device__ double block_sum(double x, Shared& sh) {
 }
 
 __device__ int32_t block_count(int32_t x, Shared& sh) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(kFullMask, x, off);
+  x = warp_sum(x);
   __syncthreads();
   if ((threadIdx.x & 31) == 0) sh.count_i[threadIdx.x >> 5] = x;
   __syncthreads();
@@ -254,8 +252,7 @@ __device__ int32_t block_count(int32_t x, Shared& sh) {
 }
 
 __device__ uint32_t block_min(uint32_t x, Shared& sh) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) x = min(x, __shfl_xor_sync(kFullMask, x, off));
+  x = warp_min(x);
   __syncthreads();
   if ((threadIdx.x & 31) == 0) sh.min_u[threadIdx.x >> 5] = x;
   __syncthreads();
@@ -287,8 +284,8 @@ __device__ uint32_t row_min(uint32_t x, Shared& sh, RowGroup<kCluster>& g) {
 
 // Adds one element of weight w (0 <= w <= 1) to bin b of a shared histogram. Shared-memory
 // atomics are native only for 32-bit integers (float, double and 64-bit adds are compare-and-swap
-// loops, which serialize where a radix pass puts most logits into a few bins: the first pass of a
-// 128k-entry row took 0.92 ms on one CTA with double adds). So the mass is a 64-bit fixed-point
+// loops, which serialize where a radix pass puts most logits into a few bins, as the first pass of
+// a large-vocabulary row does). So the mass is a 64-bit fixed-point
 // number (kMassFracBits fraction bits) kept as two 32-bit words per bin: the low word's add
 // returns the old value, and its carry goes to the high word with the high bits of w. Integer sums
 // are also exact and independent of the order of the adds.
@@ -641,9 +638,8 @@ __device__ int32_t sample_row(int r, int32_t* __restrict__ top_ids, float* __res
 }
 
 // Grid: n_ctas CTAs per row, consecutive in x (with kCluster, one cluster per row). Two CTAs per
-// multiprocessor (64 registers, a few bytes spilled): with one (93 to 128 registers) 256 rows ran
-// in two waves, 1.29 against 0.86 ms for top-p at 256 rows and 358 against 232 us at 32 rows, the
-// same within 1% at 1 and 8 rows.
+// multiprocessor (64 registers, a few bytes spilled), so that 256 rows of one CTA each run in one
+// wave rather than two; the spill costs less than the second wave.
 template <bool kCluster>
 __global__ void __launch_bounds__(kThreads, 2)
     sampling_kernel(int32_t* __restrict__ sampled_ids, int32_t* __restrict__ top_ids,
@@ -682,8 +678,7 @@ __global__ void __launch_bounds__(kThreads)
   unsigned long long best = 0;
   for_each_logit(logits_all + static_cast<int64_t>(r) * vocab, slice,
                  [&](float l, int i) { best = max(best, greedy_key(l, i)); });
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) best = max(best, __shfl_xor_sync(kFullMask, best, off));
+  best = warp_max(best);
   if ((threadIdx.x & 31) == 0) warp_best[threadIdx.x >> 5] = best;
   __syncthreads();
   if (threadIdx.x != 0) return;
@@ -757,8 +752,8 @@ Status launch_sampling(int32_t* sampled_ids, int32_t* top_ids, float* top_logits
                       0, stream, sampled_ids, logits, vocab_size, token_marks, n_ctas));
     return Status::ok();
   }
-  // The general kernel: at most one CTA per multiprocessor in all (two fit; the split was measured
-  // with one).
+  // The general kernel: at most one CTA per multiprocessor in all (two fit, but the split of a row
+  // over CTAs is planned for one).
   const int n_ctas = ctas_per_row(n_rows, kMaxCtasPerRow, max_ctas_per_row, n_sms);
   if (n_ctas > 1 && current_device_supports_clusters() && cluster_kernel_available()) {
     const cudaError_t clustered = launch_kernel_clustered(

@@ -21,12 +21,8 @@
 // A launch whose rows are all greedy without penalties or top-N logits (greedy_only) runs a plain
 // argmax kernel instead, up to 16 CTAs per row.
 //
-// Cost of one launch (H200, vocab 128256, CUDA events around the launch, so about 6 us of it is
-// the launch itself; `cuda_sampling_test --gtest_also_run_disabled_tests
-// --gtest_filter='*Timing*'`), 1 and 8 rows, against the earlier one-CTA-per-row kernel with
-// double-precision shared atomics: greedy (argmax kernel) 10 us (was 25); top-k 50 + top-p 0.9
-// 104 us (was 318); top-p 0.9 alone 113 us (was 1711); 8 top-N logits 78 us (was 271). At 32 rows
-// (4 CTAs each) top-p alone takes 185 us (was 1727), at 256 rows (one CTA each) 0.66 ms.
+// The cost of one launch is measured by `cuda_sampling_test --gtest_also_run_disabled_tests
+// --gtest_filter='*Timing*'`; bench/RESULTS.md has the current figures.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -38,7 +38,7 @@ Status launch_n(void* act, const void* gate_up, int32_t n_tokens, int32_t inter,
                 KernelStream stream) {
   const int64_t n_vecs = static_cast<int64_t>(n_tokens) * (inter / N);
   const int threads = 256;
-  const int64_t blocks = std::min<int64_t>((n_vecs + threads - 1) / threads, 65536);
+  const int64_t blocks = std::min<int64_t>(ceil_div<int64_t>(n_vecs, threads), 65536);
   LITELLAMA_CUDA_RETURN_IF_ERROR(
       launch_kernel(silu_mul_kernel<T, N>, dim3(static_cast<unsigned>(blocks)), dim3(threads), 0,
                     stream, static_cast<T*>(act), static_cast<const T*>(gate_up), n_vecs, inter));
@@ -56,26 +56,15 @@ Status launch_typed(void* act, const void* gate_up, int32_t n_tokens, int32_t in
 }  // namespace
 
 bool silu_mul_supports(DType dtype) {
-  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
+  return is_float_compute_dtype(dtype);
 }
 
 Status launch_silu_mul(void* act, const void* gate_up, int32_t n_tokens, int32_t inter, DType dtype,
                        KernelStream stream) {
   if (n_tokens == 0) return Status::ok();
-  switch (dtype) {
-    case DType::kF32:
-      return launch_typed<float>(act, gate_up, n_tokens, inter, stream);
-    case DType::kBF16:
-      return launch_typed<__nv_bfloat16>(act, gate_up, n_tokens, inter, stream);
-    case DType::kF16:
-      return launch_typed<__half>(act, gate_up, n_tokens, inter, stream);
-    case DType::kI32:
-    case DType::kI64:
-    case DType::kU8:
-      break;
-  }
-  return make_error(StatusCode::kUnsupported, "silu_mul: unsupported dtype {}",
-                    dtype_torch_name(dtype));
+  return dispatch_float_dtype(dtype, "silu_mul", [&](auto type) {
+    return launch_typed<typename decltype(type)::type>(act, gate_up, n_tokens, inter, stream);
+  });
 }
 
 }  // namespace litellama

@@ -66,9 +66,9 @@ void StepBatch::clear() {
 namespace {
 
 // The first value of v outside [0, limit), or null. The common case (all in range) is one
-// branch-free pass that the compiler vectorizes. A decode step of 256 sequences at 520 keys
-// carries 133k slots; with early-exit loops, building and validating it took twice as long
-// (BM_DecodeStepBatch in bench/cpu_micro_bench.cpp: 108 to 117 us, now 50 to 57 us).
+// branch-free pass that the compiler vectorizes, because a large decode step carries a slot per
+// key of every sequence (256 sequences at 520 keys: 133k) and an early-exit loop does not
+// vectorize (BM_DecodeStepBatch in bench/cpu_micro_bench.cpp measures it).
 const int32_t* first_outside(const std::vector<int32_t>& v, int32_t limit) {
   uint32_t any = 0;
   for (const int32_t x : v) any |= static_cast<uint32_t>(x < 0) | static_cast<uint32_t>(x >= limit);
@@ -215,17 +215,15 @@ Result<LayerKernelRepeats> parse_layer_kernel_repeats(std::string_view spec) {
 }
 
 int32_t resolved_gemv_max_tokens(const RunnerOptions& options, int32_t hidden_size) {
-  // On an H200 the GEMV layers made the small models' decode faster up to batch 8, Llama-3.1-8B's
-  // up to batch 4 (with gate/up through the GEMV too; bench/RESULTS.md).
+  // The GEMV layers beat cuBLAS up to batch 8 for small models and up to batch 4 for larger ones
+  // (RunnerOptions::gemv_max_tokens).
   if (options.gemv_max_tokens >= 0) return options.gemv_max_tokens;
   return hidden_size <= kSmallModelMaxHidden ? 8 : 4;
 }
 
 int32_t resolved_gemv_gate_up_max_tokens(const RunnerOptions& options, int32_t hidden_size) {
-  // On an H200 the gate/up GEMV (with its looping kernel where k allows) won at batch 1 to 8 for
-  // the small models. For Llama-3.1-8B it won at batch 1 to 4 (4.1 to 4.9% per step); from 5 it
-  // ran level with cuBLAS alone and lost with the other GEMV layers (6.05 against 4.85 ms at batch
-  // 5), so cuBLAS keeps it there.
+  // The same limits as the other GEMV layers: past batch 4 a larger model's gate/up gains nothing
+  // over cuBLAS alone and loses together with the other GEMV layers.
   if (options.gemv_gate_up_max_tokens >= 0) return options.gemv_gate_up_max_tokens;
   return hidden_size <= kSmallModelMaxHidden ? 8 : 4;
 }

@@ -122,18 +122,13 @@ struct RunnerOptions {
   // CUDA, bf16/fp16: steps of at most this many tokens (at most 8) run their layers through the
   // small-batch tensor-core GEMV variants (kernels/gemv.h), which fold the residual adds and RoPE
   // into the QKV, o and down projections; other steps use cuBLAS and separate kernels. 0: never.
-  // -1 (default): 8 for models of hidden size up to 2048, else 4. On an H200 (bench/RESULTS.md)
-  // the GEMV layers made Llama-3.2-1B decode steps 7 to 13% faster at batch 1 to 8 and
-  // Qwen2.5-1.5B 9 to 16%; Llama-3.1-8B, with gate/up through the GEMV too, 4 to 5% faster at
-  // batch 1 to 4 (at 5 to 8 they gain nothing without that gate/up and lose with it).
+  // -1 (default): 8 for models of hidden size up to 2048, else 4: the limits up to which the GEMV
+  // layers beat cuBLAS in the decode step (bench/RESULTS.md has the measurements).
   int32_t gemv_max_tokens = -1;
   // With the GEMV layers, steps of at most this many tokens also put gate/up through the GEMV
   // (SiLU * up in its epilogue) instead of cuBLAS followed by silu_mul. 0: never. -1 (default): 8
-  // for models of hidden size up to 2048, else 4. On an H200 (bench/RESULTS.md) it made
-  // Llama-3.2-1B 3% faster at batch 1 and 2, and, with the looping GEMV kernel, 1 to 2% at batch 4
-  // and 8 (Qwen2.5-1.5B 2 to 4%); Llama-3.1-8B 4 to 5% faster at batch 1 to 4. From 5 tokens it
-  // made the 8B 25 to 29% slower together with the other GEMV layers, and alone ran level with
-  // cuBLAS (batch 5).
+  // for models of hidden size up to 2048, else 4: past those limits gate/up through the GEMV
+  // gains nothing over cuBLAS and loses together with the other GEMV layers.
   int32_t gemv_gate_up_max_tokens = -1;
   // CUDA, compute capability 9.0+: kernels are launched with programmatic dependent launch, so
   // each one starts (and loads its weights) while the previous one finishes.
@@ -167,8 +162,7 @@ class ModelRunner {
 };
 
 // The GEMV layers' token limit a CUDA runner uses: options.gemv_max_tokens, or for -1 (the
-// default) 8 for models of hidden size up to 2048 and 4 above (bench/RESULTS.md has the
-// measurements behind it).
+// default) 8 for models of hidden size up to 2048 and 4 above.
 int32_t resolved_gemv_max_tokens(const RunnerOptions& options, int32_t hidden_size);
 // Likewise for the gate/up GEMV: options.gemv_gate_up_max_tokens, or for -1 8 up to hidden size
 // 2048 and 4 above.

@@ -510,13 +510,10 @@ Status CudaModelRunner::run_layer_fused(const StepPlan& plan, const ForwardPlan&
     return launch_gemv_residual_add(residual_.data(), attn_.data(), W.o, T, H, q_dim_, dtype_,
                                     stream);
   }));
-  // Before the gate/up GEMV the norm lets it launch only once the o projection is done: launched
-  // earlier, its blocks made the step slower (Llama-3.2-1B batch 1: 1.12 against 0.94 ms; without
-  // the norm between them, 1.10 against 0.87 ms). The slow blocks are those on multiprocessors
-  // that decode attention had just used with the most shared memory: with attention's CTAs asking
-  // for half, the step without the norm ran 0.849 ms, no faster than with it (0.844 to 0.846), so
-  // the norm's kernel costs about nothing (bench/RESULTS.md). cuBLAS does not launch early either
-  // way.
+  // Before the gate/up GEMV the norm lets it launch only once the o projection is done, so that
+  // its blocks do not start on multiprocessors still configured for decode attention's shared
+  // memory, where they run slowly; the norm kernel in between costs about nothing. cuBLAS does
+  // not launch early either way.
   const bool gate_up_gemv = fp.gate_up_gemv;
   LITELLAMA_RETURN_IF_ERROR(repeat(repeats.post_norm, [&] {
     return launch_add_rmsnorm(normed_.data(), residual_.data(), nullptr, W.post_norm, T, H, eps,
@@ -653,8 +650,8 @@ Status CudaModelRunner::run_head(const StepPlan& plan, const ForwardPlan& fp) {
   LITELLAMA_RETURN_IF_ERROR(launch_add_rmsnorm(last_normed_.data(), residual, delta,
                                                weights_.final_norm, R, H,
                                                static_cast<float>(c.rms_norm_eps), dtype_, stream));
-  // cuBLAS at every batch size: on an H200 the LM head's GEMM streams faster than the small-batch
-  // GEMV (bench/RESULTS.md).
+  // cuBLAS at every batch size: the LM head's GEMM streams a matrix that large better than the
+  // small-batch GEMV.
   LITELLAMA_RETURN_IF_ERROR(launch_linear(logits_.data(), last_normed_.data(), weights_.lm_head, R,
                                           c.vocab_size, H, dtype_, DType::kF32, ctx_.cublas(),
                                           stream));
