@@ -213,7 +213,7 @@ bool decode_png_into(PngState* s) {
     return false;
   }
   png_set_read_fn(s->png, &s->reader, png_read_bytes);
-  // libpng's own dimension limit is 1,000,000 per side; the pixel count is checked below.
+  // Sides up to 2^20 (libpng's default limit is 10^6); the pixel count is checked below.
   png_set_user_limits(s->png, 1u << 20, 1u << 20);
   png_set_chunk_malloc_max(s->png, 8u << 20);
   png_read_info(s->png, s->info);

@@ -1,9 +1,8 @@
 #include "services/vision/llava_vision_encoder.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
+#include <numbers>
 #include <thread>
 
 #include "services/worker/checkpoint.h"
@@ -201,7 +200,7 @@ Result<std::vector<float>> LlavaVisionEncoder::project(const std::vector<float>&
   const auto n_rows = static_cast<int64_t>(features.size()) / H;
   std::vector<float> mid(static_cast<size_t>(n_rows * th)), out(mid.size());
   linear(mid.data(), features.data(), proj1_w_, proj1_b_, n_rows, th, H);
-  for (float& m : mid) m = 0.5f * m * (1.0f + std::erf(m * static_cast<float>(M_SQRT1_2)));
+  for (float& m : mid) m = 0.5f * m * (1.0f + std::erf(m / std::numbers::sqrt2_v<float>));
   linear(out.data(), mid.data(), proj2_w_, proj2_b_, n_rows, th, th);
   return out;
 }

@@ -103,9 +103,10 @@ def llava_record(model_dir, preset):
         model_dir, dtype=torch.float32, attn_implementation="eager").eval()
     proc = AutoImageProcessor.from_pretrained(model_dir, use_fast=False)
     cfg = model.config
-    inner = getattr(model, "model", model)
-    vision_tower = getattr(inner, "vision_tower", None) or model.vision_tower
-    projector = getattr(inner, "multi_modal_projector", None) or model.multi_modal_projector
+    # transformers >= 4.52 nests the parts under model.model; older versions hold them directly.
+    inner = model.model if hasattr(model, "model") and hasattr(model.model, "vision_tower") \
+        else model
+    vision_tower, projector = inner.vision_tower, inner.multi_modal_projector
     image_token = cfg.image_token_index if hasattr(cfg, "image_token_index") else cfg.image_token_id
     n_image = cfg.image_seq_length
     prompt = [1, 319, 1967, 29901] + [image_token] * n_image + [13, 5618, 338, 445]
