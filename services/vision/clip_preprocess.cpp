@@ -374,9 +374,14 @@ RgbImage center_crop(const RgbImage& image, int32_t crop_height, int32_t crop_wi
   return out;
 }
 
-RgbImage expand_to_square(const RgbImage& image, const std::vector<double>& image_mean) {
+Result<RgbImage> expand_to_square(const RgbImage& image, const std::vector<double>& image_mean) {
   if (image.width == image.height) return image;
   const int32_t side = std::max(image.width, image.height);
+  if (int64_t{side} * side > kMaxImagePixels) {
+    return make_error(StatusCode::kResourceExhausted,
+                      "padding a {}x{} image to a square of {} pixels exceeds the {} allowed",
+                      image.width, image.height, int64_t{side} * side, kMaxImagePixels);
+  }
   // expand2square pastes at ((side - w) // 2, (side - h) // 2).
   const int32_t left = (side - image.width) / 2, top = (side - image.height) / 2;
   RgbImage out;
@@ -411,7 +416,7 @@ Result<PixelValues> clip_preprocess(const RgbImage& image, const ClipPreprocessC
   const RgbImage* current = &image;
   RgbImage squared, resized, cropped;
   if (config.pad_to_square) {
-    squared = expand_to_square(*current, config.image_mean);
+    LITELLAMA_ASSIGN_OR_RETURN(squared, expand_to_square(*current, config.image_mean));
     current = &squared;
   }
   if (config.do_resize) {

@@ -75,8 +75,9 @@ std::pair<int32_t, int32_t> shortest_edge_output_size(int32_t height, int32_t wi
 // image is smaller.
 RgbImage center_crop(const RgbImage& image, int32_t crop_height, int32_t crop_width);
 
-// LLaVA's expand2square with background int(mean[c] * 255).
-RgbImage expand_to_square(const RgbImage& image, const std::vector<double>& image_mean);
+// LLaVA's expand2square with background int(mean[c] * 255). kResourceExhausted when the square
+// would exceed kMaxImagePixels (a thin sliver squares into a huge image).
+Result<RgbImage> expand_to_square(const RgbImage& image, const std::vector<double>& image_mean);
 
 struct PixelValues {
   int32_t height = 0;

@@ -143,6 +143,16 @@ TEST(ClipPreprocess, RefusesWhatItCannotDo) {
   config.shortest_edge = 4000;
   EXPECT_EQ(clip_preprocess(sliver, config).status().code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(clip_preprocess(RgbImage{}, config).status().code(), StatusCode::kInvalidArgument);
+  // Padding a thin sliver to a square is bounded like decoding (a fuzzer's finding).
+  RgbImage wide;
+  wide.width = 9000;
+  wide.height = 1;
+  wide.pixels.assign(9000 * 3, 7);
+  config.shortest_edge = 8;
+  config.pad_to_square = true;
+  auto padded = clip_preprocess(wide, config);
+  ASSERT_FALSE(padded.is_ok());
+  EXPECT_EQ(padded.status().code(), StatusCode::kResourceExhausted) << padded.status().message();
 }
 
 }  // namespace
