@@ -393,7 +393,7 @@ Result<RgbImage> expand_to_square(const RgbImage& image, const std::vector<doubl
     const double v = image_mean[static_cast<size_t>(ch)] * 255;
     background[ch] = static_cast<uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : static_cast<int>(v)));
   }
-  for (size_t i = 0; i < out.pixels.size(); ++i) out.pixels[i] = background[i % 3];
+  for (size_t i = 0; i < out.pixels.size(); i += 3) std::copy_n(background, 3, &out.pixels[i]);
   for (int32_t y = 0; y < image.height; ++y) {
     std::copy_n(image.pixels.data() + static_cast<size_t>(y) * image.width * 3,
                 static_cast<size_t>(image.width) * 3,
