@@ -132,6 +132,15 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
       ckpt.config_.text_prefix = "model.language_model.";
       ckpt.config_.lm_head_name = "lm_head.weight";
     }
+    auto llava = parse_llava_config(config_text);
+    if (!llava.is_ok()) return llava.status();
+    ckpt.llava_ = std::move(llava).value();
+    if (!ckpt.has(ckpt.llava_names_.vision("embeddings.class_embedding"))) {
+      ckpt.llava_names_.vision_prefix = "model.vision_tower.";
+    }
+    if (!ckpt.has(ckpt.llava_names_.projector("linear_1.weight"))) {
+      ckpt.llava_names_.projector_prefix = "model.multi_modal_projector.";
+    }
   }
   LITELLAMA_RETURN_IF_ERROR(ckpt.validate());
   return ckpt;
@@ -238,6 +247,13 @@ Status Checkpoint::validate() const {
     LITELLAMA_RETURN_IF_ERROR(expect(n.gate, {inter, h}));
     LITELLAMA_RETURN_IF_ERROR(expect(n.up, {inter, h}));
     LITELLAMA_RETURN_IF_ERROR(expect(n.down, {h, inter}));
+  }
+  if (llava_) {
+    // post_layernorm is published but never used by LLaVA's features; it is not required.
+    for (const auto& [name, shape] : llava_vision_tensor_specs(*llava_, llava_names_)) {
+      if (name.find("post_layernorm") != std::string::npos) continue;
+      LITELLAMA_RETURN_IF_ERROR(expect(name, shape));
+    }
   }
   return Status::ok();
 }

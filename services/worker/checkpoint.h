@@ -7,12 +7,14 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/dtype.h"
 #include "common/mapped_file.h"
 #include "common/status.h"
+#include "services/worker/llava_config.h"
 #include "services/worker/model_config.h"
 
 namespace litellama {
@@ -54,6 +56,10 @@ class Checkpoint {
   // lm_head.weight, or the embedding when the embeddings are tied.
   std::string lm_head_name() const;
 
+  // LLaVA checkpoints: the vision half of the config and where its tensors are; nullptr else.
+  const LlavaConfig* llava() const { return llava_ ? &*llava_ : nullptr; }
+  const LlavaTensorNames& llava_names() const { return llava_names_; }
+
   // Total bytes of all tensors (as stored).
   size_t size_bytes() const;
   // Bytes of the tensors of each weight file, in file order (one entry when not sharded).
@@ -70,6 +76,8 @@ class Checkpoint {
 
   std::string dir_;
   ModelConfig config_;
+  std::optional<LlavaConfig> llava_;
+  LlavaTensorNames llava_names_;
   std::vector<std::shared_ptr<MappedFile>> files_;
   std::map<std::string, TensorView> tensors_;
   std::function<void(const TensorView&)> read_observer_;

@@ -82,6 +82,9 @@ class CpuModelRunner final : public ModelRunner {
         "for every batch), then the CPU sampler\n",
         batch.n_tokens(), batch.n_seqs(), n_threads_);
   }
+  bool supports_input_embeddings(EmbeddingMemory memory) const override {
+    return memory == EmbeddingMemory::kHost;
+  }
 
  private:
   // out[t, n] = sum_k in[t, k] * w[n, k] (+ bias[n])
@@ -251,6 +254,10 @@ void CpuModelRunner::attention(float* out, const float* q, int32_t layer,
 
 Status CpuModelRunner::step(const StepBatch& batch, StepOutput* out) {
   LITELLAMA_RETURN_IF_ERROR(batch.validate(n_slots_, config_.vocab_size));
+  if (!batch.embed_token_index.empty() && !supports_input_embeddings(batch.embed_rows_memory)) {
+    return make_error(StatusCode::kUnsupported,
+                      "the CPU backend reads input embeddings from host memory only");
+  }
   const ModelConfig& c = config_;
   const int64_t T = batch.n_tokens(), H = c.hidden_size, hd = c.head_dim;
   const int64_t q_dim = int64_t{c.n_heads} * hd, kv_dim = int64_t{c.n_kv_heads} * hd;
@@ -292,8 +299,13 @@ Status CpuModelRunner::step(const StepBatch& batch, StepOutput* out) {
   std::vector<float> q(static_cast<size_t>(T * q_dim)), k(static_cast<size_t>(T * kv_dim)),
       v(k.size()), attn(q.size()), o(x.size());
   std::vector<float> gate(static_cast<size_t>(T * inter)), up(gate.size());
-  for (int64_t t = 0; t < T; ++t) {
-    std::copy_n(embed_.data() + static_cast<int64_t>(batch.token_ids[t]) * H, H, x.data() + t * H);
+  for (int64_t t = 0, j = 0; t < T; ++t) {
+    // A token named in embed_token_index takes its given row instead of its id's embedding.
+    const bool given = j < static_cast<int64_t>(batch.embed_token_index.size()) &&
+                       batch.embed_token_index[static_cast<size_t>(j)] == t;
+    const float* row = given ? batch.embed_rows + (j++) * H
+                             : embed_.data() + static_cast<int64_t>(batch.token_ids[t]) * H;
+    std::copy_n(row, H, x.data() + t * H);
   }
   for (int32_t l = 0; l < c.n_layers; ++l) {
     const CpuLayer& L = layers_[static_cast<size_t>(l)];

@@ -61,6 +61,9 @@ void StepBatch::clear() {
   history_ids.clear();
   n_prompt.clear();
   n_top_logits = 0;
+  embed_token_index.clear();
+  embed_rows = nullptr;
+  embed_rows_memory = EmbeddingMemory::kHost;
 }
 
 namespace {
@@ -109,6 +112,23 @@ Status StepBatch::validate(int32_t n_kv_slots, int32_t vocab_size, bool check_sl
   if (has_history && (history_start.size() != n + 1 || n_prompt.size() != n ||
                       history_start[n] != static_cast<int32_t>(history_ids.size()))) {
     return make_error(StatusCode::kInvalidArgument, "step batch history arrays are inconsistent");
+  }
+  if (!embed_token_index.empty()) {
+    if (embed_rows == nullptr) {
+      return make_error(StatusCode::kInvalidArgument,
+                        "step batch names {} embedding rows but gives none",
+                        embed_token_index.size());
+    }
+    for (size_t j = 0; j < embed_token_index.size(); ++j) {
+      const int32_t t = embed_token_index[j];
+      if (t < 0 || t >= static_cast<int32_t>(token_ids.size()) ||
+          (j > 0 && t <= embed_token_index[j - 1])) {
+        return make_error(StatusCode::kInvalidArgument,
+                          "step batch embedding token index {} at {} is out of range or not "
+                          "increasing",
+                          t, j);
+      }
+    }
   }
   if (n_top_logits < 0 || n_top_logits > vocab_size) {
     return make_error(StatusCode::kInvalidArgument, "n_top_logits {} out of range", n_top_logits);

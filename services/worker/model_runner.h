@@ -26,6 +26,12 @@ namespace litellama {
 
 class Checkpoint;
 
+// Where StepBatch::embed_rows lives.
+enum class EmbeddingMemory {
+  kHost,    // ordinary (or shared) host memory
+  kDevice,  // device memory of the runner's GPU (e.g. mapped with cudaIpcOpenMemHandle)
+};
+
 struct StepBatch {
   // Per token, packed sequence after sequence.
   std::vector<int32_t> token_ids;  // [n_tokens]
@@ -46,6 +52,16 @@ struct StepBatch {
   std::vector<int32_t> n_prompt;  // [n_seqs] or empty
   // Return this many largest raw logits (before penalties) of each sampled sequence; 0: none.
   int32_t n_top_logits = 0;
+  // Input embeddings that replace the embedding lookup of some tokens (LLaVA's image features
+  // at the image-token positions): packed token embed_token_index[j] takes row j of embed_rows
+  // instead of the row of its id (which must still be a valid id, e.g. the image token). Empty:
+  // every token is looked up. The rows are not owned: they stay valid and unchanged until
+  // step() returns, and live where embed_rows_memory says, so that a device backend reads them
+  // in place (from a pool another process exports) with no copy. A backend refuses memory it
+  // cannot read (ModelRunner::supports_input_embeddings).
+  std::vector<int32_t> embed_token_index;  // [n_embed] strictly increasing, in [0, n_tokens)
+  const float* embed_rows = nullptr;       // [n_embed, hidden_size] float32, row-major
+  EmbeddingMemory embed_rows_memory = EmbeddingMemory::kHost;
 
   int32_t n_seqs() const { return static_cast<int32_t>(kv_len.size()); }
   int32_t n_tokens() const { return static_cast<int32_t>(token_ids.size()); }
@@ -146,6 +162,9 @@ class ModelRunner {
   virtual int32_t n_kv_slots() const = 0;
   // Runs one forward step and samples. Validates the batch first; on error nothing was written.
   virtual Status step(const StepBatch& batch, StepOutput* out) = 0;
+  // Whether step() takes StepBatch::embed_rows in `memory`; a batch with rows elsewhere is
+  // refused with kUnsupported.
+  virtual bool supports_input_embeddings(EmbeddingMemory memory) const { return false; }
   // Device time of the last successful step, from the start of its host-to-device copy to the end
   // of its device-to-host copy (CUDA events on the step's stream); the rest of the step's wall
   // time is host work and launch/synchronisation latency. nullopt where the backend has no

@@ -56,6 +56,28 @@ Result<std::vector<GenerationResult>> OfflineEngine::generate(
                         "range",
                         i, r.n_top_logits);
     }
+    if (!r.input_embedding_positions.empty()) {
+      const size_t n = r.input_embedding_positions.size();
+      if (!runner_.supports_input_embeddings(EmbeddingMemory::kHost)) {
+        return make_error(StatusCode::kUnsupported,
+                          "request {}: this backend does not take input embeddings", i);
+      }
+      if (r.input_embeddings.size() != n * static_cast<size_t>(config.hidden_size)) {
+        return make_error(StatusCode::kInvalidArgument,
+                          "request {}: {} embedding values for {} positions of hidden size {}", i,
+                          r.input_embeddings.size(), n, config.hidden_size);
+      }
+      for (size_t j = 0; j < n; ++j) {
+        const int32_t p = r.input_embedding_positions[j];
+        if (p < 0 || p >= static_cast<int32_t>(r.prompt_ids.size()) ||
+            (j > 0 && p <= r.input_embedding_positions[j - 1])) {
+          return make_error(StatusCode::kInvalidArgument,
+                            "request {}: embedding position {} is outside the prompt or not "
+                            "increasing",
+                            i, p);
+        }
+      }
+    }
     slots_needed += static_cast<int64_t>(r.prompt_ids.size()) + r.max_new_tokens;
     any_penalties = any_penalties || r.sampling.has_penalties();
     n_top = std::max(n_top, r.n_top_logits);
@@ -82,10 +104,12 @@ Result<std::vector<GenerationResult>> OfflineEngine::generate(
 
   StepBatch batch;
   StepOutput out;
+  std::vector<float> embed_rows;  // this step's given embedding rows, gathered in token order
   std::vector<size_t> in_batch;
   size_t n_done = 0;
   while (n_done < seqs.size()) {
     batch.clear();
+    embed_rows.clear();
     batch.n_top_logits = n_top;
     in_batch.clear();
     int32_t prefill_budget = options_.max_prefill_tokens;
@@ -102,6 +126,15 @@ Result<std::vector<GenerationResult>> OfflineEngine::generate(
         new_tokens = std::span<const int32_t>(r.prompt_ids)
                          .subspan(static_cast<size_t>(s.n_prefilled), static_cast<size_t>(n));
         prefill_budget -= n;
+        // Given rows of the prompt positions in this chunk, at their packed token indices.
+        const auto& pos = r.input_embedding_positions;
+        const auto first = std::lower_bound(pos.begin(), pos.end(), s.n_prefilled);
+        for (auto it = first; it != pos.end() && *it < s.n_prefilled + n; ++it) {
+          batch.embed_token_index.push_back(batch.n_tokens() + (*it - s.n_prefilled));
+          const auto row = static_cast<size_t>(it - pos.begin()) * config.hidden_size;
+          embed_rows.insert(embed_rows.end(), r.input_embeddings.begin() + row,
+                            r.input_embeddings.begin() + row + config.hidden_size);
+        }
         s.n_prefilled += n;
         sample = s.n_prefilled == n_prompt;
       } else {
@@ -113,6 +146,7 @@ Result<std::vector<GenerationResult>> OfflineEngine::generate(
       if (any_penalties) batch.set_history(r.prompt_ids, s.result.output_ids);
       in_batch.push_back(i);
     }
+    if (!batch.embed_token_index.empty()) batch.embed_rows = embed_rows.data();
     LITELLAMA_RETURN_IF_ERROR(runner_.step(batch, &out));
     for (size_t b = 0; b < in_batch.size(); ++b) {
       Sequence& s = seqs[in_batch[b]];

@@ -24,6 +24,11 @@ struct GenerationRequest {
   int32_t max_new_tokens = 16;
   std::vector<int32_t> stop_token_ids;  // generation ends after emitting one of these
   int32_t n_top_logits = 0;  // return the largest raw logits of the first generated position
+  // Rows that replace the embedding lookup of some prompt tokens (LLaVA's image features at the
+  // image-token positions): prompt position input_embedding_positions[j] takes row j of
+  // input_embeddings, [n, hidden_size] float32. Empty: none.
+  std::vector<int32_t> input_embedding_positions;  // strictly increasing
+  std::vector<float> input_embeddings;
 };
 
 struct GenerationResult {

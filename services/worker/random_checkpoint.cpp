@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "common/splitmix64.h"
+#include "services/worker/llava_config.h"
 #include "services/worker/model_config.h"
 #include "services/worker/safetensors.h"
 
@@ -82,6 +83,20 @@ json qwen_config(const char* arch, const char* type, int64_t hidden, int64_t int
               {"use_sliding_window", false},  {"sliding_window", nullptr},
               {"hidden_act", "silu"},         {"attention_bias", std::string(type) == "qwen2"},
               {"bos_token_id", 151643},       {"eos_token_id", 151645}};
+}
+
+json llava_config(json text, json vision, int64_t image_seq_length) {
+  return json{{"architectures", {"LlavaForConditionalGeneration"}},
+              {"model_type", "llava"},
+              {"text_config", std::move(text)},
+              {"vision_config", std::move(vision)},
+              {"vision_feature_layer", -2},
+              {"vision_feature_select_strategy", "default"},
+              {"projector_hidden_act", "gelu"},
+              {"multimodal_projector_bias", true},
+              {"image_token_index", 32000},
+              {"image_seq_length", image_seq_length},
+              {"tie_word_embeddings", false}};
 }
 
 std::vector<RandomCheckpointPreset> make_presets() {
@@ -169,6 +184,45 @@ std::vector<RandomCheckpointPreset> make_presets() {
     p.push_back(
         {"default-random", "Llama 3.1 graph, 4 layers, hidden 256, random weights", c, "llama3_1"});
   }
+  // LLaVA-1.5: a CLIP vision tower and projector in front of a Llama text model, tensors under
+  // LLaVA-1.5's published names (vision_tower., multi_modal_projector., language_model.).
+  {
+    json text = with_llama2_ids(llama_config(32064, 64, 128, 2, 4, 2, 4096, 10000.0, false, 16));
+    for (const char* k : {"architectures", "tie_word_embeddings"}) text.erase(k);
+    // 30 px images in 6 px patches: 25 patches (CLS dropped), three 16-wide heads, 3 layers of
+    // which the features take the output of the second (vision_feature_layer -2).
+    json vision = {{"model_type", "clip_vision_model"},
+                   {"hidden_size", 48},
+                   {"intermediate_size", 96},
+                   {"num_hidden_layers", 3},
+                   {"num_attention_heads", 3},
+                   {"num_channels", 3},
+                   {"image_size", 30},
+                   {"patch_size", 6},
+                   {"hidden_act", "quick_gelu"},
+                   {"layer_norm_eps", 1e-5},
+                   {"projection_dim", 32}};
+    p.push_back({"llava-tiny",
+                 "LLaVA-1.5 graph: CLIP ViT 30 px / 6 px patches, 3 layers; Llama text",
+                 llava_config(text, vision, 25), "llama2"});
+  }
+  {
+    json text = with_llama2_ids(llama_config(32064, 4096, 11008, 32, 32, 32, 4096, 10000.0, false));
+    for (const char* k : {"architectures", "tie_word_embeddings"}) text.erase(k);
+    json vision = {{"model_type", "clip_vision_model"},
+                   {"hidden_size", 1024},
+                   {"intermediate_size", 4096},
+                   {"num_hidden_layers", 24},
+                   {"num_attention_heads", 16},
+                   {"num_channels", 3},
+                   {"image_size", 336},
+                   {"patch_size", 14},
+                   {"hidden_act", "quick_gelu"},
+                   {"layer_norm_eps", 1e-5},
+                   {"projection_dim", 768}};
+    p.push_back({"llava1.5-7b", "LLaVA-1.5-7B shape (CLIP ViT-L/14 336 px, Llama 2 7B)",
+                 llava_config(text, vision, 576), "llama2"});
+  }
   // Benchmark shapes (published architectures, random weights).
   {
     json c = llama_config(128256, 2048, 8192, 16, 32, 8, 131072, 500000.0, true);
@@ -200,12 +254,19 @@ TensorInit init_for(const std::string& name, const std::vector<int64_t>& shape) 
     return name.size() >= suffix.size() &&
            name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
-  if (ends_with("norm.weight") || ends_with("layernorm.weight")) return {1.0f, 0.2f};
+  if (ends_with("norm.weight") || ends_with("layernorm.weight") ||
+      ends_with("layer_norm1.weight") || ends_with("layer_norm2.weight")) {
+    return {1.0f, 0.2f};
+  }
   if (ends_with(".bias")) return {0.0f, 0.5f};
   // Small next to the unit-variance layer outputs, so the layers (not the token's own embedding)
   // decide the next token and greedy outputs are sensitive to every part of the graph.
   if (ends_with("embed_tokens.weight")) return {0.0f, 0.1f};
-  const float fan_in = shape.size() == 2 ? static_cast<float>(shape[1]) : 1.0f;
+  // Fan-in: the inputs of one output (a convolution's channels x kernel, a matrix's columns).
+  float fan_in = 1.0f;
+  if (shape.size() >= 2) {
+    for (size_t i = 1; i < shape.size(); ++i) fan_in *= static_cast<float>(shape[i]);
+  }
   return {0.0f, std::sqrt(3.0f / fan_in)};
 }
 
@@ -271,9 +332,12 @@ Status write_random_checkpoint(const std::string& dir, json config,
   std::vector<std::pair<std::string, std::vector<int64_t>>> specs;
   const int64_t h = mc.hidden_size, q_dim = int64_t{mc.n_heads} * mc.head_dim,
                 kv_dim = int64_t{mc.n_kv_heads} * mc.head_dim, inter = mc.intermediate_size;
-  specs.push_back({"model.embed_tokens.weight", {mc.vocab_size, h}});
+  // LLaVA nests the text model (LLaVA-1.5's published layout) beside its vision tower.
+  const bool llava = mc.arch == Architecture::kLlava;
+  const std::string text = llava ? "language_model.model." : "model.";
+  specs.push_back({text + "embed_tokens.weight", {mc.vocab_size, h}});
   for (int32_t l = 0; l < mc.n_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const std::string p = text + "layers." + std::to_string(l) + ".";
     specs.push_back({p + "input_layernorm.weight", {h}});
     specs.push_back({p + "self_attn.q_proj.weight", {q_dim, h}});
     specs.push_back({p + "self_attn.k_proj.weight", {kv_dim, h}});
@@ -293,8 +357,33 @@ Status write_random_checkpoint(const std::string& dir, json config,
     specs.push_back({p + "mlp.up_proj.weight", {inter, h}});
     specs.push_back({p + "mlp.down_proj.weight", {h, inter}});
   }
-  specs.push_back({"model.norm.weight", {h}});
-  if (!mc.tie_word_embeddings) specs.push_back({"lm_head.weight", {mc.vocab_size, h}});
+  specs.push_back({text + "norm.weight", {h}});
+  if (!mc.tie_word_embeddings) {
+    specs.push_back(
+        {llava ? "language_model.lm_head.weight" : "lm_head.weight", {mc.vocab_size, h}});
+  }
+  json preprocessor;
+  if (llava) {
+    LITELLAMA_ASSIGN_OR_RETURN(LlavaConfig lc, parse_llava_config(config));
+    for (auto& spec : llava_vision_tensor_specs(lc, LlavaTensorNames{})) {
+      specs.push_back(std::move(spec));
+    }
+    // CLIPImageProcessor as LLaVA-1.5 publishes it, at the tower's image size.
+    const int32_t side = lc.vision.image_size;
+    preprocessor = {{"image_processor_type", "CLIPImageProcessor"},
+                    {"processor_class", "LlavaProcessor"},
+                    {"do_resize", true},
+                    {"size", {{"shortest_edge", side}}},
+                    {"resample", 3},
+                    {"do_center_crop", true},
+                    {"crop_size", {{"height", side}, {"width", side}}},
+                    {"do_rescale", true},
+                    {"rescale_factor", 1.0 / 255.0},
+                    {"do_normalize", true},
+                    {"image_mean", {0.48145466, 0.4578275, 0.40821073}},
+                    {"image_std", {0.26862954, 0.26130258, 0.27577711}},
+                    {"do_convert_rgb", true}};
+  }
 
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -304,6 +393,14 @@ Status write_random_checkpoint(const std::string& dir, json config,
     std::ofstream out(fs::path(dir) / "config.json");
     out << config.dump(2) << "\n";
     if (!out) return make_error(StatusCode::kInternal, "cannot write config.json in '{}'", dir);
+  }
+  if (!preprocessor.is_null()) {
+    std::ofstream out(fs::path(dir) / "preprocessor_config.json");
+    out << preprocessor.dump(2) << "\n";
+    if (!out) {
+      return make_error(StatusCode::kInternal, "cannot write preprocessor_config.json in '{}'",
+                        dir);
+    }
   }
   // Shards hold consecutive runs of tensors, of about equal byte size.
   size_t total_bytes = 0;

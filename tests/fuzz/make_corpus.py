@@ -9,6 +9,7 @@ inputs that reach deep into the parsers:
   chat_template_fuzzer       the chat templates of assets/tokenizers/* and constructs they use
   tokenizer_json_fuzzer      assets/tokenizers/*/tokenizer.json cut down to a few hundred tokens
   tokenizer_roundtrip_fuzzer multilingual text, special tokens, ill-formed UTF-8
+  image_fuzzer               the small test images of tests/golden/images, whole and truncated
 Usage: python3 tests/fuzz/make_corpus.py   (from the repository root, after scripts/fetch-assets.sh)
 """
 import json
@@ -272,7 +273,19 @@ def roundtrip_corpus():
     save("tokenizer_roundtrip_fuzzer", "ill-formed", b"\x00\xff\xfe\xc3(\xe2\x82\xf0\x9f\x98 ok \xed\xa0\x80")
 
 
+def image_corpus():
+    # The first byte of each seed picks the preprocessing variant (image_fuzzer).
+    d = os.path.join(ROOT, "tests", "golden", "images")
+    for i, name in enumerate(sorted(os.listdir(d))):
+        if not name.endswith((".png", ".jpg")) or os.path.getsize(os.path.join(d, name)) > 4096:
+            continue
+        data = open(os.path.join(d, name), "rb").read()
+        save("image_fuzzer", name, bytes([i * 37 % 256]) + data)
+        save("image_fuzzer", "cut-" + name, bytes([i]) + data[:len(data) * 2 // 3])
+
+
 def main():
+    image_corpus()
     msgpack_corpus()
     model_config_corpus()
     safetensors_corpus()

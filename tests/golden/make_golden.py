@@ -17,8 +17,16 @@ and the greedy ids.
 
 The tests regenerate the same checkpoints from the seed and compare.
 
+LLaVA presets (--presets llava-tiny; float32 on the CPU, not among the defaults): transformers'
+LlavaForConditionalGeneration and the slow CLIPImageProcessor (use_fast=False) on the
+checkpoint's preprocessor_config.json, for each of LLAVA_IMAGES (tests/golden/images): the pixel
+values, the selected vision hidden state (vision_feature_layer, class token dropped for the
+"default" strategy), the projector output, the first position's top logits and the greedy ids of
+a prompt holding the image's tokens. tests/vision/llava_test.cpp checks every llava*.json.
+
 Usage: make_golden.py --litellama build/bin/litellama --out tests/golden/models [--presets a,b]
                       [--dtype float32|bfloat16|float16]
+       make_golden.py --litellama build/bin/litellama --out tests/golden/models --presets llava-tiny
 """
 import argparse
 import json
@@ -83,6 +91,63 @@ def greedy(model, ids):
     return out_ids, top, scale
 
 
+LLAVA_IMAGES = ["rgb_61x45.jpg", "rgba_19x41.png"]
+IMAGES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "images")
+
+
+@torch.no_grad()
+def llava_record(model_dir, preset):
+    from PIL import Image
+    from transformers import AutoImageProcessor, LlavaForConditionalGeneration
+    model = LlavaForConditionalGeneration.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    proc = AutoImageProcessor.from_pretrained(model_dir, use_fast=False)
+    cfg = model.config
+    # transformers >= 4.52 nests the parts under model.model; older versions hold them directly.
+    inner = model.model if hasattr(model, "model") and hasattr(model.model, "vision_tower") \
+        else model
+    vision_tower, projector = inner.vision_tower, inner.multi_modal_projector
+    image_token = cfg.image_token_index if hasattr(cfg, "image_token_index") else cfg.image_token_id
+    n_image = cfg.image_seq_length
+    prompt = [1, 319, 1967, 29901] + [image_token] * n_image + [13, 5618, 338, 445]
+    cases = []
+    for name in LLAVA_IMAGES:
+        pv = proc(images=Image.open(os.path.join(IMAGES_DIR, name)),
+                  return_tensors="pt")["pixel_values"]
+        states = vision_tower(pv, output_hidden_states=True).hidden_states
+        features = states[cfg.vision_feature_layer]
+        if cfg.vision_feature_select_strategy == "default":
+            features = features[:, 1:]
+        embeds = projector(features)
+        cache = transformers.DynamicCache()
+        inp = torch.tensor([prompt], dtype=torch.long)
+        logits = model(input_ids=inp, pixel_values=pv, past_key_values=cache,
+                       use_cache=True).logits[0, -1].float()
+        values, indices = torch.topk(logits, N_TOP)
+        top = [[int(i), float(v)] for i, v in zip(indices, values)]
+        ids = []
+        for step in range(N_GENERATED):
+            nxt = int(torch.argmax(logits))
+            ids.append(nxt)
+            if step + 1 == N_GENERATED:
+                break
+            pos = torch.tensor([[len(prompt) + step]])
+            logits = model(input_ids=torch.tensor([[nxt]]), past_key_values=cache, use_cache=True,
+                           position_ids=pos).logits[0, -1].float()
+        cases.append({
+            "image": name,
+            "pixel_values": [float(v) for v in pv[0].reshape(-1)],
+            "vision_features": [float(v) for v in features[0].reshape(-1)],
+            "image_embeddings": [float(v) for v in embeds[0].reshape(-1)],
+            "prompt_ids": prompt, "greedy_ids": ids, "top_logits": top,
+            "logit_scale": float(logits.abs().max()),
+        })
+        print(f"{preset} {name}: features {tuple(features.shape)} -> {ids[:4]}...", flush=True)
+    return {"preset": preset, "seed": SEED, "architecture": cfg.architectures[0],
+            "transformers_version": transformers.__version__, "torch_version": torch.__version__,
+            "dtype": "float32", "device": "cpu", "cases": cases}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--litellama", required=True)
@@ -97,6 +162,18 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     half = args.dtype != "float32"
     for preset in args.presets.split(","):
+        if preset.startswith("llava"):
+            if half:
+                sys.exit(f"{preset}: LLaVA references are float32 only")
+            with tempfile.TemporaryDirectory() as tmp:
+                model_dir = os.path.join(tmp, preset)
+                subprocess.run([args.litellama, "make-model", "--preset", preset, "--out",
+                                model_dir, "--seed", str(SEED), "--dtype", "float32",
+                                "--no-tokenizer"], check=True)
+                record = llava_record(model_dir, preset)
+            with open(os.path.join(args.out, preset + ".json"), "w") as f:
+                json.dump(record, f, indent=1)
+            continue
         with tempfile.TemporaryDirectory() as tmp:
             model_dir = os.path.join(tmp, preset)
             subprocess.run([args.litellama, "make-model", "--preset", preset, "--out", model_dir,

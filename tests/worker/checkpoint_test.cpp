@@ -3,6 +3,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <tuple>
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -240,10 +242,27 @@ TEST(CheckpointTest, LlavaTextModelUnderItsPublishedNames) {
                        std::vector<uint8_t>(mapped->data() + e.offset_bytes,
                                             mapped->data() + e.offset_bytes + e.size_bytes)});
   }
-  tensors.push_back({"vision_tower.vision_model.post_layernorm.weight",
-                     DType::kF32,
-                     {4},
-                     std::vector<uint8_t>(16, 0)});
+  // A small vision tower beside it (zeros: only names and shapes matter to the loader).
+  const json vision = {{"model_type", "clip_vision_model"},
+                       {"hidden_size", 8},
+                       {"intermediate_size", 16},
+                       {"num_hidden_layers", 1},
+                       {"num_attention_heads", 2},
+                       {"image_size", 4},
+                       {"patch_size", 2}};
+  LlavaConfig vision_half;
+  vision_half.vision.hidden_size = 8;
+  vision_half.vision.intermediate_size = 16;
+  vision_half.vision.n_layers = 1;
+  vision_half.vision.n_heads = 2;
+  vision_half.vision.image_size = 4;
+  vision_half.vision.patch_size = 2;
+  vision_half.text_hidden_size = 64;
+  for (const auto& [name, shape] : llava_vision_tensor_specs(vision_half, LlavaTensorNames{})) {
+    int64_t n = 4;
+    for (int64_t d : shape) n *= d;
+    tensors.push_back({name, DType::kF32, shape, std::vector<uint8_t>(static_cast<size_t>(n), 0)});
+  }
   const std::string llava = tmp.sub("llava");
   fs::create_directories(llava);
   ASSERT_TRUE(write_safetensors(llava + "/model.safetensors", tensors).is_ok());
@@ -254,8 +273,9 @@ TEST(CheckpointTest, LlavaTextModelUnderItsPublishedNames) {
   json config = {{"architectures", {"LlavaForConditionalGeneration"}},
                  {"model_type", "llava"},
                  {"text_config", text},
-                 {"vision_config", {{"model_type", "clip_vision_model"}}},
-                 {"image_token_index", 32000}};
+                 {"vision_config", vision},
+                 {"vision_feature_layer", -1},
+                 {"image_token_index", 31999}};
   write_text(llava + "/config.json", config.dump());
   auto ckpt = Checkpoint::open(llava);
   ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
@@ -264,6 +284,29 @@ TEST(CheckpointTest, LlavaTextModelUnderItsPublishedNames) {
   EXPECT_EQ(ckpt->lm_head_name(), "language_model.lm_head.weight");
   EXPECT_EQ(ckpt->config().rope.type, RopeScalingType::kLinear);
   EXPECT_EQ(ckpt->config().bos_token_id, 1);  // LlamaConfig default for the text model
+  ASSERT_NE(ckpt->llava(), nullptr);
+  EXPECT_EQ(ckpt->llava()->n_image_tokens(), 4);
+  EXPECT_EQ(ckpt->llava()->image_token_id, 31999);
+  EXPECT_EQ(ckpt->llava()->vision.layer_norm_eps, 1e-5);  // CLIPVisionConfig's default
+
+  // The vision half's config errors name their key.
+  for (const auto& [key, value, what] :
+       {std::tuple<const char*, json, const char*>{"vision_feature_layer", 5,
+                                                   "vision_feature_layer"},
+        {"vision_feature_layer", json::array({-2, -1}), "lists of layers"},
+        {"vision_feature_select_strategy", "cls", "vision_feature_select_strategy"},
+        {"projector_hidden_act", "relu", "projector_hidden_act"},
+        {"image_token_index", 32000, "image token id 32000"},
+        {"image_seq_length", 576, "image_seq_length 576"}}) {
+    json bad = config;
+    bad[key] = value;
+    auto r = parse_llava_config(bad);
+    ASSERT_FALSE(r.is_ok()) << key;
+    EXPECT_NE(r.status().message().find(what), std::string::npos) << r.status().message();
+  }
+  json siglip = config;
+  siglip["vision_config"]["model_type"] = "siglip_vision_model";
+  EXPECT_EQ(parse_llava_config(siglip).status().code(), StatusCode::kUnsupported);
 
   // A LLaVA-1.5 text_config leaves most sizes at LlamaConfig's defaults.
   auto defaults = parse_model_config(std::string(

@@ -388,6 +388,11 @@ Status CudaModelRunner::ensure_history_staging(size_t bytes) {
 Status CudaModelRunner::step(const StepBatch& batch, StepOutput* out) {
   // The slot table is range-checked as fill_step copies it (one pass over it instead of two).
   LITELLAMA_RETURN_IF_ERROR(batch.validate(n_slots_, config_.vocab_size, /*check_slots=*/false));
+  if (!batch.embed_token_index.empty()) {
+    return make_error(StatusCode::kUnsupported,
+                      "the CUDA backend does not take input embeddings yet (LLaVA images run on "
+                      "the CPU backend)");
+  }
   if (batch.n_tokens() > options_.max_batch_tokens || batch.n_seqs() > options_.max_batch_seqs) {
     return make_error(StatusCode::kInvalidArgument,
                       "step of {} tokens in {} sequences exceeds max_batch_tokens {} or "
