@@ -40,6 +40,17 @@ Status launch_typed(void* out, const void* in, const int32_t* rows, int32_t n_ro
   return Status::ok();
 }
 
+// One block per input row.
+template <typename T>
+__global__ void scatter_rows_f32_kernel(T* __restrict__ out, const float* __restrict__ in,
+                                        const int32_t* __restrict__ rows, int cols) {
+  pdl_launch_dependents();
+  pdl_wait();
+  const float* src = in + static_cast<int64_t>(blockIdx.x) * cols;
+  T* dst = out + static_cast<int64_t>(rows[blockIdx.x]) * cols;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) dst[i] = from_float<T>(src[i]);
+}
+
 }  // namespace
 
 bool gather_rows_supports(DType dtype) {
@@ -51,6 +62,19 @@ Status launch_gather_rows(void* out, const void* in, const int32_t* rows, int32_
   if (n_rows_out == 0) return Status::ok();
   return dispatch_float_dtype(dtype, "gather_rows", [&](auto type) {
     return launch_typed<typename decltype(type)::type>(out, in, rows, n_rows_out, cols, stream);
+  });
+}
+
+Status launch_scatter_rows_f32(void* out, const float* in, const int32_t* rows, int32_t n_rows_in,
+                               int32_t cols, DType dtype, KernelStream stream) {
+  if (n_rows_in == 0) return Status::ok();
+  return dispatch_float_dtype(dtype, "scatter_rows_f32", [&](auto type) -> Status {
+    using T = typename decltype(type)::type;
+    const int threads = std::min(256, std::max(32, (cols + 31) / 32 * 32));
+    LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(scatter_rows_f32_kernel<T>, dim3(n_rows_in),
+                                                 dim3(threads), 0, stream, static_cast<T*>(out), in,
+                                                 rows, cols));
+    return Status::ok();
   });
 }
 

@@ -21,4 +21,12 @@ Status launch_gather_rows(void* out,            // [n_rows_out, cols]
                           const int32_t* rows,  // [n_rows_out]
                           int32_t n_rows_out, int32_t cols, DType dtype, KernelStream stream);
 
+// Row scatter from float32: out[rows[i]] = in[i] rounded to dtype, for i < n_rows_in (input
+// embeddings such as LLaVA's image features replacing the embedding lookup of some tokens; `in`
+// is read in place, e.g. from a pool another process exports). rows[i] must be in range.
+Status launch_scatter_rows_f32(void* out,            // [*, cols] of dtype
+                               const float* in,      // [n_rows_in, cols]
+                               const int32_t* rows,  // [n_rows_in]
+                               int32_t n_rows_in, int32_t cols, DType dtype, KernelStream stream);
+
 }  // namespace litellama

@@ -811,5 +811,57 @@ TEST(CudaModelRunnerTiming, DISABLED_DecodeStepLlama32_1B) {
   }
 }
 
+// Input embedding rows (LLaVA's image features) replace the lookup of some prompt tokens: the
+// CUDA runner reads them in place from device memory and must give, in float32, the CPU runner's
+// greedy id and top logits for the same rows read from host memory; rows in host memory are
+// refused with a clear error, and the rows must change the output.
+TEST(CudaModelRunner, InputEmbeddingRowsInDeviceMemoryMatchTheCpuRunner) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  TempDir dir("embed_rows");
+  auto ckpt = make_checkpoint(dir, kModels[0], DType::kF32, 13);
+  LITELLAMA_ASSERT_OK(ckpt.status());
+  auto cpu = create_cpu_model_runner(*ckpt, runner_options(Device::kCpu, DType::kF32));
+  LITELLAMA_ASSERT_OK(cpu.status());
+  auto cuda = create_cuda_model_runner(*ckpt, runner_options(Device::kCuda, DType::kF32));
+  LITELLAMA_ASSERT_OK(cuda.status());
+  const int32_t hidden = ckpt->config().hidden_size;
+  std::vector<int32_t> tokens(12);
+  std::vector<int32_t> slots(12);
+  std::iota(tokens.begin(), tokens.end(), 20);
+  std::iota(slots.begin(), slots.end(), 0);
+  const std::vector<int32_t> rows_at = {3, 4, 5, 6, 7};
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+  std::vector<float> rows(rows_at.size() * static_cast<size_t>(hidden));
+  for (float& x : rows) x = u(rng);
+  float* device_rows = nullptr;
+  LITELLAMA_ASSERT_CUDA(cudaMalloc(&device_rows, rows.size() * sizeof(float)));
+  LITELLAMA_ASSERT_CUDA(
+      cudaMemcpy(device_rows, rows.data(), rows.size() * sizeof(float), cudaMemcpyHostToDevice));
+  auto make = [&](const float* embed, EmbeddingMemory memory) {
+    StepBatch b;
+    b.add_sequence(tokens, slots, true, SamplingParams{}, 0);
+    b.n_top_logits = kTop;
+    if (embed != nullptr) {
+      b.embed_token_index = rows_at;
+      b.embed_rows = embed;
+      b.embed_rows_memory = memory;
+    }
+    return b;
+  };
+  StepOutput want, got, plain;
+  LITELLAMA_ASSERT_OK((*cpu)->step(make(rows.data(), EmbeddingMemory::kHost), &want));
+  LITELLAMA_ASSERT_OK((*cuda)->step(make(device_rows, EmbeddingMemory::kDevice), &got));
+  EXPECT_EQ(got.sampled_ids, want.sampled_ids);
+  EXPECT_TRUE(tops_close(got.top_logits[0], want.top_logits[0], 1e-4));
+  LITELLAMA_ASSERT_OK((*cuda)->step(make(nullptr, EmbeddingMemory::kHost), &plain));
+  EXPECT_GT(std::fabs(plain.top_logits[0][0].second - got.top_logits[0][0].second), 1e-6)
+      << "the rows did not change the logits";
+  const Status host = (*cuda)->step(make(rows.data(), EmbeddingMemory::kHost), &got);
+  EXPECT_EQ(host.code(), StatusCode::kUnsupported);
+  EXPECT_NE(host.message().find("device memory"), std::string::npos) << host.message();
+  (void)cudaFree(device_rows);
+}
+
 }  // namespace
 }  // namespace litellama

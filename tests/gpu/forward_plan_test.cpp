@@ -109,6 +109,19 @@ TEST(ForwardPlan, LargeAndMixedStepsTakeGemmsEagerly) {
   EXPECT_FALSE(f.plan(make_batch(1, 100, 0, false)).gemv_layers);
 }
 
+TEST(ForwardPlan, InputEmbeddingRowsAreScatteredAndNeverGraphed) {
+  Fixture f("llama3.2-1b");
+  StepBatch b = make_batch(1, 100, 0, false);
+  const std::vector<float> rows(static_cast<size_t>(f.config.hidden_size));
+  b.embed_token_index = {0};
+  b.embed_rows = rows.data();
+  b.embed_rows_memory = EmbeddingMemory::kDevice;
+  const ForwardPlan p = f.plan(b);
+  EXPECT_EQ(p.n_embed, 1);
+  EXPECT_FALSE(p.graph);
+  EXPECT_NE(p.describe().find("1 input embedding rows"), std::string::npos) << p.describe();
+}
+
 TEST(ForwardPlan, QkNormModelsRopeOutsideTheGemv) {
   Fixture f("qwen3-tiny");
   const ForwardPlan p = f.plan(make_batch(1, 10, 0, false));

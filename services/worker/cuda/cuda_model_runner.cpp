@@ -140,6 +140,9 @@ class CudaModelRunner final : public ModelRunner {
   int64_t graph_replays() const override { return graphs_.replays(); }
   int64_t graph_captures() const override { return graphs_.captures(); }
   std::string explain_step(const StepBatch& batch) const override;
+  bool supports_input_embeddings(EmbeddingMemory memory) const override {
+    return memory == EmbeddingMemory::kDevice;
+  }
 
  private:
   Status allocate_workspaces();
@@ -388,10 +391,9 @@ Status CudaModelRunner::ensure_history_staging(size_t bytes) {
 Status CudaModelRunner::step(const StepBatch& batch, StepOutput* out) {
   // The slot table is range-checked as fill_step copies it (one pass over it instead of two).
   LITELLAMA_RETURN_IF_ERROR(batch.validate(n_slots_, config_.vocab_size, /*check_slots=*/false));
-  if (!batch.embed_token_index.empty()) {
+  if (!batch.embed_token_index.empty() && !supports_input_embeddings(batch.embed_rows_memory)) {
     return make_error(StatusCode::kUnsupported,
-                      "the CUDA backend does not take input embeddings yet (LLaVA images run on "
-                      "the CPU backend)");
+                      "the CUDA backend reads input embedding rows in device memory only");
   }
   if (batch.n_tokens() > options_.max_batch_tokens || batch.n_seqs() > options_.max_batch_seqs) {
     return make_error(StatusCode::kInvalidArgument,
@@ -558,6 +560,8 @@ Status CudaModelRunner::run_layers(const StepPlan& plan, const ForwardPlan& fp) 
 
   LITELLAMA_RETURN_IF_ERROR(
       launch_embedding(residual_.data(), i32(L.token_ids), weights_.embed, T, H, dtype_, stream));
+  LITELLAMA_RETURN_IF_ERROR(launch_scatter_rows_f32(
+      residual_.data(), plan.embed_rows, i32(L.embed_index), plan.n_embed, H, dtype_, stream));
   for (int32_t l = 0; l < c.n_layers; ++l) {
     if (fp.gemv_layers) {
       LITELLAMA_RETURN_IF_ERROR(run_layer_fused(plan, fp, l));

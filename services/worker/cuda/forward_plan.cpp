@@ -61,9 +61,10 @@ ForwardPlan plan_forward(const StepPlan& step, int32_t n_top, const ForwardPlanC
                                                     c.head_dim, step.max_decode_kv_len, ctx.n_sms)
                         : 0;
   p.n_top = n_top;
+  p.n_embed = step.n_embed;
   p.greedy_sampler = step.greedy_only && n_top == 0;
   p.graph = ctx.graphs_available && o.use_cuda_graphs && step.n_prefill == 0 &&
-            p.n_sampled == step.n_seqs;
+            p.n_sampled == step.n_seqs && step.n_embed == 0;
   if (p.graph) {
     p.graph_key = (static_cast<uint64_t>(step.greedy_only) << 61) |
                   (static_cast<uint64_t>(step.n_seqs) << 40) |
@@ -74,6 +75,7 @@ ForwardPlan plan_forward(const StepPlan& step, int32_t n_top, const ForwardPlanC
 
 std::string ForwardPlan::describe() const {
   std::string s;
+  if (n_embed > 0) s += fmt::format("embedding: lookup, then {} input embedding rows\n", n_embed);
   if (gemv_layers) {
     s += fmt::format("layers: GEMV variants\n  qkv: {}\n  o: gemv_residual_add\n",
                      qkv_path_name(qkv));

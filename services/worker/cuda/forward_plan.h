@@ -40,6 +40,7 @@ struct ForwardPlan {
   // in order: a pure decode step).
   bool head_gathers = false;
   int32_t n_sampled = 0;
+  int32_t n_embed = 0;           // input embedding rows scattered over the looked-up embeddings
   int32_t attention_splits = 0;  // decode attention's key splits (0: no decode sequence)
   bool greedy_sampler = false;   // the argmax kernel (every row greedy, no penalties, no top-N)
   int32_t n_top = 0;

@@ -87,6 +87,10 @@ StepPlan plan_step(const StepBatch& batch, const ModelConfig& config) {
                             ? (n_seq + 1) * static_cast<size_t>(config.head_dim / 2) * sizeof(float)
                             : 0);
   l.slot_table = p.take(batch.slot_table.size() * i32);
+  // After the slot table: only prefill steps carry embedding rows, and no graph runs them.
+  plan.n_embed = static_cast<int32_t>(batch.embed_token_index.size());
+  plan.embed_rows = batch.embed_rows;
+  l.embed_index = p.take(static_cast<size_t>(plan.n_embed) * i32);
   l.total_bytes = p.total();
   return plan;
 }
@@ -105,6 +109,7 @@ Status fill_step(const StepBatch& batch, const ModelConfig& config, const StepPl
   copy(l.token_start, batch.token_start);
   copy(l.kv_len, batch.kv_len);
   copy(l.slot_start, batch.slot_start);
+  copy(l.embed_index, batch.embed_token_index);
 
   auto* token_slot = at<int32_t>(host, l.token_slot);
   auto* work = at<int32_t>(host, l.work_seqs);

@@ -33,6 +33,7 @@ struct StepLayout {
   size_t sampling_rows = 0;   // SamplingRow [n_seqs]
   size_t freq_table = 0;      // float [n_seqs + 1, head_dim / 2] (dynamic NTK only)
   size_t slot_table = 0;      // int32 [sum kv_len]
+  size_t embed_index = 0;     // int32 [n_embed] StepBatch::embed_token_index
   size_t total_bytes = 0;
 };
 
@@ -47,6 +48,10 @@ struct StepPlan {
   bool dynamic_rope = false;
   std::vector<int32_t> sampled_seqs;  // [n_sampled] sequence of each sampled row
   bool greedy_only = true;            // every sampled row greedy (temperature 0) without penalties
+  // Input embedding rows that replace the lookup of some tokens (StepBatch::embed_rows), read in
+  // place on the device.
+  int32_t n_embed = 0;
+  const float* embed_rows = nullptr;
 };
 
 StepPlan plan_step(const StepBatch& batch, const ModelConfig& config);
