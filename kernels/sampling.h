@@ -1,5 +1,5 @@
 // Sampling on the device, with the semantics of the CPU sampler (services/worker/cpu_sampler.cpp):
-// optional top-N raw logits first; then repetition penalty over prompt + generated ids,
+// optional top-N raw logits and logprobs (SamplingLogprobs) first; then repetition penalty over prompt + generated ids,
 // frequency/presence penalties over generated ids; greedy argmax (lowest id among equal maxima)
 // when temperature is 0; else temperature, top-k (values tied with the k-th survive), top-p,
 // min-p, and a draw u = uniform(seed, n_generated) * kept mass walked in descending logit order
@@ -62,6 +62,18 @@ struct SamplingRow {
   int32_t pad = 0;
 };
 
+// Logprob outputs of a launch; logprobs == nullptr: none. Logprobs are of the raw logits as the
+// launch receives them (before penalties and temperature): per row r, lse[r] is the log-sum-exp
+// of the row in fp32 (maximum, then the sum of exp(logit - maximum)) and logprobs[r] the sampled
+// id's raw logit less lse[r]. The top-N logits less lse[r] are the top logprobs. history_raw
+// ([n_history] floats, contents not kept) is scratch where rows with penalties save the raw
+// logits the penalties overwrite.
+struct SamplingLogprobs {
+  float* logprobs = nullptr;     // [n_rows]
+  float* lse = nullptr;          // [n_rows]
+  float* history_raw = nullptr;  // [n_history]
+};
+
 bool sampling_supports(int32_t vocab_size, int32_t n_top);
 
 // Bytes of the `token_marks` workspace for n_rows rows: an int32 per (row, vocab id) and 16 bytes
@@ -82,6 +94,8 @@ Status launch_sampling(int32_t* sampled_ids,     // [n_rows]
                        // plain argmax kernel runs
                        bool greedy_only = false,
                        // CTAs per row at most; 0: the launcher's choice (tests pass others)
-                       int32_t max_ctas_per_row = 0);
+                       int32_t max_ctas_per_row = 0,
+                       // logprobs of every row (the greedy_only argmax kernel then does not run)
+                       const SamplingLogprobs& logprobs = SamplingLogprobs{});
 
 }  // namespace litellama

@@ -28,7 +28,7 @@ size_t align_up(size_t n) {
 struct BufferLayout {
   size_t header, token_ids, positions, token_start, kv_len, slot_start, slot_table, sample,
       sampling, n_generated, history_start, history_ids, n_prompt, sampled_ids, top_ids, top_values,
-      size;
+      logprobs, lse, size;
 };
 
 BufferLayout buffer_layout(const StepRingLimits& l) {
@@ -56,6 +56,8 @@ BufferLayout buffer_layout(const StepRingLimits& l) {
   b.sampled_ids = take(s * 4);
   b.top_ids = take(s * kMaxStepTopLogits * 4);
   b.top_values = take(s * kMaxStepTopLogits * 4);
+  b.logprobs = take(s * 4);
+  b.lse = take(s * 4);
   b.size = at;
   return b;
 }
@@ -177,6 +179,8 @@ StepView StepRing::buffer(int index) {
   v.top_ids = i32(b.top_ids, s * kMaxStepTopLogits);
   v.top_values =
       std::span<float>(reinterpret_cast<float*>(base + b.top_values), s * kMaxStepTopLogits);
+  v.logprobs = std::span<float>(reinterpret_cast<float*>(base + b.logprobs), s);
+  v.lse = std::span<float>(reinterpret_cast<float*>(base + b.lse), s);
   return v;
 }
 

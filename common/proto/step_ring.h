@@ -20,7 +20,7 @@
 namespace litellama::proto {
 
 inline constexpr uint64_t kStepRingMagic = 0x4c4c4d5354455031ull;  // "LLMSTEP1"
-inline constexpr uint32_t kStepRingLayoutVersion = 2;
+inline constexpr uint32_t kStepRingLayoutVersion = 3;
 inline constexpr int kStepRingBuffers = 2;
 // Most top logits one sequence can return per step (the CUDA sampler's limit).
 inline constexpr int32_t kMaxStepTopLogits = 64;
@@ -53,7 +53,9 @@ struct StepHeader {
   int32_t n_slots;
   int32_t n_history;     // 0: no sequence has penalties
   int32_t n_top_logits;  // 0..kMaxStepTopLogits, for every sampled sequence
-  int32_t reserved;
+  // 1: the worker writes logprobs and lse for every sampled sequence (a step asks for all of
+  // them when any of its requests wants logprobs); 0: neither is written.
+  int32_t logprobs;
 };
 
 // One buffer's arrays, as pointers into the mapping. Sizes are capacities; the header says how
@@ -78,6 +80,11 @@ struct StepView {
   // at [s * kMaxStepTopLogits, s * kMaxStepTopLogits + n_top_logits); id -1 pads a short list.
   std::span<int32_t> top_ids;   // [max_seqs * kMaxStepTopLogits]
   std::span<float> top_values;  // [max_seqs * kMaxStepTopLogits]
+  // Written by the worker when header->logprobs is 1, of the raw logits (before penalties and
+  // temperature): the sampled id's logprob and the log-sum-exp, so that top_values[i] - lse[s]
+  // is the logprob of top_ids[i].
+  std::span<float> logprobs;  // [max_seqs]
+  std::span<float> lse;       // [max_seqs]
 };
 
 class StepRing {

@@ -50,7 +50,9 @@ struct DetokenizeItem {
   int32_t read_offset = 0;
   bool skip_special_tokens = true;
   bool final = false;  // flush: emit the text even when it ends inside a UTF-8 character
-  MSGPACK_DEFINE_MAP(request_id, token_ids, read_offset, skip_special_tokens, final);
+  // Ids whose bytes alone (Tokenizer::token_bytes) the result returns in `pieces` (logprobs).
+  std::vector<int32_t> piece_ids;
+  MSGPACK_DEFINE_MAP(request_id, token_ids, read_offset, skip_special_tokens, final, piece_ids);
 };
 
 // scheduler -> tokenizer: one step's worth of windows.
@@ -66,7 +68,8 @@ struct DetokenizeResult {
   uint64_t request_id = 0;
   std::string text;       // new text of ids[read_offset:]
   bool advanced = false;  // false: the window ends inside a character; nothing consumed
-  MSGPACK_DEFINE_MAP(request_id, text, advanced);
+  std::vector<std::string> pieces;  // bytes of each of the item's piece_ids, in order
+  MSGPACK_DEFINE_MAP(request_id, text, advanced, pieces);
 };
 
 struct DetokenizeReply {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 
 namespace litellama {
 
@@ -168,6 +169,12 @@ ContinuousBatcher::AddResult ContinuousBatcher::add_sequence(Request* r, uint64_
 
   if (sample && r->n_top_logits > 0 && r->n_generated() + r->n_pending == 0) {
     h.n_top_logits = std::max(h.n_top_logits, std::min(r->n_top_logits, proto::kMaxStepTopLogits));
+  }
+  if (sample && r->logprobs) {
+    // Logprobs are computed for every sampled row of a step when any row asks (one flag in the
+    // header, one log-sum-exp pass per row): the top list comes from the top logits.
+    h.logprobs = 1;
+    h.n_top_logits = std::max(h.n_top_logits, r->n_top_logprobs);
   }
   r->n_fed = kv_len;
   r->last_step_id = step_id;
@@ -382,6 +389,7 @@ std::optional<PlannedStep> ContinuousBatcher::plan(uint64_t step_id, proto::Step
   h.n_slots = n_slots_used_;
   h.n_history = n_history_used_;
   step.n_top_logits = h.n_top_logits;
+  step.logprobs = h.logprobs == 1;
   last_planned_step_ = step_id;
   last_step_seq_ = std::move(seq_of);
   return step;
@@ -412,6 +420,7 @@ void ContinuousBatcher::complete(const PlannedStep& step, std::span<const int32_
         r->top_logits.emplace_back(top.ids[base + j], top.values[base + j]);
       }
     }
+    if (r->logprobs) record_logprobs(r, step, top, i);
     r->output_ids.push_back(id);
     const auto& stops = r->stop_token_ids;
     const bool eos =
@@ -425,6 +434,22 @@ void ContinuousBatcher::complete(const PlannedStep& step, std::span<const int32_
     updated->push_back(r);
   }
   release_deferred();
+}
+
+void ContinuousBatcher::record_logprobs(Request* r, const PlannedStep& step,
+                                        const StepTopLogits& top, size_t seq) {
+  const bool known = step.logprobs && seq < top.logprobs.size() && seq < top.lse.size();
+  r->output_logprobs.push_back(known ? top.logprobs[seq]
+                                     : std::numeric_limits<float>::quiet_NaN());
+  auto& list = r->output_top_logprobs.emplace_back();
+  if (!known) return;
+  const float lse = top.lse[seq];
+  const size_t base = seq * proto::kMaxStepTopLogits;
+  const size_t k = static_cast<size_t>(std::min(r->n_top_logprobs, step.n_top_logits));
+  for (size_t j = 0; j < k && base + j < top.ids.size() && base + j < top.values.size(); ++j) {
+    if (top.ids[base + j] < 0) break;
+    list.emplace_back(top.ids[base + j], top.values[base + j] - lse);
+  }
 }
 
 void ContinuousBatcher::retire(Request* r) {

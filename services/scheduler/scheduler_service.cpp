@@ -7,6 +7,7 @@
 #include "common/net/run_dir.h"
 #include "common/net/zmq_util.h"
 #include "common/proto/heartbeat.h"
+#include "services/scheduler/request_fields.h"
 
 namespace litellama {
 
@@ -22,26 +23,6 @@ constexpr int32_t kDetokenizeContext = 5;
 constexpr size_t kMaxStopStrings = 16;
 constexpr size_t kMaxStopStringBytes = 256;
 constexpr size_t kMaxPromptIds = size_t{1} << 20;
-
-Status validate_sampling(const proto::SamplingOptions& s) {
-  if (!(s.temperature >= 0.0f) || !std::isfinite(s.temperature)) {
-    return Status(StatusCode::kInvalidArgument, "temperature must be >= 0");
-  }
-  if (s.top_k < 0) return Status(StatusCode::kInvalidArgument, "top_k must be >= 0");
-  if (!(s.top_p > 0.0f && s.top_p <= 1.0f)) {
-    return Status(StatusCode::kInvalidArgument, "top_p must be in (0, 1]");
-  }
-  if (!(s.min_p >= 0.0f && s.min_p <= 1.0f)) {
-    return Status(StatusCode::kInvalidArgument, "min_p must be in [0, 1]");
-  }
-  if (!(s.repetition_penalty > 0.0f) || !std::isfinite(s.repetition_penalty)) {
-    return Status(StatusCode::kInvalidArgument, "repetition_penalty must be > 0");
-  }
-  if (!std::isfinite(s.frequency_penalty) || !std::isfinite(s.presence_penalty)) {
-    return Status(StatusCode::kInvalidArgument, "penalties must be finite");
-  }
-  return Status::ok();
-}
 
 size_t max_stop_length(const Request& r) {
   size_t n = 0;
@@ -259,6 +240,7 @@ void SchedulerService::on_generate(const std::string& client, const proto::Gener
   if (msg.top_logits < 0 || msg.top_logits > proto::kMaxTopLogits) {
     return reject("top_logits must be in [0, 64]");
   }
+  if (Status st = validate_logprobs(msg); !st) return reject(st.message());
 
   if (options_.max_waiting_requests > 0) {
     const int64_t n_waiting =
@@ -282,6 +264,8 @@ void SchedulerService::on_generate(const std::string& client, const proto::Gener
   r->stop_token_ids = msg.stop_token_ids;
   r->ignore_eos = msg.ignore_eos;
   r->n_top_logits = msg.top_logits;
+  r->logprobs = msg.logprobs;
+  r->n_top_logprobs = msg.logprobs ? msg.top_logprobs : 0;
   r->priority = msg.priority;
   r->stop_strings = msg.stop;
   r->skip_special_tokens = msg.skip_special_tokens;
@@ -404,6 +388,7 @@ void SchedulerService::flush(Request* r) {
         chunk.token_ids.assign(r->output_ids.begin() + static_cast<ptrdiff_t>(r->n_ids_sent),
                                r->output_ids.begin() + static_cast<ptrdiff_t>(ids_end));
         if (r->n_ids_sent == 0) chunk.top_logits = r->top_logits;
+        if (r->logprobs) append_logprobs(*r, r->n_ids_sent, ids_end, &chunk);
       }
       chunk.finished = done;
       if (done) chunk.finish_reason = request_finish_name(*r->finish);
@@ -623,6 +608,10 @@ void SchedulerService::on_step_result(const proto::StepResult& result) {
       top.ids = view.top_ids.first(n * proto::kMaxStepTopLogits);
       top.values = view.top_values.first(n * proto::kMaxStepTopLogits);
     }
+    if (step.plan.logprobs) {
+      top.logprobs = view.logprobs.first(n);
+      top.lse = view.lse.first(n);
+    }
     batcher_.complete(step.plan, std::span<const int32_t>(view.sampled_ids.data(), n), &updated,
                       top);
   }
@@ -830,6 +819,7 @@ void SchedulerService::dispatch_detokenize() {
     item.read_offset = r->detok_read - r->detok_prefix;
     item.skip_special_tokens = r->skip_special_tokens;
     item.final = final;
+    if (r->logprobs) add_piece_ids(*r, r->detok_read - r->n_prompt(), n_known - r->n_prompt(), &item);
     batch.items.push_back(std::move(item));
     op.request_ids.push_back(r->id);
     op.window_end.push_back(n_known);
@@ -891,6 +881,10 @@ void SchedulerService::on_detokenize_reply(const proto::DetokenizeReply& reply) 
     const proto::DetokenizeResult& result = reply.items[i];
     const size_t old_size = r->text.size();
     if (result.advanced || op.final[i]) {
+      if (r->logprobs) {
+        store_pieces(r, r->detok_read - r->n_prompt(), op.window_end[i] - r->n_prompt(),
+                     result.pieces);
+      }
       r->text += result.text;
       r->detok_prefix = r->detok_read;
       r->detok_read = op.window_end[i];

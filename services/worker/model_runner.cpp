@@ -61,6 +61,7 @@ void StepBatch::clear() {
   history_ids.clear();
   n_prompt.clear();
   n_top_logits = 0;
+  logprobs = false;
 }
 
 namespace {

@@ -24,12 +24,18 @@ struct GenerationRequest {
   int32_t max_new_tokens = 16;
   std::vector<int32_t> stop_token_ids;  // generation ends after emitting one of these
   int32_t n_top_logits = 0;  // return the largest raw logits of the first generated position
+  // Return the logprob of every generated id and, per position, the n_top_logprobs most likely
+  // (id, logprob): of the raw distribution, before penalties and temperature.
+  bool logprobs = false;
+  int32_t n_top_logprobs = 0;
 };
 
 struct GenerationResult {
   std::vector<int32_t> output_ids;
   FinishReason finish_reason = FinishReason::kLength;
   std::vector<std::pair<int32_t, float>> top_logits;  // of the first generated position
+  std::vector<float> logprobs;                        // with logprobs: one per output id
+  std::vector<std::vector<std::pair<int32_t, float>>> top_logprobs;
 };
 
 struct OfflineEngineOptions {

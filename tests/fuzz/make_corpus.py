@@ -64,7 +64,7 @@ def mp(v):
 
 
 def frame(type_name, body):
-    return mp(dict({"v": 1, "type": type_name}, **body))
+    return mp(dict({"v": 2, "type": type_name}, **body))
 
 
 SAMPLING = {"temperature": 0.7, "top_k": 40, "top_p": 0.9, "min_p": 0.0,

@@ -180,6 +180,7 @@ proto::DetokenizeReply TokenizerService::detokenize(const proto::DetokenizeReque
       return reply;
     }
     reply.items.push_back(std::move(result).value());
+    for (int32_t id : item.piece_ids) reply.items.back().pieces.push_back(tok.token_bytes(id));
   }
   return reply;
 }

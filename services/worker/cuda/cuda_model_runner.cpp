@@ -34,7 +34,7 @@
 //
 // CUDA graphs: a pure decode step (every sequence brings one token and is sampled) is launched as
 // one graph captured per (batch size, top-logit count, attention split count, whether every row
-// is greedy), from after the staging copies through sampling. What must stay true for a replay to
+// is greedy, whether logprobs are returned), from after the staging copies through sampling. What must stay true for a replay to
 // be right: every array the kernels read lives at an offset of the staging buffer that depends
 // only on the batch size (StepLayout puts the variable-length slot table last; the penalty
 // history, the other variable-length array, has a staging buffer of its own), the kernels read
@@ -51,6 +51,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 #include <cstdlib>
 #include <unordered_map>
@@ -310,8 +311,10 @@ Status CudaModelRunner::allocate_workspaces() {
   const size_t marks_bytes = sampling_workspace_size_bytes(options_.max_batch_seqs, c.vocab_size);
   LITELLAMA_ASSIGN_OR_RETURN(token_marks_, DeviceBuffer::allocate(marks_bytes));
   LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemset(token_marks_.data(), 0, marks_bytes));
+  // Sampled ids, top ids and logits, logprobs and log-sum-exps (see step()).
   const size_t results_bytes =
-      S * sizeof(int32_t) + 2 * S * kSamplingMaxTopLogits * sizeof(int32_t) + 64;
+      S * sizeof(int32_t) + 2 * S * kSamplingMaxTopLogits * sizeof(int32_t) +
+      2 * S * sizeof(float) + 64;
   LITELLAMA_ASSIGN_OR_RETURN(results_, DeviceBuffer::allocate(results_bytes));
   LITELLAMA_ASSIGN_OR_RETURN(results_host_, PinnedBuffer::allocate(results_bytes));
 
@@ -422,7 +425,8 @@ Status CudaModelRunner::step(const StepBatch& batch, StepOutput* out) {
   LITELLAMA_RETURN_IF_ERROR(fill_step(batch, config_, plan, n_slots_, staging_host_.data()));
   const size_t history_bytes = batch.history_ids.size() * sizeof(int32_t);
   if (history_bytes > 0) {
-    LITELLAMA_RETURN_IF_ERROR(ensure_history_staging(history_bytes));
+    // The second half of the device buffer is the sampler's logprob scratch (history_raw()).
+    LITELLAMA_RETURN_IF_ERROR(ensure_history_staging(2 * history_bytes));
     std::memcpy(history_host_.data(), batch.history_ids.data(), history_bytes);
   }
   cudaStream_t stream = ctx_.stream();
@@ -441,8 +445,13 @@ Status CudaModelRunner::step(const StepBatch& batch, StepOutput* out) {
   out->sampled_ids.assign(static_cast<size_t>(plan.n_seqs), -1);
   out->top_logits.resize(static_cast<size_t>(plan.n_seqs));
   for (auto& top : out->top_logits) top.clear();
-  // results_: sampled [n_sampled] | top ids [n_sampled, n_top] | top logits [n_sampled, n_top].
-  const size_t results_bytes = static_cast<size_t>(n_sampled) * (1 + 2 * n_top) * sizeof(int32_t);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  out->logprobs.assign(plan.logprobs ? static_cast<size_t>(plan.n_seqs) : 0, nan);
+  out->lse.assign(out->logprobs.size(), nan);
+  // results_: sampled [n_sampled] | top ids [n_sampled, n_top] | top logits [n_sampled, n_top],
+  // then with logprobs: logprobs [n_sampled] | lse [n_sampled].
+  const size_t results_bytes =
+      static_cast<size_t>(n_sampled) * (1 + 2 * n_top + (plan.logprobs ? 2 : 0)) * sizeof(int32_t);
   if (n_sampled > 0) {
     LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(results_host_.data(), results_.data(),
                                                    results_bytes, cudaMemcpyDeviceToHost, stream));
@@ -457,9 +466,15 @@ Status CudaModelRunner::step(const StepBatch& batch, StepOutput* out) {
   const auto* sampled = results_host_.as<const int32_t>();
   const int32_t* top_ids = sampled + n_sampled;
   const auto* top_values = reinterpret_cast<const float*>(top_ids + n_sampled * n_top);
+  const float* logprobs = top_values + n_sampled * n_top;
+  const float* lse = logprobs + n_sampled;
   for (int32_t r = 0; r < n_sampled; ++r) {
     const auto s = static_cast<size_t>(plan.sampled_seqs[static_cast<size_t>(r)]);
     out->sampled_ids[s] = sampled[r];
+    if (plan.logprobs) {
+      out->logprobs[s] = logprobs[r];
+      out->lse[s] = lse[r];
+    }
     auto& top = out->top_logits[s];
     top.reserve(static_cast<size_t>(n_top));
     for (int32_t i = 0; i < n_top; ++i) {
@@ -478,7 +493,8 @@ Status CudaModelRunner::run_forward(const StepBatch& batch, const StepPlan& plan
   const ModelConfig& c = config_;
   const int32_t n_splits = attention_decode_n_splits(plan.n_decode, c.n_heads, c.n_kv_heads,
                                                      c.head_dim, plan.max_decode_kv_len, n_sms_);
-  const uint64_t key = (static_cast<uint64_t>(plan.greedy_only) << 61) |
+  const uint64_t key = (static_cast<uint64_t>(plan.logprobs) << 62) |
+                       (static_cast<uint64_t>(plan.greedy_only) << 61) |
                        (static_cast<uint64_t>(plan.n_seqs) << 40) |
                        (static_cast<uint64_t>(n_top) << 20) | static_cast<uint64_t>(n_splits);
   auto it = decode_graphs_.find(key);
@@ -748,10 +764,20 @@ Status CudaModelRunner::run_sampling(const StepPlan& plan, int32_t n_top) {
   auto* sampled = results_.as<int32_t>();
   int32_t* top_ids = sampled + R;
   auto* top_values = reinterpret_cast<float*>(top_ids + R * n_top);
+  SamplingLogprobs logprobs;
+  if (plan.logprobs) {
+    // The scratch is the second half of the history buffer (step() sizes it for that); its
+    // address, like the results', depends only on what keys a graph.
+    logprobs.logprobs = top_values + R * n_top;
+    logprobs.lse = logprobs.logprobs + R;
+    logprobs.history_raw = reinterpret_cast<float*>(static_cast<char*>(history_device_.data()) +
+                                                    history_device_.size_bytes() / 2 / 4 * 4);
+  }
   return launch_sampling(sampled, top_ids, top_values, logits_.as<float>(),
                          staging_device_.as<const SamplingRow>(L.sampling_rows),
                          history_device_.as<const int32_t>(), R, c.vocab_size, n_top,
-                         token_marks_.as<int32_t>(), ctx_.stream(), plan.greedy_only);
+                         token_marks_.as<int32_t>(), ctx_.stream(), plan.greedy_only,
+                         /*max_ctas_per_row=*/0, logprobs);
 }
 
 Status check_supported(const ModelConfig& c, const RunnerOptions& options) {

@@ -52,6 +52,7 @@ StepPlan plan_step(const StepBatch& batch, const ModelConfig& config) {
   plan.n_tokens = batch.n_tokens();
   plan.n_seqs = batch.n_seqs();
   plan.dynamic_rope = config.rope.type == RopeScalingType::kDynamic;
+  plan.logprobs = batch.logprobs;
   for (int32_t s = 0; s < plan.n_seqs; ++s) {
     const int32_t n_new = batch.token_start[s + 1] - batch.token_start[s];
     if (n_new == 1) {

@@ -47,6 +47,7 @@ struct StepPlan {
   bool dynamic_rope = false;
   std::vector<int32_t> sampled_seqs;  // [n_sampled] sequence of each sampled row
   bool greedy_only = true;            // every sampled row greedy (temperature 0) without penalties
+  bool logprobs = false;              // StepBatch::logprobs: the sampler returns logprobs
 };
 
 StepPlan plan_step(const StepBatch& batch, const ModelConfig& config);

@@ -308,7 +308,7 @@ Status WorkerService::read_step(const proto::StepView& view, const proto::StepRi
   if (h.n_seqs <= 0 || h.n_seqs > limits.max_seqs || h.n_tokens <= 0 ||
       h.n_tokens > limits.max_tokens || h.n_slots < 0 || h.n_slots > limits.max_slots ||
       h.n_history < 0 || h.n_history > limits.max_history || h.n_top_logits < 0 ||
-      h.n_top_logits > proto::kMaxStepTopLogits) {
+      h.n_top_logits > proto::kMaxStepTopLogits || (h.logprobs != 0 && h.logprobs != 1)) {
     return make_error(StatusCode::kInvalidArgument, "step header out of range");
   }
   const auto n_seqs = static_cast<size_t>(h.n_seqs);
@@ -332,6 +332,7 @@ Status WorkerService::read_step(const proto::StepView& view, const proto::StepRi
     for (int32_t& id : batch->history_ids) LITELLAMA_RETURN_IF_ERROR(resolve(&id, previous));
   }
   batch->n_top_logits = h.n_top_logits;
+  batch->logprobs = h.logprobs == 1;
   for (int32_t& id : batch->token_ids) LITELLAMA_RETURN_IF_ERROR(resolve(&id, previous));
   return Status::ok();
 }
@@ -376,6 +377,11 @@ std::string WorkerService::run_step(const std::string& doorbell_bytes) {
   std::copy(output_.sampled_ids.begin(), output_.sampled_ids.end(), view.sampled_ids.begin());
   previous_sampled_.assign(output_.sampled_ids.begin(), output_.sampled_ids.begin() + n);
   if (batch_.n_top_logits > 0) write_top_logits(output_, batch_.n_top_logits, view);
+  if (batch_.logprobs) {
+    const size_t n_lp = std::min(output_.logprobs.size(), n);
+    std::copy_n(output_.logprobs.begin(), n_lp, view.logprobs.begin());
+    std::copy_n(output_.lse.begin(), std::min(output_.lse.size(), n), view.lse.begin());
+  }
   result.ok = true;
   result.compute_seconds = monotonic_seconds() - start;
   step_duration_->Observe(result.compute_seconds);
