@@ -534,7 +534,7 @@ __device__ int32_t sample_row(int r, int32_t* __restrict__ top_ids, float* __res
     }
     g.sync();
     // With logprobs, history_raw[history_begin + j] gets the raw logit of the id at j from the
-    // one thread that penalises it, NaN from the others (write_logprob reads it back).
+    // one thread that penalises it, NaN from the others (finish, below, reads it back).
     float* raw_of = want_logprobs ? lp.history_raw + p.history_begin : nullptr;
     for (int j = threadIdx.x; j < n_hist; j += kThreads) {
       const int32_t id = history_ids[p.history_begin + j];
@@ -698,8 +698,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     sampling_kernel(int32_t* __restrict__ sampled_ids, int32_t* __restrict__ top_ids,
                     float* __restrict__ top_logits, float* __restrict__ logits_all,
                     const SamplingRow* __restrict__ rows, const int32_t* __restrict__ history_ids,
-                    int vocab, int n_top, int32_t* __restrict__ token_marks,
-                    SamplingLogprobs lp, int n_ctas) {
+                    int vocab, int n_top, int32_t* __restrict__ token_marks, SamplingLogprobs lp,
+                    int n_ctas) {
   pdl_launch_dependents();
   pdl_wait();
   __shared__ Shared sh;

@@ -1,9 +1,10 @@
 // Sampling on the device, with the semantics of the CPU sampler (services/worker/cpu_sampler.cpp):
-// optional top-N raw logits and logprobs (SamplingLogprobs) first; then repetition penalty over prompt + generated ids,
-// frequency/presence penalties over generated ids; greedy argmax (lowest id among equal maxima)
-// when temperature is 0; else temperature, top-k (values tied with the k-th survive), top-p,
-// min-p, and a draw u = uniform(seed, n_generated) * kept mass walked in descending logit order
-// (ties: lower id first). The uniform is the CPU sampler's counter-based generator, bit for bit.
+// optional top-N raw logits and logprobs (SamplingLogprobs) first; then repetition penalty over
+// prompt + generated ids, frequency/presence penalties over generated ids; greedy argmax (lowest id
+// among equal maxima) when temperature is 0; else temperature, top-k (values tied with the k-th
+// survive), top-p, min-p, and a draw u = uniform(seed, n_generated) * kept mass walked in
+// descending logit order (ties: lower id first). The uniform is the CPU sampler's counter-based
+// generator, bit for bit.
 //
 // The trick: every filter keeps a prefix of the descending order, so the kept set is "key >= k*"
 // for one ordered 32-bit key of the float logit; each prefix boundary (k-th value, top-p crossing,

@@ -66,8 +66,8 @@ struct DetokenizeRequest {
 
 struct DetokenizeResult {
   uint64_t request_id = 0;
-  std::string text;       // new text of ids[read_offset:]
-  bool advanced = false;  // false: the window ends inside a character; nothing consumed
+  std::string text;                 // new text of ids[read_offset:]
+  bool advanced = false;            // false: the window ends inside a character; nothing consumed
   std::vector<std::string> pieces;  // bytes of each of the item's piece_ids, in order
   MSGPACK_DEFINE_MAP(request_id, text, advanced, pieces);
 };

@@ -447,8 +447,8 @@ void ApiServer::Impl::on_event(net::SchedulerClient& client, const net::ClientEv
     // With logprobs a chunk of tokens goes out even when their text is empty (held back or
     // special), so that every generated token's logprob reaches the client.
     if (!chunk.text.empty() || !logprobs.empty()) {
-      job->out += stream_chunk(req, job->id, job->created, index, &chunk.text, false, "",
-                               &logprobs, ch.text_offset);
+      job->out += stream_chunk(req, job->id, job->created, index, &chunk.text, false, "", &logprobs,
+                               ch.text_offset);
       for (const TokenLogprob& t : logprobs) ch.text_offset += t.bytes.size();
     }
     if (chunk.finished) {

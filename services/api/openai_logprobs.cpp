@@ -79,8 +79,8 @@ bool read_logprobs(const nlohmann::json& body, bool chat, proto::GenerateRequest
     if (top == body.end() || top->is_null()) return true;
     if (!top->is_number_integer() || top->get<int64_t>() < 0 ||
         top->get<int64_t>() > proto::kMaxTopLogprobs) {
-      return bad("top_logprobs",
-                 fmt::format("'top_logprobs' must be an integer in [0, {}]", proto::kMaxTopLogprobs));
+      return bad("top_logprobs", fmt::format("'top_logprobs' must be an integer in [0, {}]",
+                                             proto::kMaxTopLogprobs));
     }
     if (!out->logprobs) return bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
     out->top_logprobs = static_cast<int32_t>(top->get<int64_t>());
@@ -128,8 +128,9 @@ nlohmann::ordered_json chat_logprobs_json(const std::vector<TokenLogprob>& token
   for (const TokenLogprob& t : tokens) {
     ojson top = ojson::array();
     for (const auto& [bytes, lp] : t.top) {
-      top.push_back(ojson{
-          {"token", token_text(bytes)}, {"logprob", logprob_value(lp)}, {"bytes", byte_values(bytes)}});
+      top.push_back(ojson{{"token", token_text(bytes)},
+                          {"logprob", logprob_value(lp)},
+                          {"bytes", byte_values(bytes)}});
     }
     content.push_back(ojson{{"token", token_text(t.bytes)},
                             {"logprob", logprob_value(t.logprob)},

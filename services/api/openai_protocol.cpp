@@ -235,10 +235,9 @@ bool parse_request(const std::string& text, bool chat, const ParseContext& conte
   }
   // OpenAI fields this server does not implement: refused, never silently ignored.
   static const char* const kUnsupported[] = {
-      "tools",        "tool_choice",  "functions",    "function_call",       "response_format",
-      "logit_bias",   "parallel_tool_calls", "audio",
-      "modalities",   "prediction",   "suffix",       "web_search_options",  "guided_json",
-      "guided_regex", "guided_choice"};
+      "tools",      "tool_choice",         "functions",   "function_call", "response_format",
+      "logit_bias", "parallel_tool_calls", "audio",       "modalities",    "prediction",
+      "suffix",     "web_search_options",  "guided_json", "guided_regex",  "guided_choice"};
   for (const char* name : kUnsupported) {
     auto it = body.find(name);
     if (it != body.end() && asks_for(*it)) {

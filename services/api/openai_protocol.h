@@ -68,7 +68,7 @@ struct ChoiceResult {
   std::string finish_reason;
   int32_t n_prompt_tokens = 0;
   int32_t n_generated_tokens = 0;
-  int32_t n_cached_tokens = 0;  // prompt tokens the scheduler's prefix cache served
+  int32_t n_cached_tokens = 0;         // prompt tokens the scheduler's prefix cache served
   std::vector<TokenLogprob> logprobs;  // with ParsedRequest::logprobs, one per generated token
 };
 

@@ -439,8 +439,7 @@ void ContinuousBatcher::complete(const PlannedStep& step, std::span<const int32_
 void ContinuousBatcher::record_logprobs(Request* r, const PlannedStep& step,
                                         const StepTopLogits& top, size_t seq) {
   const bool known = step.logprobs && seq < top.logprobs.size() && seq < top.lse.size();
-  r->output_logprobs.push_back(known ? top.logprobs[seq]
-                                     : std::numeric_limits<float>::quiet_NaN());
+  r->output_logprobs.push_back(known ? top.logprobs[seq] : std::numeric_limits<float>::quiet_NaN());
   auto& list = r->output_top_logprobs.emplace_back();
   if (!known) return;
   const float lse = top.lse[seq];

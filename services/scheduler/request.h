@@ -33,7 +33,7 @@ struct Request {
   int32_t max_tokens = 16;
   std::vector<int32_t> stop_token_ids;  // besides the model's EOS ids
   bool ignore_eos = false;
-  int32_t n_top_logits = 0;  // top logits wanted for the first generated position (0: none)
+  int32_t n_top_logits = 0;    // top logits wanted for the first generated position (0: none)
   bool logprobs = false;       // logprobs of every generated token
   int32_t n_top_logprobs = 0;  // with logprobs: the most likely ids of each position, 0..20
   // Larger runs first; first come first served within a priority.

@@ -819,7 +819,8 @@ void SchedulerService::dispatch_detokenize() {
     item.read_offset = r->detok_read - r->detok_prefix;
     item.skip_special_tokens = r->skip_special_tokens;
     item.final = final;
-    if (r->logprobs) add_piece_ids(*r, r->detok_read - r->n_prompt(), n_known - r->n_prompt(), &item);
+    if (r->logprobs)
+      add_piece_ids(*r, r->detok_read - r->n_prompt(), n_known - r->n_prompt(), &item);
     batch.items.push_back(std::move(item));
     op.request_ids.push_back(r->id);
     op.window_end.push_back(n_known);

@@ -4,8 +4,8 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <limits>
 #include <cmath>
+#include <limits>
 #include <thread>
 #include <utility>
 

@@ -63,8 +63,7 @@ Result<std::vector<GenerationResult>> OfflineEngine::generate(
     if (r.logprobs) {
       if (r.n_top_logprobs < 0 || r.n_top_logprobs > config.vocab_size) {
         return make_error(StatusCode::kInvalidArgument,
-                          "request {}: top logprobs count {} is out of range", i,
-                          r.n_top_logprobs);
+                          "request {}: top logprobs count {} is out of range", i, r.n_top_logprobs);
       }
       any_logprobs = true;
       n_top = std::max(n_top, r.n_top_logprobs);

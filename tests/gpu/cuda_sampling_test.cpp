@@ -473,8 +473,7 @@ TEST(CudaSampling, LogprobsMatchCpuLogSoftmaxInAndOutOfGraphs) {
         EXPECT_EQ(ids[s], cpu_ids[s]) << "row " << r;
         EXPECT_NEAR(got_lse[s], lse[s], 2e-5 * std::max(1.0, std::abs(lse[s]))) << "row " << r;
         const double raw = logits[static_cast<size_t>(r) * vocab + static_cast<size_t>(ids[s])];
-        EXPECT_NEAR(got_lp[s], raw - lse[s], 2e-5 * std::max(1.0, std::abs(lse[s])))
-            << "row " << r;
+        EXPECT_NEAR(got_lp[s], raw - lse[s], 2e-5 * std::max(1.0, std::abs(lse[s]))) << "row " << r;
         for (int32_t k = 0; k < n_top; ++k) {
           const size_t i = s * n_top + static_cast<size_t>(k);
           const double want = logits[static_cast<size_t>(r) * vocab + top_ids[i]] - lse[s];

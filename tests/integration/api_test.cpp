@@ -410,9 +410,8 @@ TEST_F(ApiTest, ChatLogprobsStreamingAndNot) {
 // end of the echoed prompt.
 TEST_F(ApiTest, CompletionsLogprobsLegacyFormatStreamingAndNot) {
   const std::string prompt = "Once upon";
-  json body = {{"model", kModel}, {"prompt", prompt}, {"max_tokens", 5},
-               {"temperature", 0},  {"ignore_eos", true}, {"logprobs", 2},
-               {"echo", true}};
+  json body = {{"model", kModel},    {"prompt", prompt}, {"max_tokens", 5}, {"temperature", 0},
+               {"ignore_eos", true}, {"logprobs", 2},    {"echo", true}};
   const HttpResponse r = post("/v1/completions", body);
   ASSERT_EQ(r.status, 200) << r.body;
   const json j = json::parse(r.body);
@@ -443,7 +442,8 @@ TEST_F(ApiTest, CompletionsLogprobsLegacyFormatStreamingAndNot) {
   std::vector<int64_t> offsets;
   for (const std::string& e : sse_events(s.body)) {
     if (e == "[DONE]") break;
-    const json& c = json::parse(e)["choices"][0];
+    const json event = json::parse(e);
+    const json& c = event["choices"][0];
     if (c["logprobs"].is_null()) continue;
     for (const json& v : c["logprobs"]["token_logprobs"]) streamed.push_back(v.get<double>());
     for (const json& v : c["logprobs"]["text_offset"]) offsets.push_back(v.get<int64_t>());

@@ -34,15 +34,15 @@
 //
 // CUDA graphs: a pure decode step (every sequence brings one token and is sampled) is launched as
 // one graph captured per (batch size, top-logit count, attention split count, whether every row
-// is greedy, whether logprobs are returned), from after the staging copies through sampling. What must stay true for a replay to
-// be right: every array the kernels read lives at an offset of the staging buffer that depends
-// only on the batch size (StepLayout puts the variable-length slot table last; the penalty
-// history, the other variable-length array, has a staging buffer of its own), the kernels read
-// kv_len, the slot table and the history from there rather than from launch arguments, and no
-// launch configuration depends on anything but the key (attention_decode's split count is part
-// of the key, so a graph is recaptured when growing contexts change it). The first step of a new
-// key runs eagerly (lazy module loading and cuBLAS heuristics happen outside capture); the second
-// captures. Growing a staging buffer moves it, which drops every graph.
+// is greedy, whether logprobs are returned), from after the staging copies through sampling. What
+// must stay true for a replay to be right: every array the kernels read lives at an offset of the
+// staging buffer that depends only on the batch size (StepLayout puts the variable-length slot
+// table last; the penalty history, the other variable-length array, has a staging buffer of its
+// own), the kernels read kv_len, the slot table and the history from there rather than from launch
+// arguments, and no launch configuration depends on anything but the key (attention_decode's split
+// count is part of the key, so a graph is recaptured when growing contexts change it). The first
+// step of a new key runs eagerly (lazy module loading and cuBLAS heuristics happen outside
+// capture); the second captures. Growing a staging buffer moves it, which drops every graph.
 //
 // Every buffer is allocated once in create(); a step allocates nothing unless its slot table or
 // penalty history outgrows its staging buffers (they then grow geometrically, once).
@@ -51,9 +51,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <limits>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <unordered_map>
 #include <utility>
 
@@ -312,9 +312,9 @@ Status CudaModelRunner::allocate_workspaces() {
   LITELLAMA_ASSIGN_OR_RETURN(token_marks_, DeviceBuffer::allocate(marks_bytes));
   LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemset(token_marks_.data(), 0, marks_bytes));
   // Sampled ids, top ids and logits, logprobs and log-sum-exps (see step()).
-  const size_t results_bytes =
-      S * sizeof(int32_t) + 2 * S * kSamplingMaxTopLogits * sizeof(int32_t) +
-      2 * S * sizeof(float) + 64;
+  const size_t results_bytes = S * sizeof(int32_t) +
+                               2 * S * kSamplingMaxTopLogits * sizeof(int32_t) +
+                               2 * S * sizeof(float) + 64;
   LITELLAMA_ASSIGN_OR_RETURN(results_, DeviceBuffer::allocate(results_bytes));
   LITELLAMA_ASSIGN_OR_RETURN(results_host_, PinnedBuffer::allocate(results_bytes));
 
