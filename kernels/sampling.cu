@@ -476,7 +476,8 @@ __device__ int32_t sample_row(int r, int32_t* __restrict__ top_ids, float* __res
                               int32_t* __restrict__ token_marks, const SamplingLogprobs& lp,
                               Shared& sh, RowGroup<kCluster>& g) {
   float* logits = logits_all + static_cast<int64_t>(r) * vocab;
-  const SamplingRow p = rows[r];
+  const SamplingRow row = rows[r];
+  const SamplingParams& p = row.params;
   const Slice slice = slice_of(vocab, g.rank, g.size);
   const bool writer = g.rank == 0 && threadIdx.x == 0;
   const bool want_logprobs = lp.logprobs != nullptr;
@@ -523,10 +524,10 @@ __device__ int32_t sample_row(int r, int32_t* __restrict__ top_ids, float* __res
   const bool freq = p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
   if (rep || freq) {
     int32_t* marks = token_marks + static_cast<int64_t>(r) * workspace_row_words(vocab);
-    const int n_hist = p.history_end - p.history_begin;
+    const int n_hist = row.history_end - row.history_begin;
     for (int j = g.rank * kThreads + threadIdx.x; j < n_hist; j += g.size * kThreads) {
-      const int32_t id = history_ids[p.history_begin + j];
-      if (j < p.n_prompt) {
+      const int32_t id = history_ids[row.history_begin + j];
+      if (j < row.n_prompt) {
         atomicOr(&marks[id], kPromptBit);
       } else {
         atomicAdd(&marks[id], 1);
@@ -535,9 +536,9 @@ __device__ int32_t sample_row(int r, int32_t* __restrict__ top_ids, float* __res
     g.sync();
     // With logprobs, history_raw[history_begin + j] gets the raw logit of the id at j from the
     // one thread that penalises it, NaN from the others (finish, below, reads it back).
-    float* raw_of = want_logprobs ? lp.history_raw + p.history_begin : nullptr;
+    float* raw_of = want_logprobs ? lp.history_raw + row.history_begin : nullptr;
     for (int j = threadIdx.x; j < n_hist; j += kThreads) {
-      const int32_t id = history_ids[p.history_begin + j];
+      const int32_t id = history_ids[row.history_begin + j];
       if (!slice.owns(id)) continue;
       const int32_t m = atomicExch(&marks[id], 0);
       if (m == 0) {
@@ -571,10 +572,10 @@ __device__ int32_t sample_row(int r, int32_t* __restrict__ top_ids, float* __res
       if (threadIdx.x == 0) sh.chosen_raw = logits[id];
       __syncthreads();
       if (penalised) {
-        const int n_hist = p.history_end - p.history_begin;
+        const int n_hist = row.history_end - row.history_begin;
         for (int j = threadIdx.x; j < n_hist; j += kThreads) {
-          if (history_ids[p.history_begin + j] != id) continue;
-          const float v = lp.history_raw[p.history_begin + j];
+          if (history_ids[row.history_begin + j] != id) continue;
+          const float v = lp.history_raw[row.history_begin + j];
           if (v == v) sh.chosen_raw = v;
         }
       }
@@ -645,7 +646,7 @@ __device__ int32_t sample_row(int r, int32_t* __restrict__ top_ids, float* __res
     });
     kept = row_sum(kept, sh, g);
   }
-  const double u = sampling_uniform(p.seed, p.n_generated) * kept;
+  const double u = sampling_uniform(p.seed, row.n_generated) * kept;
   // The draw's first pass: the top-p selection's (keys >= min_key, a superset of keys >=
   // keep_key that differs only in keep_key's own top-byte bin and below).
   FirstPass reuse;

@@ -35,6 +35,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/proto/sampling_params.h"
 #include "common/status.h"
 
 namespace litellama {
@@ -46,14 +47,7 @@ inline constexpr int32_t kSamplingMaxVocab = 1 << 19;
 
 // Per sampled row; staged by the host with the step's metadata.
 struct SamplingRow {
-  uint64_t seed = 0;
-  float temperature = 0.0f;
-  float top_p = 1.0f;
-  float min_p = 0.0f;
-  float repetition_penalty = 1.0f;
-  float frequency_penalty = 0.0f;
-  float presence_penalty = 0.0f;
-  int32_t top_k = 0;
+  SamplingParams params;  // the request's, as the client sent them
   int32_t n_generated = 0;
   // Penalty history: history_ids[history_begin .. history_end), the first n_prompt from the
   // prompt. Read only when a penalty is on.

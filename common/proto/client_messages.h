@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "common/proto/codec.h"
+#include "common/proto/sampling_params.h"
+#include "common/proto/sampling_params_codec.h"
 #include "common/proto/step_ring.h"
 
 namespace litellama::proto {
@@ -19,20 +21,6 @@ struct ChatMessage {
   std::string role;
   std::string content;
   MSGPACK_DEFINE_MAP(role, content);
-};
-
-// Mirrors the engine's SamplingParams (same meaning, same defaults: greedy).
-struct SamplingOptions {
-  float temperature = 0.0f;
-  int32_t top_k = 0;
-  float top_p = 1.0f;
-  float min_p = 0.0f;
-  float repetition_penalty = 1.0f;
-  float frequency_penalty = 0.0f;
-  float presence_penalty = 0.0f;
-  uint64_t seed = 0;
-  MSGPACK_DEFINE_MAP(temperature, top_k, top_p, min_p, repetition_penalty, frequency_penalty,
-                     presence_penalty, seed);
 };
 
 inline constexpr int32_t kMaxTopLogits = kMaxStepTopLogits;
@@ -55,8 +43,8 @@ struct GenerateRequest {
   std::string prompt;
   std::vector<ChatMessage> messages;
   std::vector<int32_t> prompt_ids;
-  bool add_special_tokens = true;  // text prompt only: prepend BOS etc. as the tokenizer says
-  SamplingOptions sampling;
+  bool add_special_tokens = true;       // text prompt only: prepend BOS etc. as the tokenizer says
+  SamplingParams sampling;              // greedy by default
   int32_t max_tokens = 16;              // or kMaxTokensRestOfContext
   std::vector<int32_t> stop_token_ids;  // besides the model's EOS ids
   std::vector<std::string> stop;        // stop strings; the text ends before the first match

@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 
+#include "common/proto/sampling_params.h"
 #include "common/status.h"
 
 namespace litellama::proto {
@@ -31,20 +32,6 @@ struct StepRingLimits {
   int32_t max_slots = 0;    // slot-table entries of one step (sum of kv_len)
   int32_t max_history = 0;  // penalty-history ids of one step
 };
-
-// Per-sequence sampling parameters, fixed layout (mirrors SamplingParams).
-struct StepSampling {
-  float temperature;
-  int32_t top_k;
-  float top_p;
-  float min_p;
-  float repetition_penalty;
-  float frequency_penalty;
-  float presence_penalty;
-  uint32_t reserved;
-  uint64_t seed;
-};
-static_assert(sizeof(StepSampling) == 40);
 
 struct StepHeader {
   uint64_t step_id;
@@ -63,19 +50,19 @@ struct StepHeader {
 // except that token_ids and history_ids may hold placeholders (< 0, see StepRequest).
 struct StepView {
   StepHeader* header = nullptr;
-  std::span<int32_t> token_ids;      // [max_tokens]
-  std::span<int32_t> positions;      // [max_tokens]
-  std::span<int32_t> token_start;    // [max_seqs + 1]
-  std::span<int32_t> kv_len;         // [max_seqs]
-  std::span<int32_t> slot_start;     // [max_seqs + 1]
-  std::span<int32_t> slot_table;     // [max_slots]
-  std::span<uint8_t> sample;         // [max_seqs]
-  std::span<StepSampling> sampling;  // [max_seqs]
-  std::span<int32_t> n_generated;    // [max_seqs]
-  std::span<int32_t> history_start;  // [max_seqs + 1]
-  std::span<int32_t> history_ids;    // [max_history]
-  std::span<int32_t> n_prompt;       // [max_seqs]
-  std::span<int32_t> sampled_ids;    // [max_seqs] written by the worker
+  std::span<int32_t> token_ids;        // [max_tokens]
+  std::span<int32_t> positions;        // [max_tokens]
+  std::span<int32_t> token_start;      // [max_seqs + 1]
+  std::span<int32_t> kv_len;           // [max_seqs]
+  std::span<int32_t> slot_start;       // [max_seqs + 1]
+  std::span<int32_t> slot_table;       // [max_slots]
+  std::span<uint8_t> sample;           // [max_seqs]
+  std::span<SamplingParams> sampling;  // [max_seqs]
+  std::span<int32_t> n_generated;      // [max_seqs]
+  std::span<int32_t> history_start;    // [max_seqs + 1]
+  std::span<int32_t> history_ids;      // [max_history]
+  std::span<int32_t> n_prompt;         // [max_seqs]
+  std::span<int32_t> sampled_ids;      // [max_seqs] written by the worker
   // Written by the worker when n_top_logits > 0: sequence s's largest raw logits, largest first,
   // at [s * kMaxStepTopLogits, s * kMaxStepTopLogits + n_top_logits); id -1 pads a short list.
   std::span<int32_t> top_ids;   // [max_seqs * kMaxStepTopLogits]

@@ -23,28 +23,11 @@ const char* request_finish_name(RequestFinish finish) {
 
 namespace {
 
-bool has_penalties(const proto::SamplingOptions& s) {
-  return s.repetition_penalty != 1.0f || s.frequency_penalty != 0.0f || s.presence_penalty != 0.0f;
-}
-
 // Prompt and generated ids of r as one array.
 std::vector<int32_t> known_ids(const Request* r) {
   std::vector<int32_t> ids = r->prompt_ids;
   ids.insert(ids.end(), r->output_ids.begin(), r->output_ids.end());
   return ids;
-}
-
-proto::StepSampling to_step_sampling(const proto::SamplingOptions& s) {
-  proto::StepSampling out{};
-  out.temperature = s.temperature;
-  out.top_k = s.top_k;
-  out.top_p = s.top_p;
-  out.min_p = s.min_p;
-  out.repetition_penalty = s.repetition_penalty;
-  out.frequency_penalty = s.frequency_penalty;
-  out.presence_penalty = s.presence_penalty;
-  out.seed = s.seed;
-  return out;
 }
 
 }  // namespace
@@ -117,7 +100,7 @@ ContinuousBatcher::AddResult ContinuousBatcher::add_sequence(Request* r, uint64_
     placeholder = true;
   }
   if (n_new <= 0) return AddResult::kSkipped;
-  const bool penalties = has_penalties(r->sampling);
+  const bool penalties = r->sampling.has_penalties();
   // The step's slot table and history hold the whole KV of every sequence.
   const int32_t room_slots = limits.max_slots - n_slots_used_ - r->n_fed;
   if (room_slots <= 0) return AddResult::kSkipped;
@@ -153,7 +136,7 @@ ContinuousBatcher::AddResult ContinuousBatcher::add_sequence(Request* r, uint64_
   n_slots_used_ += kv_len;
   view.slot_start[static_cast<size_t>(s + 1)] = n_slots_used_;
   view.sample[static_cast<size_t>(s)] = sample ? 1 : 0;
-  view.sampling[static_cast<size_t>(s)] = to_step_sampling(r->sampling);
+  view.sampling[static_cast<size_t>(s)] = r->sampling;
   view.n_generated[static_cast<size_t>(s)] = r->n_generated() + r->n_pending;
   if (penalties) {
     // Prompt then generated ids up to the fed token; the one being sampled is a placeholder.

@@ -29,7 +29,7 @@ struct Request {
 
   // Input and limits.
   std::vector<int32_t> prompt_ids;
-  proto::SamplingOptions sampling;
+  SamplingParams sampling;
   int32_t max_tokens = 16;
   std::vector<int32_t> stop_token_ids;  // besides the model's EOS ids
   bool ignore_eos = false;

@@ -7,7 +7,7 @@
 
 namespace litellama {
 
-Status validate_sampling(const proto::SamplingOptions& s) {
+Status validate_sampling(const SamplingParams& s) {
   if (!(s.temperature >= 0.0f) || !std::isfinite(s.temperature)) {
     return Status(StatusCode::kInvalidArgument, "temperature must be >= 0");
   }

@@ -14,7 +14,7 @@
 namespace litellama {
 
 // kInvalidArgument naming the first sampling option out of range, else ok.
-Status validate_sampling(const proto::SamplingOptions& s);
+Status validate_sampling(const SamplingParams& s);
 
 // kInvalidArgument when top_logprobs is outside [0, kMaxTopLogprobs] or set without logprobs.
 Status validate_logprobs(const proto::GenerateRequest& msg);

@@ -286,7 +286,6 @@ void SchedulerService::on_generate(const std::string& client, const proto::Gener
   // Keep the text to encode in a pending op until a tokenizer takes it.
   r->state = RequestState::kTokenizing;
   proto::EncodeRequest encode;
-  encode.request_id = r->id;
   encode.text = msg.prompt;
   encode.messages = msg.messages;
   encode.add_special_tokens = msg.add_special_tokens;
@@ -758,7 +757,7 @@ void SchedulerService::dispatch_encodes() {
     auto r = requests_.find(id);
     if (pending == pending_encodes_.end() || r == requests_.end()) continue;
     const uint64_t op_id = next_op_id_++;
-    pending->second.request_id = op_id;
+    pending->second.op_id = op_id;
     pending->second.sent_unix_ns = net::unix_now_ns();
     TokenizerOp op;
     op.encode = true;
@@ -775,7 +774,7 @@ void SchedulerService::dispatch_encodes() {
 }
 
 void SchedulerService::on_encode_reply(const proto::EncodeReply& reply) {
-  auto op = tokenizer_ops_.find(reply.request_id);
+  auto op = tokenizer_ops_.find(reply.op_id);
   if (op == tokenizer_ops_.end() || !op->second.encode) return;
   metrics_data_.hop_tokenizer_encode->Observe(monotonic_seconds() - op->second.t_sent);
   if (op->second.request_ids.empty()) {  // its request failed for taking too long
@@ -830,7 +829,7 @@ void SchedulerService::dispatch_detokenize() {
   const TokenizerPeer* peer = pick_tokenizer();
   if (peer == nullptr) return;  // waits; on_tick fails it if no tokenizer comes back
   const uint64_t op_id = next_op_id_++;
-  batch.batch_id = op_id;
+  batch.op_id = op_id;
   batch.sent_unix_ns = net::unix_now_ns();
   op.tokenizer = peer->identity;
   op.t_sent = monotonic_seconds();
@@ -863,7 +862,7 @@ void SchedulerService::apply_stop_strings(Request* r, size_t search_from) {
 }
 
 void SchedulerService::on_detokenize_reply(const proto::DetokenizeReply& reply) {
-  auto op_it = tokenizer_ops_.find(reply.batch_id);
+  auto op_it = tokenizer_ops_.find(reply.op_id);
   if (op_it == tokenizer_ops_.end() || op_it->second.encode) return;
   TokenizerOp op = std::move(op_it->second);
   tokenizer_ops_.erase(op_it);

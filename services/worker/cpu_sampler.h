@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "services/worker/sampling_params.h"
+#include "common/proto/sampling_params.h"
 
 namespace litellama {
 

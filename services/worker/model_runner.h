@@ -18,9 +18,9 @@
 #include <utility>
 #include <vector>
 
+#include "common/proto/sampling_params.h"
 #include "common/status.h"
 #include "services/worker/model_config.h"
-#include "services/worker/sampling_params.h"
 
 namespace litellama {
 

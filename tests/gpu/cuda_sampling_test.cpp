@@ -46,14 +46,7 @@ DeviceResult run_device(const std::vector<float>& logits, const std::vector<RowC
   std::vector<int32_t> history;
   for (const RowCase& c : cases) {
     SamplingRow r;
-    r.seed = c.params.seed;
-    r.temperature = c.params.temperature;
-    r.top_p = c.params.top_p;
-    r.min_p = c.params.min_p;
-    r.repetition_penalty = c.params.repetition_penalty;
-    r.frequency_penalty = c.params.frequency_penalty;
-    r.presence_penalty = c.params.presence_penalty;
-    r.top_k = c.params.top_k;
+    r.params = c.params;
     r.n_generated = static_cast<int32_t>(c.n_generated);
     r.history_begin = static_cast<int32_t>(history.size());
     history.insert(history.end(), c.prompt.begin(), c.prompt.end());
@@ -293,12 +286,10 @@ TEST(CudaSamplingTiming, DISABLED_LaunchTime) {
       std::uniform_int_distribution<int32_t> id(0, vocab - 1);
       for (int32_t r = 0; r < n_rows; ++r) {
         SamplingRow& row = rows[static_cast<size_t>(r)];
-        row.temperature = cfg.params.temperature;
-        row.top_k = cfg.params.top_k;
-        row.top_p = cfg.params.top_p;
-        row.repetition_penalty = cfg.params.repetition_penalty;
-        row.frequency_penalty = cfg.params.frequency_penalty;
-        row.seed = static_cast<uint64_t>(r);
+        row.params = cfg.params;
+        row.params.presence_penalty = 0.0f;
+        row.params.min_p = 0.0f;
+        row.params.seed = static_cast<uint64_t>(r);
         row.history_begin = static_cast<int32_t>(history.size());
         if (cfg.params.has_penalties()) {
           for (int j = 0; j < 1000; ++j) history.push_back(id(rng));
@@ -423,14 +414,7 @@ TEST(CudaSampling, LogprobsMatchCpuLogSoftmaxInAndOutOfGraphs) {
     std::vector<int32_t> history;
     for (const RowCase& c : cases) {
       SamplingRow row;
-      row.seed = c.params.seed;
-      row.temperature = c.params.temperature;
-      row.top_p = c.params.top_p;
-      row.min_p = c.params.min_p;
-      row.repetition_penalty = c.params.repetition_penalty;
-      row.frequency_penalty = c.params.frequency_penalty;
-      row.presence_penalty = c.params.presence_penalty;
-      row.top_k = c.params.top_k;
+      row.params = c.params;
       row.n_generated = static_cast<int32_t>(c.n_generated);
       row.history_begin = static_cast<int32_t>(history.size());
       history.insert(history.end(), c.prompt.begin(), c.prompt.end());

@@ -149,14 +149,7 @@ Status fill_step(const StepBatch& batch, const ModelConfig& config, const StepPl
     const SamplingParams& sp = batch.sampling[static_cast<size_t>(s)];
     sample_rows[r] = batch.token_start[s + 1] - 1;
     SamplingRow row;
-    row.seed = sp.seed;
-    row.temperature = sp.temperature;
-    row.top_p = sp.top_p;
-    row.min_p = sp.min_p;
-    row.repetition_penalty = sp.repetition_penalty;
-    row.frequency_penalty = sp.frequency_penalty;
-    row.presence_penalty = sp.presence_penalty;
-    row.top_k = sp.top_k;
+    row.params = sp;
     row.n_generated = batch.n_generated[static_cast<size_t>(s)];
     if (has_history) {
       row.history_begin = batch.history_start[s];
