@@ -39,11 +39,11 @@ struct BenchArgs {
   uint64_t seed = 0;
   bool json = false;
   int32_t timeout_ms = 300000;
-  std::string sweep;                // "C:N,...": one run per (concurrency C, N requests), one table
-  proto::SamplingOptions sampling;  // of every request; greedy by default
-  WorkloadOptions workload;         // kind and the shared-prefix / multi-turn sizes
-  int32_t priority = 0;             // of every request
-  std::string base_url;             // an OpenAI-compatible server instead of the scheduler
+  std::string sweep;         // "C:N,...": one run per (concurrency C, N requests), one table
+  SamplingParams sampling;   // of every request; greedy by default
+  WorkloadOptions workload;  // kind and the shared-prefix / multi-turn sizes
+  int32_t priority = 0;      // of every request
+  std::string base_url;      // an OpenAI-compatible server instead of the scheduler
   std::string api_key;
   std::string model;           // --base-url: the model to name ("" : the first /models lists)
   int32_t vocab_size = 32000;  // --base-url: prompt ids are drawn below this

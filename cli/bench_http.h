@@ -15,7 +15,7 @@ namespace litellama::cli {
 struct HttpBenchRequest {
   std::vector<int32_t> prompt_ids;
   int32_t max_tokens = 16;
-  proto::SamplingOptions sampling;
+  SamplingParams sampling;
 };
 
 struct HttpBenchRecord {

@@ -33,7 +33,7 @@ struct WorkloadOptions {
   int32_t conversations = 16;
   int32_t turns = 4;
   uint64_t seed = 0;
-  proto::SamplingOptions sampling;
+  SamplingParams sampling;
 };
 
 class Workload {

@@ -32,9 +32,7 @@ struct ChatArgs {
   std::string system;
   std::vector<std::string> messages;  // non-interactive: one turn per --message
   int32_t max_new_tokens = 256;
-  float temperature = 0.0f;
-  float top_p = 1.0f;
-  uint64_t seed = 0;
+  SamplingParams sampling;  // --temperature, --top-p, --seed
   int32_t timeout_ms = 120000;
 };
 
@@ -44,9 +42,7 @@ Result<std::string> chat_turn(net::SchedulerClient& client, const ChatArgs& a,
   proto::GenerateRequest req;
   req.messages = history;
   req.max_tokens = a.max_new_tokens;
-  req.sampling.temperature = a.temperature;
-  req.sampling.top_p = a.top_p;
-  req.sampling.seed = a.seed;
+  req.sampling = a.sampling;
   LITELLAMA_ASSIGN_OR_RETURN(uint64_t id, client.submit(std::move(req)));
   std::string reply;
   g_interrupt.store(false);
@@ -155,9 +151,9 @@ CommandMain register_chat_command(CLI::App& app) {
   sub->add_option("--max-new-tokens", a->max_new_tokens, "tokens per answer")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
-  sub->add_option("--temperature", a->temperature, "0 = greedy")->capture_default_str();
-  sub->add_option("--top-p", a->top_p, "1 = off")->capture_default_str();
-  sub->add_option("--seed", a->seed, "sampling seed");
+  sub->add_option("--temperature", a->sampling.temperature, "0 = greedy")->capture_default_str();
+  sub->add_option("--top-p", a->sampling.top_p, "1 = off")->capture_default_str();
+  sub->add_option("--seed", a->sampling.seed, "sampling seed");
   return [a] { return run_chat(*a); };
 }
 

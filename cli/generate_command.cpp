@@ -49,14 +49,7 @@ RemoteGenerateArgs remote_args(const GenerateArgs& a) {
   r.prompt = a.prompt;
   r.chat = a.chat;
   r.max_new_tokens = a.max_new_tokens;
-  r.temperature = a.sampling.temperature;
-  r.top_k = a.sampling.top_k;
-  r.top_p = a.sampling.top_p;
-  r.min_p = a.sampling.min_p;
-  r.repetition_penalty = a.sampling.repetition_penalty;
-  r.frequency_penalty = a.sampling.frequency_penalty;
-  r.presence_penalty = a.sampling.presence_penalty;
-  r.seed = a.sampling.seed;
+  r.sampling = a.sampling;
   r.stop_token_ids = a.stop_token_ids;
   r.ignore_eos = a.ignore_eos;
   r.top_logits = a.top_logits;

@@ -61,14 +61,7 @@ int run_generate_remote(const RemoteGenerateArgs& a) {
     req.stop_token_ids = std::move(ids).value();
   }
   req.max_tokens = a.max_new_tokens;
-  req.sampling.temperature = a.temperature;
-  req.sampling.top_k = a.top_k;
-  req.sampling.top_p = a.top_p;
-  req.sampling.min_p = a.min_p;
-  req.sampling.repetition_penalty = a.repetition_penalty;
-  req.sampling.frequency_penalty = a.frequency_penalty;
-  req.sampling.presence_penalty = a.presence_penalty;
-  req.sampling.seed = a.seed;
+  req.sampling = a.sampling;
   req.stop = a.stop;
   req.ignore_eos = a.ignore_eos;
   req.top_logits = a.top_logits;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/proto/sampling_params.h"
 #include "common/status.h"
 
 namespace litellama::cli {
@@ -27,14 +28,7 @@ struct RemoteGenerateArgs {
   std::string prompt;
   bool chat = false;  // send --prompt as a user turn through the chat template
   int32_t max_new_tokens = 16;
-  float temperature = 0.0f;
-  int32_t top_k = 0;
-  float top_p = 1.0f;
-  float min_p = 0.0f;
-  float repetition_penalty = 1.0f;
-  float frequency_penalty = 0.0f;
-  float presence_penalty = 0.0f;
-  uint64_t seed = 0;
+  SamplingParams sampling;
   std::string stop_token_ids;  // comma-separated
   std::vector<std::string> stop;
   bool ignore_eos = false;

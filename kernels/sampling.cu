@@ -155,6 +155,8 @@ struct Shared {
   int32_t chosen_bin;
   int32_t chosen_before_count;
   double chosen_before_mass;
+  // Logprobs: the raw logit of the sampled id (see write_logprob).
+  float chosen_raw;
 };
 
 // The CTAs that sample one row: one CTA, or (kCluster) a thread-block cluster whose CTAs each
@@ -468,12 +470,30 @@ template <bool kCluster>
 __device__ int32_t sample_row(int r, int32_t* __restrict__ top_ids, float* __restrict__ top_logits,
                               float* __restrict__ logits_all, const SamplingRow* __restrict__ rows,
                               const int32_t* __restrict__ history_ids, int vocab, int n_top,
-                              int32_t* __restrict__ token_marks, Shared& sh,
-                              RowGroup<kCluster>& g) {
+                              int32_t* __restrict__ token_marks, const SamplingLogprobs& lp,
+                              Shared& sh, RowGroup<kCluster>& g) {
   float* logits = logits_all + static_cast<int64_t>(r) * vocab;
-  const SamplingRow p = rows[r];
+  const SamplingRow row = rows[r];
+  const SamplingParams& p = row.params;
   const Slice slice = slice_of(vocab, g.rank, g.size);
   const bool writer = g.rank == 0 && threadIdx.x == 0;
+  const bool want_logprobs = lp.logprobs != nullptr;
+
+  // Log-sum-exp of the raw logits (before penalties), in fp32: the maximum, then the sum of
+  // exp(logit - max), whose per-thread parts are added up in double.
+  float lse = 0.0f;
+  if (want_logprobs) {
+    ArgMax m{-INFINITY, INT_MAX};
+    for_each_logit(logits, slice, [&](float l, int i) {
+      const ArgMax c{l, i};
+      if (better(c, m)) m = c;
+    });
+    m = row_argmax(m, sh, g);
+    float part = 0.0f;
+    for_each_logit(logits, slice, [&](float l, int) { part += expf(l - m.value); });
+    const double total = row_sum(static_cast<double>(part), sh, g);
+    lse = m.value + logf(static_cast<float>(total));
+  }
 
   // Top-N raw logits: N argmax passes, each over what ranks below the previous winner.
   ArgMax prev{FLT_MAX, -1};
@@ -501,23 +521,30 @@ __device__ int32_t sample_row(int r, int32_t* __restrict__ top_ids, float* __res
   const bool freq = p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
   if (rep || freq) {
     int32_t* marks = token_marks + static_cast<int64_t>(r) * workspace_row_words(vocab);
-    const int n_hist = p.history_end - p.history_begin;
+    const int n_hist = row.history_end - row.history_begin;
     for (int j = g.rank * kThreads + threadIdx.x; j < n_hist; j += g.size * kThreads) {
-      const int32_t id = history_ids[p.history_begin + j];
-      if (j < p.n_prompt) {
+      const int32_t id = history_ids[row.history_begin + j];
+      if (j < row.n_prompt) {
         atomicOr(&marks[id], kPromptBit);
       } else {
         atomicAdd(&marks[id], 1);
       }
     }
     g.sync();
+    // With logprobs, history_raw[history_begin + j] gets the raw logit of the id at j from the
+    // one thread that penalises it, NaN from the others (finish, below, reads it back).
+    float* raw_of = want_logprobs ? lp.history_raw + row.history_begin : nullptr;
     for (int j = threadIdx.x; j < n_hist; j += kThreads) {
-      const int32_t id = history_ids[p.history_begin + j];
+      const int32_t id = history_ids[row.history_begin + j];
       if (!slice.owns(id)) continue;
       const int32_t m = atomicExch(&marks[id], 0);
-      if (m == 0) continue;
+      if (m == 0) {
+        if (raw_of != nullptr) raw_of[j] = __int_as_float(0x7fc00000);
+        continue;
+      }
       const int32_t count = m & ~kPromptBit;
       float l = logits[id];
+      if (raw_of != nullptr) raw_of[j] = l;
       if (rep) l = l > 0 ? __fdiv_rn(l, p.repetition_penalty) : __fmul_rn(l, p.repetition_penalty);
       if (freq && count > 0) {
         l = __fsub_rn(l, __fadd_rn(__fmul_rn(p.frequency_penalty, static_cast<float>(count)),
@@ -534,7 +561,30 @@ __device__ int32_t sample_row(int r, int32_t* __restrict__ top_ids, float* __res
     if (better(c, best)) best = c;
   });
   best = row_argmax(best, sh, g);
-  if (p.temperature <= 0.0f) return best.id;
+  const bool penalised = rep || freq;
+  // The sampled id's logprob: its raw logit (the penalty pass saved it where a penalty changed
+  // it) less the log-sum-exp, written by the CTA whose slice holds the id.
+  auto finish = [&](int32_t id) {
+    if (want_logprobs && slice.owns(id)) {
+      if (threadIdx.x == 0) sh.chosen_raw = logits[id];
+      __syncthreads();
+      if (penalised) {
+        const int n_hist = row.history_end - row.history_begin;
+        for (int j = threadIdx.x; j < n_hist; j += kThreads) {
+          if (history_ids[row.history_begin + j] != id) continue;
+          const float v = lp.history_raw[row.history_begin + j];
+          if (v == v) sh.chosen_raw = v;
+        }
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        lp.logprobs[r] = sh.chosen_raw - lse;
+        lp.lse[r] = lse;
+      }
+    }
+    return id;
+  };
+  if (p.temperature <= 0.0f) return finish(best.id);
 
   const double inv_t = 1.0 / static_cast<double>(p.temperature);
   const double max_scaled = static_cast<double>(best.value) * inv_t;
@@ -593,7 +643,7 @@ __device__ int32_t sample_row(int r, int32_t* __restrict__ top_ids, float* __res
     });
     kept = row_sum(kept, sh, g);
   }
-  const double u = sampling_uniform(p.seed, p.n_generated) * kept;
+  const double u = sampling_uniform(p.seed, row.n_generated) * kept;
   // The draw's first pass: the top-p selection's (keys >= min_key, a superset of keys >=
   // keep_key that differs only in keep_key's own top-byte bin and below).
   FirstPass reuse;
@@ -634,7 +684,7 @@ __device__ int32_t sample_row(int r, int32_t* __restrict__ top_ids, float* __res
       id = row_argmax(c, sh, g).id;
     }
   }
-  return id;
+  return finish(id);
 }
 
 // Grid: n_ctas CTAs per row, consecutive in x (with kCluster, one cluster per row). Two CTAs per
@@ -645,14 +695,15 @@ __global__ void __launch_bounds__(kThreads, 2)
     sampling_kernel(int32_t* __restrict__ sampled_ids, int32_t* __restrict__ top_ids,
                     float* __restrict__ top_logits, float* __restrict__ logits_all,
                     const SamplingRow* __restrict__ rows, const int32_t* __restrict__ history_ids,
-                    int vocab, int n_top, int32_t* __restrict__ token_marks, int n_ctas) {
+                    int vocab, int n_top, int32_t* __restrict__ token_marks, SamplingLogprobs lp,
+                    int n_ctas) {
   pdl_launch_dependents();
   pdl_wait();
   __shared__ Shared sh;
   const int r = static_cast<int>(blockIdx.x) / n_ctas;
   RowGroup<kCluster> g(static_cast<int>(blockIdx.x) % n_ctas, n_ctas);
   const int32_t id = sample_row(r, top_ids, top_logits, logits_all, rows, history_ids, vocab, n_top,
-                                token_marks, sh, g);
+                                token_marks, lp, sh, g);
   if (g.rank == 0 && threadIdx.x == 0) sampled_ids[r] = id;
   if constexpr (kCluster) g.sync();  // no CTA leaves while another may still read its slots
 }
@@ -735,7 +786,7 @@ size_t sampling_workspace_size_bytes(int32_t n_rows, int32_t vocab_size) {
 Status launch_sampling(int32_t* sampled_ids, int32_t* top_ids, float* top_logits, float* logits,
                        const SamplingRow* rows, const int32_t* history_ids, int32_t n_rows,
                        int32_t vocab_size, int32_t n_top, int32_t* token_marks, KernelStream stream,
-                       bool greedy_only, int32_t max_ctas_per_row) {
+                       bool greedy_only, int32_t max_ctas_per_row, const SamplingLogprobs& lp) {
   if (!sampling_supports(vocab_size, n_top)) {
     return make_error(StatusCode::kUnsupported,
                       "sampling: n_top_logits {} exceeds {} (or the vocabulary of {}), or the "
@@ -744,7 +795,7 @@ Status launch_sampling(int32_t* sampled_ids, int32_t* top_ids, float* top_logits
   }
   if (n_rows == 0) return Status::ok();
   const int64_t n_sms = current_device_sm_count();
-  if (greedy_only && n_top == 0) {
+  if (greedy_only && n_top == 0 && lp.logprobs == nullptr) {
     // A light kernel (no shared histograms): up to about two CTAs per multiprocessor.
     const int n_ctas = ctas_per_row(n_rows, kMaxGreedyCtasPerRow, max_ctas_per_row, 2 * n_sms);
     LITELLAMA_CUDA_RETURN_IF_ERROR(
@@ -759,7 +810,7 @@ Status launch_sampling(int32_t* sampled_ids, int32_t* top_ids, float* top_logits
     const cudaError_t clustered = launch_kernel_clustered(
         sampling_kernel<true>, dim3(static_cast<unsigned>(n_rows * n_ctas)), dim3(kThreads), 0,
         stream, static_cast<unsigned>(n_ctas), sampled_ids, top_ids, top_logits, logits, rows,
-        history_ids, vocab_size, n_top, token_marks, n_ctas);
+        history_ids, vocab_size, n_top, token_marks, lp, n_ctas);
     if (clustered == cudaSuccess) return Status::ok();
     // A cluster launch the device refuses (too few free multiprocessors in one GPC, e.g. under an
     // MPS limit): one CTA per row.
@@ -768,7 +819,7 @@ Status launch_sampling(int32_t* sampled_ids, int32_t* top_ids, float* top_logits
   LITELLAMA_CUDA_RETURN_IF_ERROR(
       launch_kernel(sampling_kernel<false>, dim3(static_cast<unsigned>(n_rows)), dim3(kThreads), 0,
                     stream, sampled_ids, top_ids, top_logits, logits, rows, history_ids, vocab_size,
-                    n_top, token_marks, 1));
+                    n_top, token_marks, lp, 1));
   return Status::ok();
 }
 

@@ -1,9 +1,10 @@
 // Sampling on the device, with the semantics of the CPU sampler (services/worker/cpu_sampler.cpp):
-// optional top-N raw logits first; then repetition penalty over prompt + generated ids,
-// frequency/presence penalties over generated ids; greedy argmax (lowest id among equal maxima)
-// when temperature is 0; else temperature, top-k (values tied with the k-th survive), top-p,
-// min-p, and a draw u = uniform(seed, n_generated) * kept mass walked in descending logit order
-// (ties: lower id first). The uniform is the CPU sampler's counter-based generator, bit for bit.
+// optional top-N raw logits and logprobs (SamplingLogprobs) first; then repetition penalty over
+// prompt + generated ids, frequency/presence penalties over generated ids; greedy argmax (lowest id
+// among equal maxima) when temperature is 0; else temperature, top-k (values tied with the k-th
+// survive), top-p, min-p, and a draw u = uniform(seed, n_generated) * kept mass walked in
+// descending logit order (ties: lower id first). The uniform is the CPU sampler's counter-based
+// generator, bit for bit.
 //
 // The trick: every filter keeps a prefix of the descending order, so the kept set is "key >= k*"
 // for one ordered 32-bit key of the float logit; each prefix boundary (k-th value, top-p crossing,
@@ -30,6 +31,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/proto/sampling_params.h"
 #include "common/status.h"
 #include "kernels/kernel_stream.h"
 
@@ -42,14 +44,7 @@ inline constexpr int32_t kSamplingMaxVocab = 1 << 19;
 
 // Per sampled row; staged by the host with the step's metadata.
 struct SamplingRow {
-  uint64_t seed = 0;
-  float temperature = 0.0f;
-  float top_p = 1.0f;
-  float min_p = 0.0f;
-  float repetition_penalty = 1.0f;
-  float frequency_penalty = 0.0f;
-  float presence_penalty = 0.0f;
-  int32_t top_k = 0;
+  SamplingParams params;  // the request's, as the client sent them
   int32_t n_generated = 0;
   // Penalty history: history_ids[history_begin .. history_end), the first n_prompt from the
   // prompt. Read only when a penalty is on.
@@ -57,6 +52,18 @@ struct SamplingRow {
   int32_t history_end = 0;
   int32_t n_prompt = 0;
   int32_t pad = 0;
+};
+
+// Logprob outputs of a launch; logprobs == nullptr: none. Logprobs are of the raw logits as the
+// launch receives them (before penalties and temperature): per row r, lse[r] is the log-sum-exp
+// of the row in fp32 (maximum, then the sum of exp(logit - maximum)) and logprobs[r] the sampled
+// id's raw logit less lse[r]. The top-N logits less lse[r] are the top logprobs. history_raw
+// ([n_history] floats, contents not kept) is scratch where rows with penalties save the raw
+// logits the penalties overwrite.
+struct SamplingLogprobs {
+  float* logprobs = nullptr;     // [n_rows]
+  float* lse = nullptr;          // [n_rows]
+  float* history_raw = nullptr;  // [n_history]
 };
 
 bool sampling_supports(int32_t vocab_size, int32_t n_top);
@@ -79,6 +86,8 @@ Status launch_sampling(int32_t* sampled_ids,     // [n_rows]
                        // plain argmax kernel runs
                        bool greedy_only = false,
                        // CTAs per row at most; 0: the launcher's choice (tests pass others)
-                       int32_t max_ctas_per_row = 0);
+                       int32_t max_ctas_per_row = 0,
+                       // logprobs of every row (the greedy_only argmax kernel then does not run)
+                       const SamplingLogprobs& logprobs = SamplingLogprobs{});
 
 }  // namespace litellama

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "common/proto/codec.h"
+#include "common/proto/sampling_params.h"
+#include "common/proto/sampling_params_codec.h"
 #include "common/proto/step_ring.h"
 
 namespace litellama::proto {
@@ -21,21 +23,10 @@ struct ChatMessage {
   MSGPACK_DEFINE_MAP(role, content);
 };
 
-// Mirrors the engine's SamplingParams (same meaning, same defaults: greedy).
-struct SamplingOptions {
-  float temperature = 0.0f;
-  int32_t top_k = 0;
-  float top_p = 1.0f;
-  float min_p = 0.0f;
-  float repetition_penalty = 1.0f;
-  float frequency_penalty = 0.0f;
-  float presence_penalty = 0.0f;
-  uint64_t seed = 0;
-  MSGPACK_DEFINE_MAP(temperature, top_k, top_p, min_p, repetition_penalty, frequency_penalty,
-                     presence_penalty, seed);
-};
-
 inline constexpr int32_t kMaxTopLogits = kMaxStepTopLogits;
+// Most top logprobs a request may ask for per generated token (OpenAI's chat limit).
+inline constexpr int32_t kMaxTopLogprobs = 20;
+static_assert(kMaxTopLogprobs <= kMaxStepTopLogits);
 // Default bound on a text prompt (prompt text plus chat messages), well under the codec's 16 MB
 // string limit: larger prompts are refused before anything tokenizes them.
 inline constexpr int64_t kDefaultMaxPromptBytes = int64_t{4} << 20;
@@ -52,8 +43,8 @@ struct GenerateRequest {
   std::string prompt;
   std::vector<ChatMessage> messages;
   std::vector<int32_t> prompt_ids;
-  bool add_special_tokens = true;  // text prompt only: prepend BOS etc. as the tokenizer says
-  SamplingOptions sampling;
+  bool add_special_tokens = true;       // text prompt only: prepend BOS etc. as the tokenizer says
+  SamplingParams sampling;              // greedy by default
   int32_t max_tokens = 16;              // or kMaxTokensRestOfContext
   std::vector<int32_t> stop_token_ids;  // besides the model's EOS ids
   std::vector<std::string> stop;        // stop strings; the text ends before the first match
@@ -65,9 +56,14 @@ struct GenerateRequest {
   // Scheduling priority: larger is admitted (and kept when slots run out) first; first come first
   // served within a priority. Older clients leave it out (0).
   int32_t priority = 0;
+  // Return the logprob of every generated token, and with top_logprobs (0..kMaxTopLogprobs; only
+  // with logprobs) that many most likely ids of each position. Logprobs are of the model's raw
+  // distribution: the log-softmax of the logits before penalties and temperature.
+  bool logprobs = false;
+  int32_t top_logprobs = 0;
   MSGPACK_DEFINE_MAP(request_id, prompt, messages, prompt_ids, add_special_tokens, sampling,
                      max_tokens, stop_token_ids, stop, ignore_eos, skip_special_tokens, top_logits,
-                     priority);
+                     priority, logprobs, top_logprobs);
 };
 
 // scheduler -> client: the next piece of one request's output.
@@ -86,8 +82,17 @@ struct GenerateChunk {
   // Prompt tokens whose KV came from the prefix cache (usage.prompt_tokens_details.cached_tokens);
   // set once the request was admitted.
   int32_t n_cached_tokens = 0;
+  // When the request asked for logprobs, aligned with token_ids: each id's logprob, and the
+  // (id, logprob) of its position's top_logprobs most likely ids, most likely first.
+  std::vector<float> logprobs;
+  std::vector<std::vector<std::pair<int32_t, float>>> top_logprobs;
+  // With logprobs, aligned with token_ids: the bytes of the id alone (decoded by itself; may be
+  // incomplete UTF-8), then those of each of its top_logprobs ids. Empty where unknown (ids
+  // after a stop string, or an aborted request's last ones).
+  std::vector<std::vector<std::string>> pieces;
   MSGPACK_DEFINE_MAP(request_id, text, token_ids, finished, finish_reason, n_prompt_tokens,
-                     n_generated_tokens, top_logits, n_cached_tokens);
+                     n_generated_tokens, top_logits, n_cached_tokens, logprobs, top_logprobs,
+                     pieces);
 };
 
 // client -> scheduler: stop a request and free its KV slots now.

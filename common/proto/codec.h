@@ -19,7 +19,7 @@
 
 namespace litellama::proto {
 
-inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 3;
 
 // Every message type of every hop, in one list so a decoder can name what it got.
 enum class MessageType : uint8_t {

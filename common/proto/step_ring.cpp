@@ -28,7 +28,7 @@ size_t align_up(size_t n) {
 struct BufferLayout {
   size_t header, token_ids, positions, token_start, kv_len, slot_start, slot_table, sample,
       sampling, n_generated, history_start, history_ids, n_prompt, sampled_ids, top_ids, top_values,
-      size;
+      logprobs, lse, size;
 };
 
 BufferLayout buffer_layout(const StepRingLimits& l) {
@@ -48,7 +48,7 @@ BufferLayout buffer_layout(const StepRingLimits& l) {
   b.slot_start = take((s + 1) * 4);
   b.slot_table = take(static_cast<size_t>(l.max_slots) * 4);
   b.sample = take(s);
-  b.sampling = take(s * sizeof(StepSampling));
+  b.sampling = take(s * sizeof(SamplingParams));
   b.n_generated = take(s * 4);
   b.history_start = take((s + 1) * 4);
   b.history_ids = take(static_cast<size_t>(l.max_history) * 4);
@@ -56,6 +56,8 @@ BufferLayout buffer_layout(const StepRingLimits& l) {
   b.sampled_ids = take(s * 4);
   b.top_ids = take(s * kMaxStepTopLogits * 4);
   b.top_values = take(s * kMaxStepTopLogits * 4);
+  b.logprobs = take(s * 4);
+  b.lse = take(s * 4);
   b.size = at;
   return b;
 }
@@ -168,7 +170,7 @@ StepView StepRing::buffer(int index) {
   v.slot_start = i32(b.slot_start, s + 1);
   v.slot_table = i32(b.slot_table, static_cast<size_t>(limits_.max_slots));
   v.sample = std::span<uint8_t>(base + b.sample, s);
-  v.sampling = std::span<StepSampling>(reinterpret_cast<StepSampling*>(base + b.sampling), s);
+  v.sampling = std::span<SamplingParams>(reinterpret_cast<SamplingParams*>(base + b.sampling), s);
   v.n_generated = i32(b.n_generated, s);
   v.history_start = i32(b.history_start, s + 1);
   v.history_ids = i32(b.history_ids, static_cast<size_t>(limits_.max_history));
@@ -177,6 +179,8 @@ StepView StepRing::buffer(int index) {
   v.top_ids = i32(b.top_ids, s * kMaxStepTopLogits);
   v.top_values =
       std::span<float>(reinterpret_cast<float*>(base + b.top_values), s * kMaxStepTopLogits);
+  v.logprobs = std::span<float>(reinterpret_cast<float*>(base + b.logprobs), s);
+  v.lse = std::span<float>(reinterpret_cast<float*>(base + b.lse), s);
   return v;
 }
 

@@ -15,12 +15,13 @@
 #include <span>
 #include <string>
 
+#include "common/proto/sampling_params.h"
 #include "common/status.h"
 
 namespace litellama::proto {
 
 inline constexpr uint64_t kStepRingMagic = 0x4c4c4d5354455031ull;  // "LLMSTEP1"
-inline constexpr uint32_t kStepRingLayoutVersion = 2;
+inline constexpr uint32_t kStepRingLayoutVersion = 3;
 inline constexpr int kStepRingBuffers = 2;
 // Most top logits one sequence can return per step (the CUDA sampler's limit).
 inline constexpr int32_t kMaxStepTopLogits = 64;
@@ -32,20 +33,6 @@ struct StepRingLimits {
   int32_t max_history = 0;  // penalty-history ids of one step
 };
 
-// Per-sequence sampling parameters, fixed layout (mirrors SamplingParams).
-struct StepSampling {
-  float temperature;
-  int32_t top_k;
-  float top_p;
-  float min_p;
-  float repetition_penalty;
-  float frequency_penalty;
-  float presence_penalty;
-  uint32_t reserved;
-  uint64_t seed;
-};
-static_assert(sizeof(StepSampling) == 40);
-
 struct StepHeader {
   uint64_t step_id;
   int32_t n_seqs;
@@ -53,7 +40,9 @@ struct StepHeader {
   int32_t n_slots;
   int32_t n_history;     // 0: no sequence has penalties
   int32_t n_top_logits;  // 0..kMaxStepTopLogits, for every sampled sequence
-  int32_t reserved;
+  // 1: the worker writes logprobs and lse for every sampled sequence (a step asks for all of
+  // them when any of its requests wants logprobs); 0: neither is written.
+  int32_t logprobs;
 };
 
 // One buffer's arrays, as pointers into the mapping. Sizes are capacities; the header says how
@@ -61,23 +50,28 @@ struct StepHeader {
 // except that token_ids and history_ids may hold placeholders (< 0, see StepRequest).
 struct StepView {
   StepHeader* header = nullptr;
-  std::span<int32_t> token_ids;      // [max_tokens]
-  std::span<int32_t> positions;      // [max_tokens]
-  std::span<int32_t> token_start;    // [max_seqs + 1]
-  std::span<int32_t> kv_len;         // [max_seqs]
-  std::span<int32_t> slot_start;     // [max_seqs + 1]
-  std::span<int32_t> slot_table;     // [max_slots]
-  std::span<uint8_t> sample;         // [max_seqs]
-  std::span<StepSampling> sampling;  // [max_seqs]
-  std::span<int32_t> n_generated;    // [max_seqs]
-  std::span<int32_t> history_start;  // [max_seqs + 1]
-  std::span<int32_t> history_ids;    // [max_history]
-  std::span<int32_t> n_prompt;       // [max_seqs]
-  std::span<int32_t> sampled_ids;    // [max_seqs] written by the worker
+  std::span<int32_t> token_ids;        // [max_tokens]
+  std::span<int32_t> positions;        // [max_tokens]
+  std::span<int32_t> token_start;      // [max_seqs + 1]
+  std::span<int32_t> kv_len;           // [max_seqs]
+  std::span<int32_t> slot_start;       // [max_seqs + 1]
+  std::span<int32_t> slot_table;       // [max_slots]
+  std::span<uint8_t> sample;           // [max_seqs]
+  std::span<SamplingParams> sampling;  // [max_seqs]
+  std::span<int32_t> n_generated;      // [max_seqs]
+  std::span<int32_t> history_start;    // [max_seqs + 1]
+  std::span<int32_t> history_ids;      // [max_history]
+  std::span<int32_t> n_prompt;         // [max_seqs]
+  std::span<int32_t> sampled_ids;      // [max_seqs] written by the worker
   // Written by the worker when n_top_logits > 0: sequence s's largest raw logits, largest first,
   // at [s * kMaxStepTopLogits, s * kMaxStepTopLogits + n_top_logits); id -1 pads a short list.
   std::span<int32_t> top_ids;   // [max_seqs * kMaxStepTopLogits]
   std::span<float> top_values;  // [max_seqs * kMaxStepTopLogits]
+  // Written by the worker when header->logprobs is 1, of the raw logits (before penalties and
+  // temperature): the sampled id's logprob and the log-sum-exp, so that top_values[i] - lse[s]
+  // is the logprob of top_ids[i].
+  std::span<float> logprobs;  // [max_seqs]
+  std::span<float> lse;       // [max_seqs]
 };
 
 class StepRing {

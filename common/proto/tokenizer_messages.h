@@ -19,27 +19,26 @@ struct TokenizerHeartbeat {
   static constexpr MessageType kType = MessageType::kTokenizerHeartbeat;
   uint64_t incarnation = 0;  // random per process start: a restart is a new tokenizer
   std::vector<int32_t> eos_token_ids;
-  int32_t bos_token_id = -1;
-  MSGPACK_DEFINE_MAP(incarnation, eos_token_ids, bos_token_id);
+  MSGPACK_DEFINE_MAP(incarnation, eos_token_ids);
 };
 
 // scheduler -> tokenizer: text or chat messages to ids.
 struct EncodeRequest {
   static constexpr MessageType kType = MessageType::kEncodeRequest;
-  uint64_t request_id = 0;
+  uint64_t op_id = 0;  // the scheduler's tokenizer operation, echoed by the reply
   std::string text;
   std::vector<ChatMessage> messages;  // when non-empty: apply the chat template, then encode
   bool add_special_tokens = true;     // text only
   int64_t sent_unix_ns = 0;
-  MSGPACK_DEFINE_MAP(request_id, text, messages, add_special_tokens, sent_unix_ns);
+  MSGPACK_DEFINE_MAP(op_id, text, messages, add_special_tokens, sent_unix_ns);
 };
 
 struct EncodeReply {
   static constexpr MessageType kType = MessageType::kEncodeReply;
-  uint64_t request_id = 0;
+  uint64_t op_id = 0;
   std::vector<int32_t> token_ids;
   std::string error;  // empty on success
-  MSGPACK_DEFINE_MAP(request_id, token_ids, error);
+  MSGPACK_DEFINE_MAP(op_id, token_ids, error);
 };
 
 // One request's detokenization window: text of ids[read_offset:] given ids[:read_offset] as
@@ -50,31 +49,34 @@ struct DetokenizeItem {
   int32_t read_offset = 0;
   bool skip_special_tokens = true;
   bool final = false;  // flush: emit the text even when it ends inside a UTF-8 character
-  MSGPACK_DEFINE_MAP(request_id, token_ids, read_offset, skip_special_tokens, final);
+  // Ids whose bytes alone (Tokenizer::token_bytes) the result returns in `pieces` (logprobs).
+  std::vector<int32_t> piece_ids;
+  MSGPACK_DEFINE_MAP(request_id, token_ids, read_offset, skip_special_tokens, final, piece_ids);
 };
 
 // scheduler -> tokenizer: one step's worth of windows.
 struct DetokenizeRequest {
   static constexpr MessageType kType = MessageType::kDetokenizeRequest;
-  uint64_t batch_id = 0;
+  uint64_t op_id = 0;  // the scheduler's tokenizer operation, echoed by the reply
   std::vector<DetokenizeItem> items;
   int64_t sent_unix_ns = 0;
-  MSGPACK_DEFINE_MAP(batch_id, items, sent_unix_ns);
+  MSGPACK_DEFINE_MAP(op_id, items, sent_unix_ns);
 };
 
 struct DetokenizeResult {
   uint64_t request_id = 0;
-  std::string text;       // new text of ids[read_offset:]
-  bool advanced = false;  // false: the window ends inside a character; nothing consumed
-  MSGPACK_DEFINE_MAP(request_id, text, advanced);
+  std::string text;                 // new text of ids[read_offset:]
+  bool advanced = false;            // false: the window ends inside a character; nothing consumed
+  std::vector<std::string> pieces;  // bytes of each of the item's piece_ids, in order
+  MSGPACK_DEFINE_MAP(request_id, text, advanced, pieces);
 };
 
 struct DetokenizeReply {
   static constexpr MessageType kType = MessageType::kDetokenizeReply;
-  uint64_t batch_id = 0;
+  uint64_t op_id = 0;
   std::vector<DetokenizeResult> items;  // same order as the request
   std::string error;                    // empty on success
-  MSGPACK_DEFINE_MAP(batch_id, items, error);
+  MSGPACK_DEFINE_MAP(op_id, items, error);
 };
 
 }  // namespace litellama::proto

@@ -26,11 +26,8 @@ struct WorkerHeartbeat {
   int32_t vocab_size = 0;
   int64_t max_position_embeddings = 0;
   std::vector<int32_t> eos_token_ids;
-  int32_t max_batch_tokens = 0;
-  int32_t max_batch_seqs = 0;
   MSGPACK_DEFINE_MAP(incarnation, ready, step_ring_name, model, device, dtype, n_kv_slots,
-                     vocab_size, max_position_embeddings, eos_token_ids, max_batch_tokens,
-                     max_batch_seqs);
+                     vocab_size, max_position_embeddings, eos_token_ids);
 };
 
 // scheduler -> worker: run the step written in ring buffer `buffer`. Steps run in step_id order;
@@ -45,15 +42,14 @@ struct StepRequest {
   MSGPACK_DEFINE_MAP(step_id, buffer, incarnation, sent_unix_ns);
 };
 
-// worker -> scheduler: the step ran (sampled ids are in the buffer) or failed.
+// worker -> scheduler: the step ran (sampled ids are in its buffer) or failed. Steps answer in
+// step_id order; the scheduler knows which buffer each one used.
 struct StepResult {
   static constexpr MessageType kType = MessageType::kStepResult;
   uint64_t step_id = 0;
-  int32_t buffer = 0;
   bool ok = false;
   std::string error;
-  double compute_seconds = 0.0;
-  MSGPACK_DEFINE_MAP(step_id, buffer, ok, error, compute_seconds);
+  MSGPACK_DEFINE_MAP(step_id, ok, error);
 };
 
 }  // namespace litellama::proto

@@ -45,6 +45,7 @@ struct Choice {
   uint64_t scheduler_id = 0;  // 0: not submitted
   bool started = false;       // a stream chunk of this choice went out
   bool finished = false;
+  size_t text_offset = 0;  // completions with logprobs: bytes of the choice's text streamed
 };
 
 }  // namespace
@@ -420,6 +421,11 @@ void ApiServer::Impl::on_event(net::SchedulerClient& client, const net::ClientEv
   }
   const proto::GenerateChunk& chunk = event.chunk;
   ch.result.text += chunk.text;
+  std::vector<TokenLogprob> logprobs;
+  if (job->request.logprobs) {
+    logprobs = chunk_logprobs(chunk);
+    ch.result.logprobs.insert(ch.result.logprobs.end(), logprobs.begin(), logprobs.end());
+  }
   ch.result.n_prompt_tokens = chunk.n_prompt_tokens;
   ch.result.n_generated_tokens = chunk.n_generated_tokens;
   if (chunk.finished) ch.result.n_cached_tokens = chunk.n_cached_tokens;
@@ -436,9 +442,14 @@ void ApiServer::Impl::on_event(net::SchedulerClient& client, const net::ClientEv
         job->out +=
             stream_chunk(req, job->id, job->created, index, &req.echo_prefix[index], false, "");
       }
+      ch.text_offset = req.echo_prefix[index].size();
     }
-    if (!chunk.text.empty()) {
-      job->out += stream_chunk(req, job->id, job->created, index, &chunk.text, false, "");
+    // With logprobs a chunk of tokens goes out even when their text is empty (held back or
+    // special), so that every generated token's logprob reaches the client.
+    if (!chunk.text.empty() || !logprobs.empty()) {
+      job->out += stream_chunk(req, job->id, job->created, index, &chunk.text, false, "", &logprobs,
+                               ch.text_offset);
+      for (const TokenLogprob& t : logprobs) ch.text_offset += t.bytes.size();
     }
     if (chunk.finished) {
       job->out +=

@@ -235,10 +235,9 @@ bool parse_request(const std::string& text, bool chat, const ParseContext& conte
   }
   // OpenAI fields this server does not implement: refused, never silently ignored.
   static const char* const kUnsupported[] = {
-      "tools",        "tool_choice",  "functions",    "function_call",       "response_format",
-      "logit_bias",   "logprobs",     "top_logprobs", "parallel_tool_calls", "audio",
-      "modalities",   "prediction",   "suffix",       "web_search_options",  "guided_json",
-      "guided_regex", "guided_choice"};
+      "tools",      "tool_choice",         "functions",   "function_call", "response_format",
+      "logit_bias", "parallel_tool_calls", "audio",       "modalities",    "prediction",
+      "suffix",     "web_search_options",  "guided_json", "guided_regex",  "guided_choice"};
   for (const char* name : kUnsupported) {
     auto it = body.find(name);
     if (it != body.end() && asks_for(*it)) {
@@ -364,6 +363,15 @@ bool parse_request(const std::string& text, bool chat, const ParseContext& conte
   }
   bool echo = false;
   if (!chat && !read_bool(body, "echo", &echo, error)) return false;
+  if (!chat) {
+    // Not a completions field: refused as an unknown OpenAI field would be.
+    if (auto it = body.find("top_logprobs"); it != body.end() && asks_for(*it)) {
+      *error = bad("top_logprobs", "'top_logprobs' is a chat field; completions take 'logprobs'");
+      return false;
+    }
+  }
+  if (!read_logprobs(body, chat, &base, error)) return false;
+  out->logprobs = base.logprobs;
 
   std::vector<Prompt> prompts;
   if (chat) {
@@ -467,7 +475,13 @@ std::string completion_body(const ParsedRequest& request, const std::string& id,
     } else {
       c["text"] = request.echo_prefix[i] + choices[i].text;
     }
-    c["logprobs"] = nullptr;
+    if (!request.logprobs) {
+      c["logprobs"] = nullptr;
+    } else if (request.chat) {
+      c["logprobs"] = chat_logprobs_json(choices[i].logprobs);
+    } else {
+      c["logprobs"] = completion_logprobs_json(choices[i].logprobs, request.echo_prefix[i].size());
+    }
     c["finish_reason"] = choices[i].finish_reason;
     out_choices.push_back(std::move(c));
   }
@@ -482,7 +496,8 @@ std::string completion_body(const ParsedRequest& request, const std::string& id,
 
 std::string stream_chunk(const ParsedRequest& request, const std::string& id, int64_t created,
                          int32_t index, const std::string* delta_text, bool role,
-                         const std::string& finish_reason) {
+                         const std::string& finish_reason,
+                         const std::vector<TokenLogprob>* logprobs, size_t text_offset) {
   ojson c;
   c["index"] = index;
   if (request.chat) {
@@ -493,7 +508,12 @@ std::string stream_chunk(const ParsedRequest& request, const std::string& id, in
   } else {
     c["text"] = delta_text ? *delta_text : std::string();
   }
-  c["logprobs"] = nullptr;
+  if (request.logprobs && logprobs != nullptr) {
+    c["logprobs"] = request.chat ? chat_logprobs_json(*logprobs)
+                                 : completion_logprobs_json(*logprobs, text_offset);
+  } else {
+    c["logprobs"] = nullptr;
+  }
   c["finish_reason"] = finish_reason.empty() ? ojson(nullptr) : ojson(finish_reason);
   ojson body = {{"id", id},
                 {"object", request.chat ? "chat.completion.chunk" : "text_completion"},

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/proto/client_messages.h"
+#include "services/api/openai_logprobs.h"
 
 namespace litellama::api {
 
@@ -49,6 +50,9 @@ struct ParsedRequest {
   std::vector<std::string> echo_prefix;
   // Index of the prompt each choice answers (usage counts each prompt once).
   std::vector<int32_t> prompt_index;
+  // logprobs asked for (chat: logprobs true; completions: logprobs given). With echo the
+  // completions answer lists the generated tokens only: prompt tokens have no logprobs here.
+  bool logprobs = false;
 };
 
 // Parses a /v1/chat/completions (chat) or /v1/completions body. False with *error on bad input.
@@ -64,7 +68,8 @@ struct ChoiceResult {
   std::string finish_reason;
   int32_t n_prompt_tokens = 0;
   int32_t n_generated_tokens = 0;
-  int32_t n_cached_tokens = 0;  // prompt tokens the scheduler's prefix cache served
+  int32_t n_cached_tokens = 0;         // prompt tokens the scheduler's prefix cache served
+  std::vector<TokenLogprob> logprobs;  // with ParsedRequest::logprobs, one per generated token
 };
 
 // The usage object of a response over these choices (each prompt counted once).
@@ -78,9 +83,13 @@ std::string completion_body(const ParsedRequest& request, const std::string& id,
 // One `data: {...}\n\n` event of a stream. `delta_text` is the new text; `role` puts the
 // assistant role in the delta (the first chunk of a chat choice); a non-empty finish_reason ends
 // the choice (its delta is empty).
+// With request.logprobs, `logprobs` are the tokens of delta_text and `text_offset` the offset of
+// the first in the choice's text (completions).
 std::string stream_chunk(const ParsedRequest& request, const std::string& id, int64_t created,
                          int32_t index, const std::string* delta_text, bool role,
-                         const std::string& finish_reason);
+                         const std::string& finish_reason,
+                         const std::vector<TokenLogprob>* logprobs = nullptr,
+                         size_t text_offset = 0);
 // The closing chunk with empty choices and the usage (stream_options.include_usage).
 std::string stream_usage_chunk(const ParsedRequest& request, const std::string& id, int64_t created,
                                const nlohmann::ordered_json& usage);

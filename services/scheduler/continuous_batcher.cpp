@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 
 namespace litellama {
 
@@ -22,28 +23,11 @@ const char* request_finish_name(RequestFinish finish) {
 
 namespace {
 
-bool has_penalties(const proto::SamplingOptions& s) {
-  return s.repetition_penalty != 1.0f || s.frequency_penalty != 0.0f || s.presence_penalty != 0.0f;
-}
-
 // Prompt and generated ids of r as one array.
 std::vector<int32_t> known_ids(const Request* r) {
   std::vector<int32_t> ids = r->prompt_ids;
   ids.insert(ids.end(), r->output_ids.begin(), r->output_ids.end());
   return ids;
-}
-
-proto::StepSampling to_step_sampling(const proto::SamplingOptions& s) {
-  proto::StepSampling out{};
-  out.temperature = s.temperature;
-  out.top_k = s.top_k;
-  out.top_p = s.top_p;
-  out.min_p = s.min_p;
-  out.repetition_penalty = s.repetition_penalty;
-  out.frequency_penalty = s.frequency_penalty;
-  out.presence_penalty = s.presence_penalty;
-  out.seed = s.seed;
-  return out;
 }
 
 }  // namespace
@@ -116,7 +100,7 @@ ContinuousBatcher::AddResult ContinuousBatcher::add_sequence(Request* r, uint64_
     placeholder = true;
   }
   if (n_new <= 0) return AddResult::kSkipped;
-  const bool penalties = has_penalties(r->sampling);
+  const bool penalties = r->sampling.has_penalties();
   // The step's slot table and history hold the whole KV of every sequence.
   const int32_t room_slots = limits.max_slots - n_slots_used_ - r->n_fed;
   if (room_slots <= 0) return AddResult::kSkipped;
@@ -152,7 +136,7 @@ ContinuousBatcher::AddResult ContinuousBatcher::add_sequence(Request* r, uint64_
   n_slots_used_ += kv_len;
   view.slot_start[static_cast<size_t>(s + 1)] = n_slots_used_;
   view.sample[static_cast<size_t>(s)] = sample ? 1 : 0;
-  view.sampling[static_cast<size_t>(s)] = to_step_sampling(r->sampling);
+  view.sampling[static_cast<size_t>(s)] = r->sampling;
   view.n_generated[static_cast<size_t>(s)] = r->n_generated() + r->n_pending;
   if (penalties) {
     // Prompt then generated ids up to the fed token; the one being sampled is a placeholder.
@@ -168,6 +152,12 @@ ContinuousBatcher::AddResult ContinuousBatcher::add_sequence(Request* r, uint64_
 
   if (sample && r->n_top_logits > 0 && r->n_generated() + r->n_pending == 0) {
     h.n_top_logits = std::max(h.n_top_logits, std::min(r->n_top_logits, proto::kMaxStepTopLogits));
+  }
+  if (sample && r->logprobs) {
+    // Logprobs are computed for every sampled row of a step when any row asks (one flag in the
+    // header, one log-sum-exp pass per row): the top list comes from the top logits.
+    h.logprobs = 1;
+    h.n_top_logits = std::max(h.n_top_logits, r->n_top_logprobs);
   }
   r->n_fed = kv_len;
   r->last_step_id = step_id;
@@ -382,6 +372,7 @@ std::optional<PlannedStep> ContinuousBatcher::plan(uint64_t step_id, proto::Step
   h.n_slots = n_slots_used_;
   h.n_history = n_history_used_;
   step.n_top_logits = h.n_top_logits;
+  step.logprobs = h.logprobs == 1;
   last_planned_step_ = step_id;
   last_step_seq_ = std::move(seq_of);
   return step;
@@ -412,6 +403,7 @@ void ContinuousBatcher::complete(const PlannedStep& step, std::span<const int32_
         r->top_logits.emplace_back(top.ids[base + j], top.values[base + j]);
       }
     }
+    if (r->logprobs) record_logprobs(r, step, top, i);
     r->output_ids.push_back(id);
     const auto& stops = r->stop_token_ids;
     const bool eos =
@@ -425,6 +417,21 @@ void ContinuousBatcher::complete(const PlannedStep& step, std::span<const int32_
     updated->push_back(r);
   }
   release_deferred();
+}
+
+void ContinuousBatcher::record_logprobs(Request* r, const PlannedStep& step,
+                                        const StepTopLogits& top, size_t seq) {
+  const bool known = step.logprobs && seq < top.logprobs.size() && seq < top.lse.size();
+  r->output_logprobs.push_back(known ? top.logprobs[seq] : std::numeric_limits<float>::quiet_NaN());
+  auto& list = r->output_top_logprobs.emplace_back();
+  if (!known) return;
+  const float lse = top.lse[seq];
+  const size_t base = seq * proto::kMaxStepTopLogits;
+  const size_t k = static_cast<size_t>(std::min(r->n_top_logprobs, step.n_top_logits));
+  for (size_t j = 0; j < k && base + j < top.ids.size() && base + j < top.values.size(); ++j) {
+    if (top.ids[base + j] < 0) break;
+    list.emplace_back(top.ids[base + j], top.values[base + j] - lse);
+  }
 }
 
 void ContinuousBatcher::retire(Request* r) {

@@ -69,12 +69,16 @@ struct PlannedStep {
   int32_t n_tokens = 0;
   int32_t n_prefill_tokens = 0;
   int32_t n_top_logits = 0;  // the header's: top logits the worker returns per sampled sequence
+  bool logprobs = false;     // the header's: the worker returns logprobs and lse
 };
 
 // The top logits a finished step returned, as the ring holds them (see StepView::top_ids).
 struct StepTopLogits {
   std::span<const int32_t> ids;   // [n_seqs * kMaxStepTopLogits]
   std::span<const float> values;  // [n_seqs * kMaxStepTopLogits]
+  // With PlannedStep::logprobs: [n_seqs] each (see StepView::logprobs); else empty.
+  std::span<const float> logprobs;
+  std::span<const float> lse;
 };
 
 class ContinuousBatcher {
@@ -108,6 +112,9 @@ class ContinuousBatcher {
   // Takes a request out (finished, aborted, failed): no further steps; its slots go back (into
   // the cache where they hold KV) as soon as no sent step uses them. Safe for any state.
   void retire(Request* request);
+  // Appends the logprobs of sequence `seq` of a finished step to r's outputs (NaN and an empty
+  // list when the step did not return them).
+  void record_logprobs(Request* r, const PlannedStep& step, const StepTopLogits& top, size_t seq);
 
   // The worker is gone: every sent step is void and the pool with it (the cache is dropped).
   // Running requests are retired and returned (the caller answers them); waiting requests

@@ -29,11 +29,13 @@ struct Request {
 
   // Input and limits.
   std::vector<int32_t> prompt_ids;
-  proto::SamplingOptions sampling;
+  SamplingParams sampling;
   int32_t max_tokens = 16;
   std::vector<int32_t> stop_token_ids;  // besides the model's EOS ids
   bool ignore_eos = false;
-  int32_t n_top_logits = 0;  // top logits wanted for the first generated position (0: none)
+  int32_t n_top_logits = 0;    // top logits wanted for the first generated position (0: none)
+  bool logprobs = false;       // logprobs of every generated token
+  int32_t n_top_logprobs = 0;  // with logprobs: the most likely ids of each position, 0..20
   // Larger runs first; first come first served within a priority.
   int32_t priority = 0;
 
@@ -54,6 +56,13 @@ struct Request {
   int32_t n_preemptions = 0;
   // (id, raw logit) of the first generated position, largest first, once it is sampled.
   std::vector<std::pair<int32_t, float>> top_logits;
+  // With logprobs, aligned with output_ids: the sampled id's logprob and the (id, logprob) of
+  // the n_top_logprobs most likely ids, most likely first (of the raw distribution).
+  std::vector<float> output_logprobs;
+  std::vector<std::vector<std::pair<int32_t, float>>> output_top_logprobs;
+  // Per output id whose text came back (with logprobs): the bytes of the id alone, then of each
+  // of its top ids (the tokenizer's token_bytes).
+  std::vector<std::vector<std::string>> output_pieces;
 
   // Client and streaming (SchedulerService).
   std::string client;  // ROUTER identity of the client

@@ -7,6 +7,7 @@
 #include "common/net/run_dir.h"
 #include "common/net/zmq_util.h"
 #include "common/proto/heartbeat.h"
+#include "services/scheduler/request_fields.h"
 
 namespace litellama {
 
@@ -22,26 +23,6 @@ constexpr int32_t kDetokenizeContext = 5;
 constexpr size_t kMaxStopStrings = 16;
 constexpr size_t kMaxStopStringBytes = 256;
 constexpr size_t kMaxPromptIds = size_t{1} << 20;
-
-Status validate_sampling(const proto::SamplingOptions& s) {
-  if (!(s.temperature >= 0.0f) || !std::isfinite(s.temperature)) {
-    return Status(StatusCode::kInvalidArgument, "temperature must be >= 0");
-  }
-  if (s.top_k < 0) return Status(StatusCode::kInvalidArgument, "top_k must be >= 0");
-  if (!(s.top_p > 0.0f && s.top_p <= 1.0f)) {
-    return Status(StatusCode::kInvalidArgument, "top_p must be in (0, 1]");
-  }
-  if (!(s.min_p >= 0.0f && s.min_p <= 1.0f)) {
-    return Status(StatusCode::kInvalidArgument, "min_p must be in [0, 1]");
-  }
-  if (!(s.repetition_penalty > 0.0f) || !std::isfinite(s.repetition_penalty)) {
-    return Status(StatusCode::kInvalidArgument, "repetition_penalty must be > 0");
-  }
-  if (!std::isfinite(s.frequency_penalty) || !std::isfinite(s.presence_penalty)) {
-    return Status(StatusCode::kInvalidArgument, "penalties must be finite");
-  }
-  return Status::ok();
-}
 
 size_t max_stop_length(const Request& r) {
   size_t n = 0;
@@ -259,6 +240,7 @@ void SchedulerService::on_generate(const std::string& client, const proto::Gener
   if (msg.top_logits < 0 || msg.top_logits > proto::kMaxTopLogits) {
     return reject("top_logits must be in [0, 64]");
   }
+  if (Status st = validate_logprobs(msg); !st) return reject(st.message());
 
   if (options_.max_waiting_requests > 0) {
     const int64_t n_waiting =
@@ -282,6 +264,8 @@ void SchedulerService::on_generate(const std::string& client, const proto::Gener
   r->stop_token_ids = msg.stop_token_ids;
   r->ignore_eos = msg.ignore_eos;
   r->n_top_logits = msg.top_logits;
+  r->logprobs = msg.logprobs;
+  r->n_top_logprobs = msg.logprobs ? msg.top_logprobs : 0;
   r->priority = msg.priority;
   r->stop_strings = msg.stop;
   r->skip_special_tokens = msg.skip_special_tokens;
@@ -302,7 +286,6 @@ void SchedulerService::on_generate(const std::string& client, const proto::Gener
   // Keep the text to encode in a pending op until a tokenizer takes it.
   r->state = RequestState::kTokenizing;
   proto::EncodeRequest encode;
-  encode.request_id = r->id;
   encode.text = msg.prompt;
   encode.messages = msg.messages;
   encode.add_special_tokens = msg.add_special_tokens;
@@ -404,6 +387,7 @@ void SchedulerService::flush(Request* r) {
         chunk.token_ids.assign(r->output_ids.begin() + static_cast<ptrdiff_t>(r->n_ids_sent),
                                r->output_ids.begin() + static_cast<ptrdiff_t>(ids_end));
         if (r->n_ids_sent == 0) chunk.top_logits = r->top_logits;
+        if (r->logprobs) append_logprobs(*r, r->n_ids_sent, ids_end, &chunk);
       }
       chunk.finished = done;
       if (done) chunk.finish_reason = request_finish_name(*r->finish);
@@ -623,6 +607,10 @@ void SchedulerService::on_step_result(const proto::StepResult& result) {
       top.ids = view.top_ids.first(n * proto::kMaxStepTopLogits);
       top.values = view.top_values.first(n * proto::kMaxStepTopLogits);
     }
+    if (step.plan.logprobs) {
+      top.logprobs = view.logprobs.first(n);
+      top.lse = view.lse.first(n);
+    }
     batcher_.complete(step.plan, std::span<const int32_t>(view.sampled_ids.data(), n), &updated,
                       top);
   }
@@ -769,7 +757,7 @@ void SchedulerService::dispatch_encodes() {
     auto r = requests_.find(id);
     if (pending == pending_encodes_.end() || r == requests_.end()) continue;
     const uint64_t op_id = next_op_id_++;
-    pending->second.request_id = op_id;
+    pending->second.op_id = op_id;
     pending->second.sent_unix_ns = net::unix_now_ns();
     TokenizerOp op;
     op.encode = true;
@@ -786,7 +774,7 @@ void SchedulerService::dispatch_encodes() {
 }
 
 void SchedulerService::on_encode_reply(const proto::EncodeReply& reply) {
-  auto op = tokenizer_ops_.find(reply.request_id);
+  auto op = tokenizer_ops_.find(reply.op_id);
   if (op == tokenizer_ops_.end() || !op->second.encode) return;
   metrics_data_.hop_tokenizer_encode->Observe(monotonic_seconds() - op->second.t_sent);
   if (op->second.request_ids.empty()) {  // its request failed for taking too long
@@ -830,6 +818,8 @@ void SchedulerService::dispatch_detokenize() {
     item.read_offset = r->detok_read - r->detok_prefix;
     item.skip_special_tokens = r->skip_special_tokens;
     item.final = final;
+    if (r->logprobs)
+      add_piece_ids(*r, r->detok_read - r->n_prompt(), n_known - r->n_prompt(), &item);
     batch.items.push_back(std::move(item));
     op.request_ids.push_back(r->id);
     op.window_end.push_back(n_known);
@@ -839,7 +829,7 @@ void SchedulerService::dispatch_detokenize() {
   const TokenizerPeer* peer = pick_tokenizer();
   if (peer == nullptr) return;  // waits; on_tick fails it if no tokenizer comes back
   const uint64_t op_id = next_op_id_++;
-  batch.batch_id = op_id;
+  batch.op_id = op_id;
   batch.sent_unix_ns = net::unix_now_ns();
   op.tokenizer = peer->identity;
   op.t_sent = monotonic_seconds();
@@ -872,7 +862,7 @@ void SchedulerService::apply_stop_strings(Request* r, size_t search_from) {
 }
 
 void SchedulerService::on_detokenize_reply(const proto::DetokenizeReply& reply) {
-  auto op_it = tokenizer_ops_.find(reply.batch_id);
+  auto op_it = tokenizer_ops_.find(reply.op_id);
   if (op_it == tokenizer_ops_.end() || op_it->second.encode) return;
   TokenizerOp op = std::move(op_it->second);
   tokenizer_ops_.erase(op_it);
@@ -891,6 +881,10 @@ void SchedulerService::on_detokenize_reply(const proto::DetokenizeReply& reply) 
     const proto::DetokenizeResult& result = reply.items[i];
     const size_t old_size = r->text.size();
     if (result.advanced || op.final[i]) {
+      if (r->logprobs) {
+        store_pieces(r, r->detok_read - r->n_prompt(), op.window_end[i] - r->n_prompt(),
+                     result.pieces);
+      }
       r->text += result.text;
       r->detok_prefix = r->detok_read;
       r->detok_read = op.window_end[i];

@@ -28,6 +28,8 @@ class Decoder {
  public:
   // `j` is the "decoder" value of tokenizer.json (may be null).
   static Result<Decoder> from_json(const nlohmann::json& j);
+  // Token strings are in the GPT-2 byte-level alphabet (ByteLevel decoder).
+  bool byte_level() const { return mode_ == Mode::kByteLevel; }
 
   class Stream {
    public:

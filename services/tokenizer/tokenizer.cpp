@@ -1,5 +1,9 @@
 #include "services/tokenizer/tokenizer.h"
 
+#include "services/tokenizer/byte_level.h"
+
+#include <cctype>
+
 #include <charconv>
 #include <filesystem>
 #include <fstream>
@@ -326,6 +330,38 @@ std::string_view Tokenizer::id_to_token(int32_t id) const {
   if (const AddedToken* t = added_.find(id)) return t->content;
   if (const std::string* s = model_.id_to_token(id)) return *s;
   return {};
+}
+
+std::string Tokenizer::token_bytes(int32_t id) const {
+  const std::string* token = token_for_decode(id, false);
+  if (token == nullptr) return {};
+  const std::string& t = *token;
+  if (added_.find(id) == nullptr) {
+    std::string bytes;
+    if (decoder_.byte_level() && ByteLevel::get().decode(t, bytes)) return bytes;
+    if (t.size() == 6 && t.starts_with("<0x") && t.back() == '>' &&
+        std::isxdigit(static_cast<unsigned char>(t[3])) &&
+        std::isxdigit(static_cast<unsigned char>(t[4]))) {
+      return std::string(1, static_cast<char>(std::stoi(t.substr(3, 2), nullptr, 16)));
+    }
+    // Metaspace: "\u2581" stands for a space; the decoder would strip a first token's leading
+    // one, which a piece keeps.
+    constexpr std::string_view kMetaspace = "\u2581";
+    if (!decoder_.byte_level() && t.find(kMetaspace) != std::string::npos) {
+      std::string out;
+      for (size_t i = 0; i < t.size();) {
+        if (t.compare(i, kMetaspace.size(), kMetaspace) == 0) {
+          out += ' ';
+          i += kMetaspace.size();
+        } else {
+          out += t[i++];
+        }
+      }
+      return out;
+    }
+  }
+  const int32_t one[] = {id};
+  return decode(std::span<const int32_t>(one), false);
 }
 
 bool Tokenizer::is_special(int32_t id) const {

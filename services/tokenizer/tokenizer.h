@@ -71,6 +71,11 @@ class Tokenizer {
   // The vocabulary string of an id (added token content or model token); empty when unknown.
   std::string_view id_to_token(int32_t id) const;
   bool is_special(int32_t id) const;
+  // The bytes id stands for alone (what a logprobs answer calls the token's bytes): a byte-level
+  // token's bytes, a byte-fallback token's (<0xNN>) one byte, a Metaspace token with each
+  // "\u2581" as a space (a leading one too, which decode strips), else decode({id}). May be
+  // incomplete UTF-8. Empty for unknown ids.
+  std::string token_bytes(int32_t id) const;
 
   // The token string decode() feeds to the decoder for `id`, or nullptr when it contributes
   // nothing (unknown id, or a special token while skipping them).

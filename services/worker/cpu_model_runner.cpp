@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <thread>
 #include <utility>
 
@@ -346,6 +347,9 @@ Status CpuModelRunner::step(const StepBatch& batch, StepOutput* out) {
   // Logits only for the last token of each sampled sequence.
   out->sampled_ids.assign(static_cast<size_t>(n_seqs), -1);
   out->top_logits.assign(static_cast<size_t>(n_seqs), {});
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  out->logprobs.assign(batch.logprobs ? static_cast<size_t>(n_seqs) : 0, nan);
+  out->lse.assign(out->logprobs.size(), nan);
   std::vector<int32_t> rows;
   for (int32_t s = 0; s < n_seqs; ++s) {
     if (batch.sample[s]) rows.push_back(s);
@@ -374,7 +378,17 @@ Status CpuModelRunner::step(const StepBatch& batch, StepOutput* out) {
       input.generated_ids = {hist + batch.n_prompt[s],
                              static_cast<size_t>(n_hist - batch.n_prompt[s])};
     }
-    out->sampled_ids[s] = sample_token(row, batch.sampling[s], input);
+    if (!batch.logprobs) {
+      out->sampled_ids[s] = sample_token(row, batch.sampling[s], input);
+      continue;
+    }
+    // Logprobs of the raw logits: the sampler rewrites the row with its penalties.
+    const std::vector<float> raw(row.begin(), row.end());
+    const float lse = log_sum_exp(raw);
+    const int32_t id = sample_token(row, batch.sampling[s], input);
+    out->sampled_ids[s] = id;
+    out->lse[s] = lse;
+    out->logprobs[s] = raw[static_cast<size_t>(id)] - lse;
   }
   return Status::ok();
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <unordered_map>
 #include <unordered_set>
@@ -28,6 +29,14 @@ std::vector<std::pair<int32_t, float>> top_logits(std::span<const float> logits,
   out.reserve(static_cast<size_t>(n));
   for (int32_t i = 0; i < n; ++i) out.emplace_back(ids[i], logits[ids[i]]);
   return out;
+}
+
+float log_sum_exp(std::span<const float> logits) {
+  float max_logit = -std::numeric_limits<float>::infinity();
+  for (float l : logits) max_logit = std::max(max_logit, l);
+  double total = 0;
+  for (float l : logits) total += static_cast<double>(std::exp(l - max_logit));
+  return max_logit + std::log(static_cast<float>(total));
 }
 
 int32_t sample_token(std::span<float> logits, const SamplingParams& params,

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "services/worker/sampling_params.h"
+#include "common/proto/sampling_params.h"
 
 namespace litellama {
 
@@ -16,6 +16,10 @@ double sampling_uniform(uint64_t seed, int64_t n_generated);
 
 // The n largest values of `logits` as (id, value), largest first; ties go to the lower id.
 std::vector<std::pair<int32_t, float>> top_logits(std::span<const float> logits, int32_t n);
+
+// Log-sum-exp of `logits` as the device sampler computes it: the maximum, then the sum of
+// exp(logit - maximum) in fp32 (added up in double), so a logit less it is its log-softmax.
+float log_sum_exp(std::span<const float> logits);
 
 struct SamplingInput {
   std::span<const int32_t> prompt_ids;     // for the repetition penalty

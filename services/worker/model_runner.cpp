@@ -64,6 +64,7 @@ void StepBatch::clear() {
   embed_token_index.clear();
   embed_rows = nullptr;
   embed_rows_memory = EmbeddingMemory::kHost;
+  logprobs = false;
 }
 
 namespace {

@@ -18,9 +18,9 @@
 #include <utility>
 #include <vector>
 
+#include "common/proto/sampling_params.h"
 #include "common/status.h"
 #include "services/worker/model_config.h"
-#include "services/worker/sampling_params.h"
 
 namespace litellama {
 
@@ -62,6 +62,9 @@ struct StepBatch {
   std::vector<int32_t> embed_token_index;  // [n_embed] strictly increasing, in [0, n_tokens)
   const float* embed_rows = nullptr;       // [n_embed, hidden_size] float32, row-major
   EmbeddingMemory embed_rows_memory = EmbeddingMemory::kHost;
+  // Return the logprob of each sampled sequence's token and the log-sum-exp of its raw logits
+  // (StepOutput::logprobs, ::lse), for every sampled sequence of the step.
+  bool logprobs = false;
 
   int32_t n_seqs() const { return static_cast<int32_t>(kv_len.size()); }
   int32_t n_tokens() const { return static_cast<int32_t>(token_ids.size()); }
@@ -88,6 +91,11 @@ struct StepOutput {
   // [n_seqs] (empty inner vector where not sampled or n_top_logits == 0): (id, raw logit),
   // largest first.
   std::vector<std::vector<std::pair<int32_t, float>>> top_logits;
+  // With StepBatch::logprobs, [n_seqs] (NaN where not sampled; else empty). Of the raw logits
+  // (before penalties and temperature): lse is their log-sum-exp in fp32 and logprobs the sampled
+  // id's raw logit less lse; a top logit less lse is that id's logprob.
+  std::vector<float> logprobs;
+  std::vector<float> lse;
 };
 
 enum class Device { kCpu, kCuda };

@@ -35,6 +35,7 @@ Result<std::vector<GenerationResult>> OfflineEngine::generate(
   int64_t slots_needed = 0;
   bool any_penalties = false;
   int32_t n_top = 0;
+  bool any_logprobs = false;
   for (size_t i = 0; i < requests.size(); ++i) {
     const GenerationRequest& r = requests[i];
     if (r.prompt_ids.empty()) {
@@ -81,6 +82,14 @@ Result<std::vector<GenerationResult>> OfflineEngine::generate(
     slots_needed += static_cast<int64_t>(r.prompt_ids.size()) + r.max_new_tokens;
     any_penalties = any_penalties || r.sampling.has_penalties();
     n_top = std::max(n_top, r.n_top_logits);
+    if (r.logprobs) {
+      if (r.n_top_logprobs < 0 || r.n_top_logprobs > config.vocab_size) {
+        return make_error(StatusCode::kInvalidArgument,
+                          "request {}: top logprobs count {} is out of range", i, r.n_top_logprobs);
+      }
+      any_logprobs = true;
+      n_top = std::max(n_top, r.n_top_logprobs);
+    }
   }
   if (slots_needed > runner_.n_kv_slots()) {
     return make_error(StatusCode::kResourceExhausted,
@@ -111,6 +120,7 @@ Result<std::vector<GenerationResult>> OfflineEngine::generate(
     batch.clear();
     embed_rows.clear();
     batch.n_top_logits = n_top;
+    batch.logprobs = any_logprobs;
     in_batch.clear();
     int32_t prefill_budget = options_.max_prefill_tokens;
     for (size_t i = 0; i < seqs.size(); ++i) {
@@ -156,6 +166,13 @@ Result<std::vector<GenerationResult>> OfflineEngine::generate(
         const auto& top = out.top_logits[b];
         s.result.top_logits.assign(
             top.begin(), top.begin() + std::min<size_t>(top.size(), s.request->n_top_logits));
+      }
+      if (s.request->logprobs) {
+        s.result.logprobs.push_back(out.logprobs[b]);
+        const auto& top = out.top_logits[b];
+        auto& list = s.result.top_logprobs.emplace_back();
+        const size_t k = std::min<size_t>(top.size(), s.request->n_top_logprobs);
+        for (size_t j = 0; j < k; ++j) list.emplace_back(top[j].first, top[j].second - out.lse[b]);
       }
       s.result.output_ids.push_back(id);
       const auto& stops = s.request->stop_token_ids;

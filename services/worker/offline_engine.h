@@ -9,9 +9,9 @@
 #include <utility>
 #include <vector>
 
+#include "common/proto/sampling_params.h"
 #include "common/status.h"
 #include "services/worker/model_runner.h"
-#include "services/worker/sampling_params.h"
 
 namespace litellama {
 
@@ -29,12 +29,18 @@ struct GenerationRequest {
   // input_embeddings, [n, hidden_size] float32. Empty: none.
   std::vector<int32_t> input_embedding_positions;  // strictly increasing
   std::vector<float> input_embeddings;
+  // Return the logprob of every generated id and, per position, the n_top_logprobs most likely
+  // (id, logprob): of the raw distribution, before penalties and temperature.
+  bool logprobs = false;
+  int32_t n_top_logprobs = 0;
 };
 
 struct GenerationResult {
   std::vector<int32_t> output_ids;
   FinishReason finish_reason = FinishReason::kLength;
   std::vector<std::pair<int32_t, float>> top_logits;  // of the first generated position
+  std::vector<float> logprobs;                        // with logprobs: one per output id
+  std::vector<std::vector<std::pair<int32_t, float>>> top_logprobs;
 };
 
 struct OfflineEngineOptions {

@@ -65,7 +65,7 @@ def mp(v):
 
 
 def frame(type_name, body):
-    return mp(dict({"v": 1, "type": type_name}, **body))
+    return mp(dict({"v": 3, "type": type_name}, **body))
 
 
 SAMPLING = {"temperature": 0.7, "top_k": 40, "top_p": 0.9, "min_p": 0.0,
@@ -87,23 +87,22 @@ MESSAGES = {
                           "n_kv_slots_used": 0, "n_requests_running": 0, "n_requests_waiting": 0,
                           "max_model_len": 4096, "vocab_size": 128256,
                           "eos_token_ids": [128001, 128009]},
-    "tokenizer_heartbeat": {"incarnation": 2**63 + 5, "eos_token_ids": [2], "bos_token_id": 1},
-    "encode_request": {"request_id": 3, "text": "abc", "messages": [
+    "tokenizer_heartbeat": {"incarnation": 2**63 + 5, "eos_token_ids": [2]},
+    "encode_request": {"op_id": 3, "text": "abc", "messages": [
         {"role": "system", "content": "s"}], "add_special_tokens": False,
         "sent_unix_ns": 1700000000000000000},
-    "encode_reply": {"request_id": 3, "token_ids": [1, 99], "error": ""},
-    "detokenize_request": {"batch_id": 9, "items": [
+    "encode_reply": {"op_id": 3, "token_ids": [1, 99], "error": ""},
+    "detokenize_request": {"op_id": 9, "items": [
         {"request_id": 3, "token_ids": [1, 2, 3], "read_offset": 1, "skip_special_tokens": True,
          "final": False}], "sent_unix_ns": 5},
-    "detokenize_reply": {"batch_id": 9, "items": [
+    "detokenize_reply": {"op_id": 9, "items": [
         {"request_id": 3, "text": "x", "advanced": True}], "error": ""},
     "worker_heartbeat": {"incarnation": 11, "ready": True, "step_ring_name": "litellama-ring",
                          "model": "m", "device": "cpu", "dtype": "float32", "n_kv_slots": 64,
                          "vocab_size": 1000, "max_position_embeddings": 2048,
-                         "eos_token_ids": [2], "max_batch_tokens": 512, "max_batch_seqs": 32},
+                         "eos_token_ids": [2]},
     "step_request": {"step_id": 1, "buffer": 0, "incarnation": 11, "sent_unix_ns": -1},
-    "step_result": {"step_id": 1, "buffer": 1, "ok": False, "error": "boom",
-                    "compute_seconds": 0.001},
+    "step_result": {"step_id": 1, "ok": False, "error": "boom"},
     "scheduler_heartbeat": {"incarnation": 12},
 }
 

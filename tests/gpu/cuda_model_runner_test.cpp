@@ -691,6 +691,91 @@ TEST(CudaModelRunner, GraphsServeGreedySampledAndPenalizedSteps) {
   EXPECT_EQ((*graphs)->graph_replays(), 8);
 }
 
+// Logprobs through the CUDA runner, fp32 and bf16, greedy, sampled and penalized rows in one
+// step, from direct launches and from CUDA graphs (logprobs key their own graphs): the graph
+// runner returns what direct launches return; a greedy row's logprob is its top logit less the
+// log-sum-exp (the runner's raw logits); in fp32 the log-sum-exp matches the CPU runner's.
+TEST(CudaModelRunner, LogprobsMatchInAndOutOfGraphsAndTheCpuRunner) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(dtype == DType::kF32 ? "float32" : "bfloat16");
+    TempDir dir(dtype == DType::kF32 ? "logprobs_f32" : "logprobs_bf16");
+    auto ckpt = make_checkpoint(dir, kModels[0], dtype, 13);
+    LITELLAMA_ASSERT_OK(ckpt.status());
+    RunnerOptions direct_options = runner_options(Device::kCuda, dtype);
+    direct_options.use_cuda_graphs = false;
+    auto direct = create_cuda_model_runner(*ckpt, direct_options);
+    LITELLAMA_ASSERT_OK(direct.status());
+    auto graphs = create_cuda_model_runner(*ckpt, runner_options(Device::kCuda, dtype));
+    LITELLAMA_ASSERT_OK(graphs.status());
+    std::unique_ptr<ModelRunner> cpu;
+    if (dtype == DType::kF32) {
+      auto made = create_model_runner(*ckpt, runner_options(Device::kCpu, DType::kF32));
+      LITELLAMA_ASSERT_OK(made.status());
+      cpu = std::move(made).value();
+    }
+    const int32_t vocab = ckpt->config().vocab_size;
+    constexpr int32_t kSeqs = 3;
+    constexpr int32_t kPrompt = 4;
+    std::vector<std::vector<int32_t>> tokens(kSeqs), slots(kSeqs);
+    for (int32_t s = 0; s < kSeqs; ++s) {
+      for (int32_t i = 0; i < kPrompt; ++i) {
+        tokens[s].push_back((13 * s + 7 * i + 3) % vocab);
+        slots[s].push_back(64 * s + i);
+      }
+    }
+    SamplingParams sampled;
+    sampled.temperature = 1.2f;
+    sampled.top_k = 20;
+    sampled.seed = 3;
+    SamplingParams penalized;
+    penalized.repetition_penalty = 1.4f;
+    penalized.presence_penalty = 0.3f;
+    StepBatch batch;
+    StepOutput want, got, ref;
+    for (int32_t step = 0; step <= 6; ++step) {
+      batch.clear();
+      batch.logprobs = true;
+      batch.n_top_logits = 4;
+      for (int32_t s = 0; s < kSeqs; ++s) {
+        const SamplingParams params = s == 1 ? sampled : (s == 2 ? penalized : SamplingParams{});
+        const std::span<const int32_t> fresh =
+            step == 0 ? std::span<const int32_t>(tokens[s]) : std::span(&tokens[s].back(), 1);
+        batch.add_sequence(fresh, slots[s], true, params, step);
+        const std::span<const int32_t> all(tokens[s]);
+        batch.set_history(all.first(kPrompt), all.subspan(kPrompt));
+      }
+      LITELLAMA_ASSERT_OK((*direct)->step(batch, &want));
+      LITELLAMA_ASSERT_OK((*graphs)->step(batch, &got));
+      ASSERT_EQ(want.logprobs.size(), static_cast<size_t>(kSeqs));
+      ASSERT_EQ(got.logprobs.size(), static_cast<size_t>(kSeqs));
+      EXPECT_EQ(got.sampled_ids, want.sampled_ids) << "step " << step;
+      for (int32_t s = 0; s < kSeqs; ++s) {
+        EXPECT_FLOAT_EQ(got.logprobs[s], want.logprobs[s]) << "step " << step << " seq " << s;
+        EXPECT_FLOAT_EQ(got.lse[s], want.lse[s]) << "step " << step << " seq " << s;
+        EXPECT_LE(want.logprobs[s], 0.0f);
+        ASSERT_EQ(want.top_logits[s].size(), 4u);
+        if (s == 0) {  // greedy without penalties: the raw argmax
+          EXPECT_EQ(want.sampled_ids[s], want.top_logits[s][0].first);
+          EXPECT_NEAR(want.logprobs[s], want.top_logits[s][0].second - want.lse[s], 1e-5);
+        }
+      }
+      if (cpu) {
+        LITELLAMA_ASSERT_OK(cpu->step(batch, &ref));
+        for (int32_t s = 0; s < kSeqs; ++s) {
+          EXPECT_NEAR(want.lse[s], ref.lse[s], 2e-3) << "step " << step << " seq " << s;
+        }
+        EXPECT_NEAR(want.logprobs[0], ref.logprobs[0], 2e-3) << "step " << step;
+      }
+      for (int32_t s = 0; s < kSeqs; ++s) {
+        tokens[s].push_back(want.sampled_ids[s]);
+        slots[s].push_back(64 * s + static_cast<int32_t>(slots[s].size()));
+      }
+    }
+    EXPECT_GT((*graphs)->graph_replays(), 0);
+  }
+}
+
 TEST(CudaModelRunner, SizesThePoolFromFreeMemory) {
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   TempDir dir("pool_fraction");

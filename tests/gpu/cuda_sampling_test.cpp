@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <span>
 #include <vector>
@@ -45,14 +46,7 @@ DeviceResult run_device(const std::vector<float>& logits, const std::vector<RowC
   std::vector<int32_t> history;
   for (const RowCase& c : cases) {
     SamplingRow r;
-    r.seed = c.params.seed;
-    r.temperature = c.params.temperature;
-    r.top_p = c.params.top_p;
-    r.min_p = c.params.min_p;
-    r.repetition_penalty = c.params.repetition_penalty;
-    r.frequency_penalty = c.params.frequency_penalty;
-    r.presence_penalty = c.params.presence_penalty;
-    r.top_k = c.params.top_k;
+    r.params = c.params;
     r.n_generated = static_cast<int32_t>(c.n_generated);
     r.history_begin = static_cast<int32_t>(history.size());
     history.insert(history.end(), c.prompt.begin(), c.prompt.end());
@@ -292,12 +286,10 @@ TEST(CudaSamplingTiming, DISABLED_LaunchTime) {
       std::uniform_int_distribution<int32_t> id(0, vocab - 1);
       for (int32_t r = 0; r < n_rows; ++r) {
         SamplingRow& row = rows[static_cast<size_t>(r)];
-        row.temperature = cfg.params.temperature;
-        row.top_k = cfg.params.top_k;
-        row.top_p = cfg.params.top_p;
-        row.repetition_penalty = cfg.params.repetition_penalty;
-        row.frequency_penalty = cfg.params.frequency_penalty;
-        row.seed = static_cast<uint64_t>(r);
+        row.params = cfg.params;
+        row.params.presence_penalty = 0.0f;
+        row.params.min_p = 0.0f;
+        row.params.seed = static_cast<uint64_t>(r);
         row.history_begin = static_cast<int32_t>(history.size());
         if (cfg.params.has_penalties()) {
           for (int j = 0; j < 1000; ++j) history.push_back(id(rng));
@@ -345,6 +337,162 @@ TEST(CudaSampling, RefusesTooManyTopLogits) {
   EXPECT_TRUE(sampling_supports(1000, kSamplingMaxTopLogits));
   EXPECT_TRUE(sampling_supports(kSamplingMaxVocab, 0));
   EXPECT_FALSE(sampling_supports(kSamplingMaxVocab + 1, 0));
+}
+
+}  // namespace
+}  // namespace litellama
+
+namespace litellama {
+namespace {
+
+// A float rounded to bfloat16 (nearest even), as a bf16 model's logits are valued.
+float to_bf16(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  b = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
+  float r;
+  std::memcpy(&r, &b, 4);
+  return r;
+}
+
+// Logprobs of the device sampler against a double-precision log-softmax of the raw logits, for
+// fp32 and bf16-valued logits, greedy rows (the argmax kernel is not used then), sampled rows and
+// rows whose penalties pick an id they changed; launched directly and replayed from a captured
+// CUDA graph (twice, with the penalty marks reset by the sampler itself in between). The sampled
+// ids are the CPU sampler's.
+TEST(CudaSampling, LogprobsMatchCpuLogSoftmaxInAndOutOfGraphs) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  std::mt19937 rng(41);
+  const int32_t vocab = 128256;
+  const int32_t n_top = 5;
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16 logits" : "fp32 logits");
+    std::vector<RowCase> cases(6);
+    cases[1].params.temperature = 0.9f;
+    cases[1].params.top_p = 0.9f;
+    cases[1].params.seed = 4;
+    cases[2].params.temperature = 1.4f;
+    cases[2].params.top_k = 50;
+    cases[2].params.repetition_penalty = 1.3f;
+    cases[2].params.seed = 5;
+    cases[2].prompt = {1, 2, 3};
+    cases[2].generated = {7, 7};
+    cases[3].params.presence_penalty = -1000.0f;  // greedy onto a penalised (boosted) id
+    cases[3].generated = {12345};
+    cases[3].n_generated = 1;
+    cases[4].params.frequency_penalty = 0.5f;
+    cases[4].params.temperature = 0.7f;
+    cases[4].params.seed = 6;
+    cases[4].generated = {5, 6, 5};
+    cases[4].n_generated = 3;
+    const auto n_rows = static_cast<int32_t>(cases.size());
+    std::vector<float> logits = normal_logits(static_cast<size_t>(n_rows) * vocab, 3.0f, rng);
+    if (bf16) {
+      for (float& l : logits) l = to_bf16(l);
+    }
+
+    // CPU reference: ids from the CPU sampler, logprobs from a double log-softmax.
+    std::vector<int32_t> cpu_ids(static_cast<size_t>(n_rows));
+    std::vector<double> lse(static_cast<size_t>(n_rows));
+    for (int32_t r = 0; r < n_rows; ++r) {
+      std::vector<float> row(logits.begin() + static_cast<int64_t>(r) * vocab,
+                             logits.begin() + static_cast<int64_t>(r + 1) * vocab);
+      double max = -INFINITY;
+      for (float l : row) max = std::max(max, static_cast<double>(l));
+      double total = 0;
+      for (float l : row) total += std::exp(static_cast<double>(l) - max);
+      lse[static_cast<size_t>(r)] = max + std::log(total);
+      SamplingInput in;
+      in.prompt_ids = cases[static_cast<size_t>(r)].prompt;
+      in.generated_ids = cases[static_cast<size_t>(r)].generated;
+      in.n_generated = cases[static_cast<size_t>(r)].n_generated;
+      cpu_ids[static_cast<size_t>(r)] = sample_token(row, cases[static_cast<size_t>(r)].params, in);
+    }
+    EXPECT_EQ(cpu_ids[3], 12345);
+
+    std::vector<SamplingRow> rows;
+    std::vector<int32_t> history;
+    for (const RowCase& c : cases) {
+      SamplingRow row;
+      row.params = c.params;
+      row.n_generated = static_cast<int32_t>(c.n_generated);
+      row.history_begin = static_cast<int32_t>(history.size());
+      history.insert(history.end(), c.prompt.begin(), c.prompt.end());
+      history.insert(history.end(), c.generated.begin(), c.generated.end());
+      row.history_end = static_cast<int32_t>(history.size());
+      row.n_prompt = static_cast<int32_t>(c.prompt.size());
+      rows.push_back(row);
+    }
+    DevBuf d_logits = upload(logits), d_rows = upload(rows), d_hist = upload(history);
+    DevBuf d_sampled(static_cast<size_t>(n_rows) * 4);
+    DevBuf d_top_ids(static_cast<size_t>(n_rows) * n_top * 4);
+    DevBuf d_top_values(static_cast<size_t>(n_rows) * n_top * 4);
+    DevBuf d_lp(static_cast<size_t>(n_rows) * 4), d_lse(static_cast<size_t>(n_rows) * 4);
+    DevBuf d_raw(history.size() * 4 + 4);
+    const size_t marks_bytes = sampling_workspace_size_bytes(n_rows, vocab);
+    DevBuf d_marks(marks_bytes);
+    ASSERT_EQ(cudaMemset(d_marks.get(), 0, marks_bytes), cudaSuccess);
+    SamplingLogprobs lp;
+    lp.logprobs = d_lp.as<float>();
+    lp.lse = d_lse.as<float>();
+    lp.history_raw = d_raw.as<float>();
+    cudaStream_t stream;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    auto launch = [&] {
+      return launch_sampling(d_sampled.as<int32_t>(), d_top_ids.as<int32_t>(),
+                             d_top_values.as<float>(), d_logits.as<float>(),
+                             d_rows.as<SamplingRow>(), d_hist.as<int32_t>(), n_rows, vocab, n_top,
+                             d_marks.as<int32_t>(), stream, /*greedy_only=*/false, 0, lp);
+    };
+    auto check = [&](const char* how) {
+      SCOPED_TRACE(how);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      const auto ids = download<int32_t>(d_sampled, static_cast<size_t>(n_rows));
+      const auto got_lp = download<float>(d_lp, static_cast<size_t>(n_rows));
+      const auto got_lse = download<float>(d_lse, static_cast<size_t>(n_rows));
+      const auto top_ids = download<int32_t>(d_top_ids, static_cast<size_t>(n_rows) * n_top);
+      const auto top_values = download<float>(d_top_values, static_cast<size_t>(n_rows) * n_top);
+      for (int32_t r = 0; r < n_rows; ++r) {
+        const auto s = static_cast<size_t>(r);
+        EXPECT_EQ(ids[s], cpu_ids[s]) << "row " << r;
+        EXPECT_NEAR(got_lse[s], lse[s], 2e-5 * std::max(1.0, std::abs(lse[s]))) << "row " << r;
+        const double raw = logits[static_cast<size_t>(r) * vocab + static_cast<size_t>(ids[s])];
+        EXPECT_NEAR(got_lp[s], raw - lse[s], 2e-5 * std::max(1.0, std::abs(lse[s]))) << "row " << r;
+        for (int32_t k = 0; k < n_top; ++k) {
+          const size_t i = s * n_top + static_cast<size_t>(k);
+          const double want = logits[static_cast<size_t>(r) * vocab + top_ids[i]] - lse[s];
+          EXPECT_NEAR(top_values[i] - got_lse[s], want, 2e-5 * std::max(1.0, std::abs(lse[s])));
+        }
+      }
+    };
+    // Each launch penalises the logits in place: start every run from the raw ones.
+    auto reset_logits = [&] {
+      ASSERT_EQ(cudaMemcpyAsync(d_logits.get(), logits.data(), logits.size() * 4,
+                                cudaMemcpyHostToDevice, stream),
+                cudaSuccess);
+    };
+    reset_logits();
+    ASSERT_TRUE(launch().is_ok());
+    check("direct launch");
+
+    cudaGraph_t graph = nullptr;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    const Status captured = launch();
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    ASSERT_TRUE(captured.is_ok()) << captured.to_string();
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    for (int replay = 0; replay < 2; ++replay) {
+      ASSERT_EQ(cudaMemsetAsync(d_lp.get(), 0xff, static_cast<size_t>(n_rows) * 4, stream),
+                cudaSuccess);
+      reset_logits();
+      ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+      check("graph replay");
+    }
+    (void)cudaGraphExecDestroy(exec);
+    (void)cudaGraphDestroy(graph);
+    (void)cudaStreamDestroy(stream);
+  }
 }
 
 }  // namespace

@@ -77,6 +77,11 @@ TEST(ForwardPlan, SmallDecodeStepsTakeTheGemvLayersAndAGraph) {
   EXPECT_NE(f.plan(make_batch(1, 100, 0, true)).graph_key, p.graph_key);
   EXPECT_NE(f.plan(make_batch(1, 100, 0, false), 4).graph_key, p.graph_key);
   EXPECT_EQ(f.plan(make_batch(1, 101, 0, false)).graph_key, p.graph_key);
+  StepBatch with_logprobs = make_batch(1, 100, 0, false);
+  with_logprobs.logprobs = true;
+  const ForwardPlan lp = f.plan(with_logprobs);
+  EXPECT_NE(lp.graph_key, p.graph_key);
+  EXPECT_FALSE(lp.greedy_sampler);
   const std::string text = p.describe();
   EXPECT_NE(text.find("GEMV variants"), std::string::npos) << text;
   EXPECT_NE(text.find("CUDA graph"), std::string::npos) << text;

@@ -306,9 +306,9 @@ TEST_F(ApiTest, ErrorsUseTheEnvelope) {
   expect_error(get("/v1/nothing"), 404);
   expect_error(get("/v1/chat/completions"), 405);
   expect_error(post("/v1/models", std::string("{}")), 405);
-  for (const char* field : {"tools", "response_format", "logit_bias", "logprobs"}) {
+  for (const char* field : {"tools", "response_format", "logit_bias"}) {
     body = chat_body("hi", 2);
-    body[field] = field == std::string("logprobs") ? json(true) : json::array({1});
+    body[field] = json::array({1});
     expect_error(post("/v1/chat/completions", body), 400, field);
   }
   body = chat_body("hi", 2);
@@ -326,6 +326,150 @@ TEST_F(ApiTest, ErrorsUseTheEnvelope) {
   // 413: over --max-request-bytes.
   body = chat_body(std::string(kMaxRequestBytes, 'a'), 2);
   expect_error(post("/v1/chat/completions", body), 413);
+}
+
+// Logprobs (of the raw distribution) in OpenAI's chat format: one entry per generated token,
+// each with its bytes and top_logprobs most likely alternatives (most likely first, logprobs
+// that are a distribution's: <= 0, decreasing); greedy picks the most likely, so its token is its
+// first alternative. The stream carries the same values as the whole response.
+TEST_F(ApiTest, ChatLogprobsStreamingAndNot) {
+  json body = chat_body("Tell me", 6);
+  body["logprobs"] = true;
+  body["top_logprobs"] = 3;
+  const HttpResponse r = post("/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = json::parse(r.body);
+  const json& content = j["choices"][0]["logprobs"]["content"];
+  ASSERT_TRUE(content.is_array()) << r.body;
+  ASSERT_EQ(content.size(), 6u) << r.body;
+  std::string joined;
+  bool plain_text = true;  // no special token and no piece of a character
+  for (const json& t : content) {
+    ASSERT_TRUE(t["logprob"].is_number()) << t;
+    EXPECT_LE(t["logprob"].get<double>(), 0.0);
+    ASSERT_EQ(t["top_logprobs"].size(), 3u) << t;
+    double prev = 0.0;
+    for (const json& alt : t["top_logprobs"]) {
+      EXPECT_LE(alt["logprob"].get<double>(), prev + 1e-6) << t;
+      prev = alt["logprob"].get<double>();
+      EXPECT_TRUE(alt["token"].is_string() && alt["bytes"].is_array()) << alt;
+    }
+    EXPECT_EQ(t["token"], t["top_logprobs"][0]["token"]) << t;
+    EXPECT_NEAR(t["logprob"].get<double>(), t["top_logprobs"][0]["logprob"].get<double>(), 1e-6);
+    std::string bytes;
+    for (const json& b : t["bytes"]) bytes += static_cast<char>(b.get<int>());
+    if (t["token"].get<std::string>().rfind("bytes:", 0) != 0) {
+      EXPECT_EQ(bytes, t["token"].get<std::string>());
+    } else {
+      plain_text = false;
+    }
+    if (bytes.find("<|") != std::string::npos) plain_text = false;
+    joined += bytes;
+  }
+  // The tokens' bytes spell the text.
+  if (plain_text) EXPECT_EQ(joined, j["choices"][0]["message"]["content"].get<std::string>());
+
+  body["stream"] = true;
+  const HttpResponse s = post("/v1/chat/completions", body);
+  ASSERT_EQ(s.status, 200) << s.body;
+  std::vector<json> streamed;
+  for (const std::string& e : sse_events(s.body)) {
+    if (e == "[DONE]") break;
+    const json c = json::parse(e);
+    const json& lp = c["choices"][0]["logprobs"];
+    if (lp.is_null()) continue;
+    for (const json& t : lp["content"]) streamed.push_back(t);
+  }
+  ASSERT_EQ(streamed.size(), content.size()) << s.body;
+  for (size_t i = 0; i < streamed.size(); ++i) {
+    EXPECT_EQ(streamed[i]["token"], content[i]["token"]);
+    EXPECT_NEAR(streamed[i]["logprob"].get<double>(), content[i]["logprob"].get<double>(), 1e-6);
+  }
+
+  // Sampling with a temperature and penalties leaves the logprobs of the raw distribution: the
+  // most likely alternatives of the first position are the same as greedy's.
+  body["stream"] = false;
+  body["temperature"] = 1.5;
+  body["presence_penalty"] = 1.0;
+  body["seed"] = 5;
+  const json hot = json::parse(post("/v1/chat/completions", body).body);
+  const json& first = hot["choices"][0]["logprobs"]["content"][0];
+  for (size_t k = 0; k < 3; ++k) {
+    EXPECT_EQ(first["top_logprobs"][k]["token"], content[0]["top_logprobs"][k]["token"]);
+    EXPECT_NEAR(first["top_logprobs"][k]["logprob"].get<double>(),
+                content[0]["top_logprobs"][k]["logprob"].get<double>(), 1e-5);
+  }
+
+  // Without logprobs: null.
+  const json plain = json::parse(post("/v1/chat/completions", chat_body("Tell me", 2)).body);
+  EXPECT_TRUE(plain["choices"][0]["logprobs"].is_null());
+}
+
+// Completions take logprobs as a count and answer in the legacy format; with echo only the
+// generated tokens are listed (the prompt's have no logprobs here), offsets counting from the
+// end of the echoed prompt.
+TEST_F(ApiTest, CompletionsLogprobsLegacyFormatStreamingAndNot) {
+  const std::string prompt = "Once upon";
+  json body = {{"model", kModel},    {"prompt", prompt}, {"max_tokens", 5}, {"temperature", 0},
+               {"ignore_eos", true}, {"logprobs", 2},    {"echo", true}};
+  const HttpResponse r = post("/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = json::parse(r.body);
+  const json& lp = j["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 5u) << r.body;
+  ASSERT_EQ(lp["token_logprobs"].size(), 5u);
+  ASSERT_EQ(lp["top_logprobs"].size(), 5u);
+  ASSERT_EQ(lp["text_offset"].size(), 5u);
+  EXPECT_EQ(lp["text_offset"][0], prompt.size());
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_LE(lp["token_logprobs"][i].get<double>(), 0.0);
+    ASSERT_TRUE(lp["top_logprobs"][i].is_object());
+    EXPECT_GE(lp["top_logprobs"][i].size(), 1u);
+    EXPECT_LE(lp["top_logprobs"][i].size(), 2u);
+    // Greedy: the token is among its alternatives with the same logprob.
+    const std::string token = lp["tokens"][i];
+    ASSERT_TRUE(lp["top_logprobs"][i].contains(token)) << lp;
+    EXPECT_NEAR(lp["top_logprobs"][i][token].get<double>(), lp["token_logprobs"][i].get<double>(),
+                1e-6);
+  }
+  const std::string text = j["choices"][0]["text"];
+  EXPECT_EQ(text.rfind(prompt, 0), 0u);
+
+  body["stream"] = true;
+  const HttpResponse s = post("/v1/completions", body);
+  ASSERT_EQ(s.status, 200) << s.body;
+  std::vector<double> streamed;
+  std::vector<int64_t> offsets;
+  for (const std::string& e : sse_events(s.body)) {
+    if (e == "[DONE]") break;
+    const json event = json::parse(e);
+    const json& c = event["choices"][0];
+    if (c["logprobs"].is_null()) continue;
+    for (const json& v : c["logprobs"]["token_logprobs"]) streamed.push_back(v.get<double>());
+    for (const json& v : c["logprobs"]["text_offset"]) offsets.push_back(v.get<int64_t>());
+  }
+  ASSERT_EQ(streamed.size(), 5u) << s.body;
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_NEAR(streamed[i], lp["token_logprobs"][i].get<double>(), 1e-6);
+    EXPECT_EQ(offsets[i], lp["text_offset"][i].get<int64_t>());
+  }
+}
+
+TEST_F(ApiTest, LogprobsFieldErrorsNameTheParam) {
+  json body = chat_body("hi", 2);
+  body["logprobs"] = true;
+  body["top_logprobs"] = 21;
+  expect_error(post("/v1/chat/completions", body), 400, "top_logprobs");
+  body = chat_body("hi", 2);
+  body["top_logprobs"] = 2;  // without logprobs
+  expect_error(post("/v1/chat/completions", body), 400, "top_logprobs");
+  body = chat_body("hi", 2);
+  body["logprobs"] = 3;  // chat takes a boolean
+  expect_error(post("/v1/chat/completions", body), 400, "logprobs");
+  body = {{"model", kModel}, {"prompt", "hi"}, {"logprobs", 21}};
+  expect_error(post("/v1/completions", body), 400, "logprobs");
+  body = {{"model", kModel}, {"prompt", "hi"}, {"logprobs", true}};
+  expect_error(post("/v1/completions", body), 400, "logprobs");
 }
 
 TEST_F(ApiTest, ContextLengthExceededNamesBothLengths) {

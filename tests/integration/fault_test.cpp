@@ -520,18 +520,20 @@ TEST(Fault, MalformedRequestsGetTheirOwnIdAndSayWhatIsWrong) {
   cluster.start_all();
   RawClient raw(cluster.endpoint("client"));
 
-  raw.send(generate_request_with_string_max_tokens(1, 77));
+  raw.send(generate_request_with_string_max_tokens(proto::kProtocolVersion, 77));
   auto typed = raw.next_error(5000);
   ASSERT_TRUE(typed.has_value());
   EXPECT_EQ(typed->request_id, 77u);
   EXPECT_NE(typed->message.find("field 'max_tokens' has the wrong type"), std::string::npos)
       << typed->message;
 
-  raw.send(generate_request_with_string_max_tokens(2, 78));
+  raw.send(generate_request_with_string_max_tokens(proto::kProtocolVersion + 1, 78));
   auto version = raw.next_error(5000);
   ASSERT_TRUE(version.has_value());
   EXPECT_EQ(version->request_id, 78u);
-  EXPECT_NE(version->message.find("protocol version 2"), std::string::npos) << version->message;
+  EXPECT_NE(version->message.find(fmt::format("protocol version {}", proto::kProtocolVersion + 1)),
+            std::string::npos)
+      << version->message;
 
   proto::GenerateRequest two = ids_request(4);
   two.request_id = 79;

@@ -40,6 +40,10 @@ struct Stream {
   size_t n_chunks = 0;
   std::vector<std::pair<int32_t, float>> top_logits;
   size_t n_chunks_with_top_logits = 0;
+  std::vector<float> logprobs;
+  std::vector<std::vector<std::pair<int32_t, float>>> top_logprobs;
+  std::vector<std::vector<std::string>> pieces;
+  bool logprobs_aligned = true;  // every chunk's logprobs line up with its ids
 };
 
 // Runs every outstanding request of `client` to its end.
@@ -66,6 +70,15 @@ std::unordered_map<uint64_t, Stream> collect(net::SchedulerClient& client,
     ++s.n_chunks;
     s.ids.insert(s.ids.end(), chunk.token_ids.begin(), chunk.token_ids.end());
     s.text += chunk.text;
+    if (!chunk.logprobs.empty() || !chunk.top_logprobs.empty() || !chunk.pieces.empty()) {
+      s.logprobs_aligned = s.logprobs_aligned && chunk.logprobs.size() == chunk.token_ids.size() &&
+                           chunk.top_logprobs.size() == chunk.token_ids.size() &&
+                           chunk.pieces.size() == chunk.token_ids.size();
+      s.logprobs.insert(s.logprobs.end(), chunk.logprobs.begin(), chunk.logprobs.end());
+      s.top_logprobs.insert(s.top_logprobs.end(), chunk.top_logprobs.begin(),
+                            chunk.top_logprobs.end());
+      s.pieces.insert(s.pieces.end(), chunk.pieces.begin(), chunk.pieces.end());
+    }
     if (!chunk.top_logits.empty()) {
       EXPECT_EQ(s.ids.size(), chunk.token_ids.size())
           << "top logits not on the first token's chunk";
@@ -161,6 +174,84 @@ void expect_top_logits_near(const std::vector<std::pair<int32_t, float>>& got,
               1e-4f * std::max(1.0f, std::abs(want[k].second)))
         << what << " rank " << k << ": " << got[k].second << " vs " << want[k].second;
   }
+}
+
+// Logprobs through the services (ring, scheduler, chunks) equal the offline engine's for every
+// generated token, greedy and sampled with penalties side by side in one step, and each token's
+// piece is its id decoded alone (the ids' pieces spell the text when it is plain).
+TEST(ServicesIntegration, LogprobsOfEveryTokenMatchOfflineEngine) {
+  ServiceCluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.start_all());
+  const std::vector<int32_t> n_top = {3, 0, 5, -1};  // -1: no logprobs
+  std::vector<GenerationRequest> reference(n_top.size());
+  std::vector<proto::GenerateRequest> requests(n_top.size());
+  std::mt19937 rng(23);
+  for (size_t i = 0; i < n_top.size(); ++i) {
+    const int n_prompt = 2 + static_cast<int>(rng() % 30);
+    for (int k = 0; k < n_prompt; ++k) {
+      reference[i].prompt_ids.push_back(static_cast<int32_t>(rng() % 120000));
+    }
+    reference[i].max_new_tokens = 6;
+    if (i == 2) {
+      reference[i].sampling.temperature = 1.3f;
+      reference[i].sampling.repetition_penalty = 1.4f;
+      reference[i].sampling.seed = 9;
+    }
+    reference[i].logprobs = n_top[i] >= 0;
+    reference[i].n_top_logprobs = std::max(0, n_top[i]);
+    requests[i].prompt_ids = reference[i].prompt_ids;
+    requests[i].max_tokens = reference[i].max_new_tokens;
+    requests[i].ignore_eos = true;
+    requests[i].sampling.temperature = reference[i].sampling.temperature;
+    requests[i].sampling.repetition_penalty = reference[i].sampling.repetition_penalty;
+    requests[i].sampling.seed = reference[i].sampling.seed;
+    requests[i].logprobs = reference[i].logprobs;
+    requests[i].top_logprobs = reference[i].n_top_logprobs;
+  }
+  const auto expected = offline_reference(cluster.model_dir(), reference);
+  auto c = cluster.client();
+  std::vector<uint64_t> ids;
+  for (const auto& r : requests) {
+    auto id = c->submit(r);
+    ASSERT_TRUE(id.is_ok());
+    ids.push_back(*id);
+  }
+  auto got = collect(*c, ids);
+  for (size_t i = 0; i < n_top.size(); ++i) {
+    const Stream& s = got[ids[i]];
+    const std::string what = "request " + std::to_string(i);
+    ASSERT_TRUE(s.done && !s.error) << what << "\n" << cluster.logs();
+    EXPECT_EQ(s.ids, expected[i].output_ids) << what;
+    if (n_top[i] < 0) {
+      EXPECT_TRUE(s.logprobs.empty() && s.top_logprobs.empty()) << what;
+      continue;
+    }
+    EXPECT_TRUE(s.logprobs_aligned) << what;
+    ASSERT_EQ(s.logprobs.size(), expected[i].logprobs.size()) << what;
+    ASSERT_EQ(s.top_logprobs.size(), expected[i].top_logprobs.size()) << what;
+    for (size_t t = 0; t < s.logprobs.size(); ++t) {
+      EXPECT_NEAR(s.logprobs[t], expected[i].logprobs[t], 1e-4) << what << " token " << t;
+      EXPECT_LE(s.logprobs[t], 0.0f);
+      ASSERT_EQ(s.top_logprobs[t].size(), static_cast<size_t>(n_top[i])) << what;
+      for (size_t k = 0; k < s.top_logprobs[t].size(); ++k) {
+        EXPECT_EQ(s.top_logprobs[t][k].first, expected[i].top_logprobs[t][k].first) << what;
+        EXPECT_NEAR(s.top_logprobs[t][k].second, expected[i].top_logprobs[t][k].second, 1e-4);
+      }
+      ASSERT_EQ(s.pieces[t].size(), 1u + n_top[i]) << what << " token " << t;
+    }
+  }
+
+  // top_logprobs without logprobs, or past 20, is refused naming the field.
+  proto::GenerateRequest bad = requests[0];
+  bad.logprobs = false;
+  auto refused = c->generate(bad, nullptr, 30000);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("top_logprobs"), std::string::npos);
+  bad.logprobs = true;
+  bad.top_logprobs = proto::kMaxTopLogprobs + 1;
+  refused = c->generate(bad, nullptr, 30000);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("top_logprobs"), std::string::npos);
 }
 
 TEST(ServicesIntegration, TopLogitsOfTheFirstTokenMatchOfflineEngine) {
@@ -371,7 +462,7 @@ void send_garbage(const std::string& endpoint, zmq::socket_type type) {
     msgpack::packer<msgpack::sbuffer> p(b);
     p.pack_map(2);
     p.pack(std::string("v"));
-    p.pack(1);
+    p.pack(proto::kProtocolVersion);
     p.pack(std::string("type"));
     p.pack(std::string("no_such_message"));
     payloads.emplace_back(b.data(), b.size());
@@ -381,7 +472,7 @@ void send_garbage(const std::string& endpoint, zmq::socket_type type) {
     msgpack::packer<msgpack::sbuffer> p(b);
     p.pack_map(4);
     p.pack(std::string("v"));
-    p.pack(1);
+    p.pack(proto::kProtocolVersion);
     p.pack(std::string("type"));
     p.pack(std::string("generate_request"));
     p.pack(std::string("max_tokens"));

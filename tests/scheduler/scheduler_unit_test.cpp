@@ -1,5 +1,6 @@
 // Scheduler pieces without processes: KV slot allocator, wire codec, the continuous batcher's
 // placeholders and slot release, the stateless detokenization window.
+#include <cstring>
 #include <map>
 
 #include <gtest/gtest.h>
@@ -56,6 +57,66 @@ TEST(ProtoCodec, RoundTripAndRejections) {
     const auto type = static_cast<proto::MessageType>(t);
     EXPECT_EQ(proto::parse_message_type(proto::message_type_name(type)), type);
   }
+}
+
+// SamplingParams on the wire: a map of its eight named fields (not its padding), every field
+// round-trips, absent keys keep their defaults, unknown keys are ignored and a wrong type names
+// the message's field.
+TEST(ProtoCodec, SamplingParamsIsAMapOfItsNamedFields) {
+  proto::GenerateRequest r;
+  r.sampling.temperature = 0.7f;
+  r.sampling.top_k = 40;
+  r.sampling.top_p = 0.9f;
+  r.sampling.min_p = 0.05f;
+  r.sampling.repetition_penalty = 1.1f;
+  r.sampling.frequency_penalty = 0.2f;
+  r.sampling.presence_penalty = -0.3f;
+  r.sampling.seed = (uint64_t{1} << 60) + 7;
+  r.logprobs = true;
+  r.top_logprobs = 4;
+  auto back = proto::decode<proto::GenerateRequest>(proto::encode(r));
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(std::memcmp(&back->sampling, &r.sampling, sizeof(SamplingParams)), 0);
+  EXPECT_TRUE(back->logprobs);
+  EXPECT_EQ(back->top_logprobs, 4);
+
+  auto pack_request = [](auto&& write_sampling, uint32_t n_sampling_keys) {
+    msgpack::sbuffer b;
+    msgpack::packer<msgpack::sbuffer> p(b);
+    p.pack_map(3);
+    p.pack(std::string("v"));
+    p.pack(proto::kProtocolVersion);
+    p.pack(std::string("type"));
+    p.pack(std::string("generate_request"));
+    p.pack(std::string("sampling"));
+    p.pack_map(n_sampling_keys);
+    write_sampling(p);
+    return std::string(b.data(), b.size());
+  };
+  const std::string partial = pack_request(
+      [](auto& p) {
+        p.pack(std::string("top_k"));
+        p.pack(5);
+        p.pack(std::string("not_a_field"));
+        p.pack(std::string("ignored"));
+      },
+      2);
+  auto got = proto::decode<proto::GenerateRequest>(partial);
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  EXPECT_EQ(got->sampling.top_k, 5);
+  EXPECT_EQ(got->sampling.top_p, 1.0f);
+  EXPECT_EQ(got->sampling.repetition_penalty, 1.0f);
+  const std::string wrong = pack_request(
+      [](auto& p) {
+        p.pack(std::string("temperature"));
+        p.pack(std::string("hot"));
+      },
+      1);
+  auto refused = proto::decode<proto::GenerateRequest>(wrong);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("field 'sampling' has the wrong type"),
+            std::string::npos)
+      << refused.status().message();
 }
 
 // A fake model: the next id is a function of the fed id and its position.

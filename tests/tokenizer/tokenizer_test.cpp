@@ -302,3 +302,36 @@ INSTANTIATE_TEST_SUITE_P(tokenizer, TokenizerTest,
 
 }  // namespace
 }  // namespace litellama
+
+namespace litellama {
+namespace {
+
+// token_bytes: the bytes an id stands for alone (logprobs' token bytes): a byte-level token's
+// bytes (a lone byte of a multi-byte character included), a byte-fallback token's one byte, a
+// Metaspace token with its leading space kept, a special token's content.
+TEST(TokenizerTokenBytes, ByteLevelByteFallbackAndMetaspace) {
+  const Tokenizer* llama3 = test::shared_tokenizer("llama3");
+  ASSERT_NE(llama3, nullptr);
+  const auto hello = llama3->token_to_id("\u0120hello");  // "Ġhello"
+  ASSERT_TRUE(hello.has_value());
+  EXPECT_EQ(llama3->token_bytes(*hello), " hello");
+  const auto lone = llama3->token_to_id("\u00c3");  // byte 0xC3, the first of "é"
+  ASSERT_TRUE(lone.has_value());
+  EXPECT_EQ(llama3->token_bytes(*lone), "\xc3");
+  const auto eot = llama3->token_to_id("<|eot_id|>");
+  ASSERT_TRUE(eot.has_value());
+  EXPECT_EQ(llama3->token_bytes(*eot), "<|eot_id|>");
+  EXPECT_EQ(llama3->token_bytes(-1), "");
+
+  const Tokenizer* llama2 = test::shared_tokenizer("llama2");
+  ASSERT_NE(llama2, nullptr);
+  const auto byte = llama2->token_to_id("<0xC3>");
+  ASSERT_TRUE(byte.has_value());
+  EXPECT_EQ(llama2->token_bytes(*byte), "\xc3");
+  const auto word = llama2->token_to_id("\u2581the");  // "▁the"
+  ASSERT_TRUE(word.has_value());
+  EXPECT_EQ(llama2->token_bytes(*word), " the");
+}
+
+}  // namespace
+}  // namespace litellama

@@ -3,6 +3,7 @@
 // a step mixing prefill and decode sequences matches running them apart, and bad batches are
 // refused before anything is written.
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <random>
 
@@ -146,6 +147,72 @@ TEST_F(RunnerTest, ChunkedPrefillMatchesOneShotPrefill) {
   for (size_t k = 0; k < 3; ++k) {
     EXPECT_NEAR(chunked.top_logits[0][k].second, one_shot.top_logits[0][k].second, 1e-4);
   }
+}
+
+// Logprobs are the log-softmax of the raw logits: every sampled row's logprob and lse match a
+// double-precision log-softmax of the runner's raw logits (all of them, as top logits) within
+// 1e-5, whatever the row's temperature and penalties, also when the sampled id is one the
+// penalties changed.
+TEST_F(RunnerTest, LogprobsAreTheRawLogSoftmaxWhateverTheSampling) {
+  const int32_t vocab = ckpt_->config().vocab_size;
+  const std::vector<int32_t> prompt = {5, 17, 29, 41};
+  StepBatch batch;
+  StepOutput out;
+  batch.n_top_logits = vocab;
+  batch.logprobs = true;
+  SamplingParams greedy;
+  SamplingParams hot;
+  hot.temperature = 1.7f;
+  hot.top_k = 40;
+  hot.repetition_penalty = 1.5f;
+  hot.frequency_penalty = 0.7f;
+  hot.seed = 3;
+  int32_t slot = 0;
+  auto add = [&](const SamplingParams& p, const std::vector<int32_t>& generated) {
+    std::vector<int32_t> slots(prompt.size());
+    std::iota(slots.begin(), slots.end(), slot);
+    slot += static_cast<int32_t>(prompt.size());
+    batch.add_sequence(prompt, slots, true, p, static_cast<int32_t>(generated.size()));
+    batch.set_history(prompt, generated);
+  };
+  add(greedy, {});
+  add(hot, {7, 7, 9});
+  ASSERT_TRUE(runner_->step(batch, &out).is_ok());
+  const int32_t raw_argmax = out.top_logits[0][0].first;
+  // A greedy row whose presence penalty (negative: a bonus) makes it pick an id of its history
+  // that is not the raw argmax: its logprob must still be of the raw logit.
+  const int32_t boosted = raw_argmax == 3 ? 4 : 3;
+  SamplingParams bonus;
+  bonus.presence_penalty = -1000.0f;
+  add(bonus, {boosted});
+  ASSERT_TRUE(runner_->step(batch, &out).is_ok());
+  EXPECT_EQ(out.sampled_ids[2], boosted);
+
+  ASSERT_EQ(out.logprobs.size(), 3u);
+  ASSERT_EQ(out.lse.size(), 3u);
+  for (size_t s = 0; s < 3; ++s) {
+    ASSERT_EQ(out.top_logits[s].size(), static_cast<size_t>(vocab));
+    std::vector<double> raw(static_cast<size_t>(vocab));
+    for (const auto& [id, value] : out.top_logits[s]) raw[static_cast<size_t>(id)] = value;
+    const double max = *std::max_element(raw.begin(), raw.end());
+    double total = 0;
+    for (double v : raw) total += std::exp(v - max);
+    const double lse = max + std::log(total);
+    EXPECT_NEAR(out.lse[s], lse, 1e-5) << s;
+    const auto id = static_cast<size_t>(out.sampled_ids[s]);
+    EXPECT_NEAR(out.logprobs[s], raw[id] - lse, 1e-5) << s;
+    // The top list less lse is the logprob of those ids.
+    EXPECT_NEAR(out.top_logits[s][0].second - out.lse[s], raw[out.top_logits[s][0].first] - lse,
+                1e-5);
+  }
+  // Same prompt, so the same raw distribution, whatever each row's sampling.
+  EXPECT_FLOAT_EQ(out.lse[0], out.lse[1]);
+  EXPECT_FLOAT_EQ(out.lse[0], out.lse[2]);
+
+  // Without the flag no logprobs are returned.
+  batch.logprobs = false;
+  ASSERT_TRUE(runner_->step(batch, &out).is_ok());
+  EXPECT_TRUE(out.logprobs.empty());
 }
 
 TEST_F(RunnerTest, RefusesInvalidBatches) {

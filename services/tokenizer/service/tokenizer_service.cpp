@@ -30,7 +30,6 @@ prometheus::Histogram::BucketBoundaries op_buckets() {
 struct TokenizerService::Impl {
   std::optional<Tokenizer> tokenizer;
   std::vector<int32_t> eos_token_ids;
-  int32_t bos_token_id = -1;
 };
 
 TokenizerService::TokenizerService(TokenizerOptions options)
@@ -101,7 +100,6 @@ Status TokenizerService::start() {
   impl_->tokenizer.emplace(std::move(loaded).value());
   const Tokenizer& tok = *impl_->tokenizer;
   impl_->eos_token_ids = tok.eos_token_ids();
-  impl_->bos_token_id = tok.bos_token_id().value_or(-1);
   loaded_.store(true);
   {
     // A template we cannot render still serves text prompts: say so now, in the words chat
@@ -140,7 +138,7 @@ Status TokenizerService::start() {
 proto::EncodeReply TokenizerService::encode(const proto::EncodeRequest& request) {
   const Tokenizer& tok = *impl_->tokenizer;
   proto::EncodeReply reply;
-  reply.request_id = request.request_id;
+  reply.op_id = request.op_id;
   std::string text = request.text;
   bool add_special = request.add_special_tokens;
   if (!request.messages.empty()) {
@@ -168,7 +166,7 @@ proto::EncodeReply TokenizerService::encode(const proto::EncodeRequest& request)
 proto::DetokenizeReply TokenizerService::detokenize(const proto::DetokenizeRequest& request) {
   const Tokenizer& tok = *impl_->tokenizer;
   proto::DetokenizeReply reply;
-  reply.batch_id = request.batch_id;
+  reply.op_id = request.op_id;
   for (const proto::DetokenizeItem& item : request.items) {
     const DecodeFn decode = [&](std::span<const int32_t> ids) -> Result<std::string> {
       return tok.decode(ids, item.skip_special_tokens);
@@ -180,6 +178,7 @@ proto::DetokenizeReply TokenizerService::detokenize(const proto::DetokenizeReque
       return reply;
     }
     reply.items.push_back(std::move(result).value());
+    for (int32_t id : item.piece_ids) reply.items.back().pieces.push_back(tok.token_bytes(id));
   }
   return reply;
 }
@@ -241,7 +240,6 @@ void TokenizerService::run() {
   proto::TokenizerHeartbeat hb;
   hb.incarnation = incarnation_;
   hb.eos_token_ids = impl_->eos_token_ids;
-  hb.bos_token_id = impl_->bos_token_id;
   const std::string hb_bytes = proto::encode(hb);
   while (!stop_.load()) {
     const double now = monotonic_seconds();

@@ -36,12 +36,12 @@
 // once per step by plan_forward() (forward_plan.h) before any launch; the code below follows that
 // plan. A pure decode step (every sequence brings one token and is sampled) is launched through
 // GraphRunner (graph_runner.h) under the plan's key, which holds (batch size, top-logit count,
-// attention split count, whether every row is greedy). For a replay to be right, every array the
-// kernels read lives at an offset of the staging buffer that depends only on the batch size
-// (StepLayout puts the variable-length slot table last; the penalty history, the other
-// variable-length array, has a staging buffer of its own), and the kernels read kv_len, the slot
-// table and the history from there rather than from launch arguments. Growing a staging buffer
-// moves it, which drops every graph.
+// attention split count, whether every row is greedy, whether logprobs are returned). For a replay
+// to be right, every array the kernels read lives at an offset of the staging buffer that depends
+// only on the batch size (StepLayout puts the variable-length slot table last; the penalty history,
+// the other variable-length array, has a staging buffer of its own), and the kernels read kv_len,
+// the slot table and the history from there rather than from launch arguments. Growing a staging
+// buffer moves it, which drops every graph.
 //
 // Every buffer is allocated once in create(); a step allocates nothing unless its slot table or
 // penalty history outgrows its staging buffers (they then grow geometrically, once).
@@ -52,6 +52,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <unordered_map>
 #include <utility>
 
@@ -282,8 +283,10 @@ Status CudaModelRunner::allocate_workspaces() {
   const size_t marks_bytes = sampling_workspace_size_bytes(options_.max_batch_seqs, c.vocab_size);
   LITELLAMA_ASSIGN_OR_RETURN(token_marks_, DeviceBuffer::allocate(marks_bytes));
   LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemset(token_marks_.data(), 0, marks_bytes));
-  const size_t results_bytes =
-      S * sizeof(int32_t) + 2 * S * kSamplingMaxTopLogits * sizeof(int32_t) + 64;
+  // Sampled ids, top ids and logits, logprobs and log-sum-exps (see step()).
+  const size_t results_bytes = S * sizeof(int32_t) +
+                               2 * S * kSamplingMaxTopLogits * sizeof(int32_t) +
+                               2 * S * sizeof(float) + 64;
   LITELLAMA_ASSIGN_OR_RETURN(results_, DeviceBuffer::allocate(results_bytes));
   LITELLAMA_ASSIGN_OR_RETURN(results_host_, PinnedBuffer::allocate(results_bytes));
 
@@ -412,7 +415,8 @@ Status CudaModelRunner::step(const StepBatch& batch, StepOutput* out) {
   LITELLAMA_RETURN_IF_ERROR(fill_step(batch, config_, plan, n_slots_, staging_host_.data()));
   const size_t history_bytes = batch.history_ids.size() * sizeof(int32_t);
   if (history_bytes > 0) {
-    LITELLAMA_RETURN_IF_ERROR(ensure_history_staging(history_bytes));
+    // The second half of the device buffer is the sampler's logprob scratch (history_raw()).
+    LITELLAMA_RETURN_IF_ERROR(ensure_history_staging(2 * history_bytes));
     std::memcpy(history_host_.data(), batch.history_ids.data(), history_bytes);
   }
   cudaStream_t stream = ctx_.stream();
@@ -432,8 +436,13 @@ Status CudaModelRunner::step(const StepBatch& batch, StepOutput* out) {
   out->sampled_ids.assign(static_cast<size_t>(plan.n_seqs), -1);
   out->top_logits.resize(static_cast<size_t>(plan.n_seqs));
   for (auto& top : out->top_logits) top.clear();
-  // results_: sampled [n_sampled] | top ids [n_sampled, n_top] | top logits [n_sampled, n_top].
-  const size_t results_bytes = static_cast<size_t>(n_sampled) * (1 + 2 * n_top) * sizeof(int32_t);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  out->logprobs.assign(plan.logprobs ? static_cast<size_t>(plan.n_seqs) : 0, nan);
+  out->lse.assign(out->logprobs.size(), nan);
+  // results_: sampled [n_sampled] | top ids [n_sampled, n_top] | top logits [n_sampled, n_top],
+  // then with logprobs: logprobs [n_sampled] | lse [n_sampled].
+  const size_t results_bytes =
+      static_cast<size_t>(n_sampled) * (1 + 2 * n_top + (plan.logprobs ? 2 : 0)) * sizeof(int32_t);
   if (n_sampled > 0) {
     LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(results_host_.data(), results_.data(),
                                                    results_bytes, cudaMemcpyDeviceToHost, stream));
@@ -448,9 +457,15 @@ Status CudaModelRunner::step(const StepBatch& batch, StepOutput* out) {
   const auto* sampled = results_host_.as<const int32_t>();
   const int32_t* top_ids = sampled + n_sampled;
   const auto* top_values = reinterpret_cast<const float*>(top_ids + n_sampled * n_top);
+  const float* logprobs = top_values + n_sampled * n_top;
+  const float* lse = logprobs + n_sampled;
   for (int32_t r = 0; r < n_sampled; ++r) {
     const auto s = static_cast<size_t>(plan.sampled_seqs[static_cast<size_t>(r)]);
     out->sampled_ids[s] = sampled[r];
+    if (plan.logprobs) {
+      out->logprobs[s] = logprobs[r];
+      out->lse[s] = lse[r];
+    }
     auto& top = out->top_logits[s];
     top.reserve(static_cast<size_t>(n_top));
     for (int32_t i = 0; i < n_top; ++i) {
@@ -675,10 +690,20 @@ Status CudaModelRunner::run_sampling(const StepPlan& plan, const ForwardPlan& fp
   auto* sampled = results_.as<int32_t>();
   int32_t* top_ids = sampled + R;
   auto* top_values = reinterpret_cast<float*>(top_ids + R * n_top);
+  SamplingLogprobs logprobs;
+  if (plan.logprobs) {
+    // The scratch is the second half of the history buffer (step() sizes it for that); its
+    // address, like the results', depends only on what keys a graph.
+    logprobs.logprobs = top_values + R * n_top;
+    logprobs.lse = logprobs.logprobs + R;
+    logprobs.history_raw = reinterpret_cast<float*>(static_cast<char*>(history_device_.data()) +
+                                                    history_device_.size_bytes() / 2 / 4 * 4);
+  }
   return launch_sampling(sampled, top_ids, top_values, logits_.as<float>(),
                          staging_device_.as<const SamplingRow>(L.sampling_rows),
                          history_device_.as<const int32_t>(), R, c.vocab_size, n_top,
-                         token_marks_.as<int32_t>(), kernel_stream(), plan.greedy_only);
+                         token_marks_.as<int32_t>(), kernel_stream(), plan.greedy_only,
+                         /*max_ctas_per_row=*/0, logprobs);
 }
 
 Status check_supported(const ModelConfig& c, const RunnerOptions& options) {

@@ -62,11 +62,13 @@ ForwardPlan plan_forward(const StepPlan& step, int32_t n_top, const ForwardPlanC
                         : 0;
   p.n_top = n_top;
   p.n_embed = step.n_embed;
-  p.greedy_sampler = step.greedy_only && n_top == 0;
+  p.logprobs = step.logprobs;
+  p.greedy_sampler = step.greedy_only && n_top == 0 && !step.logprobs;
   p.graph = ctx.graphs_available && o.use_cuda_graphs && step.n_prefill == 0 &&
             p.n_sampled == step.n_seqs && step.n_embed == 0;
   if (p.graph) {
-    p.graph_key = (static_cast<uint64_t>(step.greedy_only) << 61) |
+    p.graph_key = (static_cast<uint64_t>(step.logprobs) << 62) |
+                  (static_cast<uint64_t>(step.greedy_only) << 61) |
                   (static_cast<uint64_t>(step.n_seqs) << 40) |
                   (static_cast<uint64_t>(n_top) << 20) | static_cast<uint64_t>(p.attention_splits);
   }
@@ -96,8 +98,9 @@ std::string ForwardPlan::describe() const {
            : std::string("attention: prefill only\n");
   s += fmt::format("head: {}final norm -> cuBLAS LM head over {} rows\n",
                    head_gathers ? "gather sampled rows -> " : "", n_sampled);
-  s += fmt::format("sampler: {}{}\n", greedy_sampler ? "argmax" : "general",
-                   n_top > 0 ? fmt::format(" with the top {} logits", n_top) : std::string());
+  s += fmt::format("sampler: {}{}{}\n", greedy_sampler ? "argmax" : "general",
+                   n_top > 0 ? fmt::format(" with the top {} logits", n_top) : std::string(),
+                   logprobs ? ", logprobs" : "");
   s += graph ? fmt::format("launch: CUDA graph, key {:#x}\n", graph_key)
              : std::string("launch: direct\n");
   return s;

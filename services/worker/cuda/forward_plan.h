@@ -42,8 +42,10 @@ struct ForwardPlan {
   int32_t n_sampled = 0;
   int32_t n_embed = 0;           // input embedding rows scattered over the looked-up embeddings
   int32_t attention_splits = 0;  // decode attention's key splits (0: no decode sequence)
-  bool greedy_sampler = false;   // the argmax kernel (every row greedy, no penalties, no top-N)
+  // The argmax kernel (every row greedy, no penalties, no top-N, no logprobs).
+  bool greedy_sampler = false;
   int32_t n_top = 0;
+  bool logprobs = false;  // the sampler returns logprobs and log-sum-exps
   // Launched through the graph runner under graph_key (a pure decode step with graphs on).
   bool graph = false;
   uint64_t graph_key = 0;

@@ -52,6 +52,7 @@ StepPlan plan_step(const StepBatch& batch, const ModelConfig& config) {
   plan.n_tokens = batch.n_tokens();
   plan.n_seqs = batch.n_seqs();
   plan.dynamic_rope = config.rope.type == RopeScalingType::kDynamic;
+  plan.logprobs = batch.logprobs;
   for (int32_t s = 0; s < plan.n_seqs; ++s) {
     const int32_t n_new = batch.token_start[s + 1] - batch.token_start[s];
     if (n_new == 1) {
@@ -153,14 +154,7 @@ Status fill_step(const StepBatch& batch, const ModelConfig& config, const StepPl
     const SamplingParams& sp = batch.sampling[static_cast<size_t>(s)];
     sample_rows[r] = batch.token_start[s + 1] - 1;
     SamplingRow row;
-    row.seed = sp.seed;
-    row.temperature = sp.temperature;
-    row.top_p = sp.top_p;
-    row.min_p = sp.min_p;
-    row.repetition_penalty = sp.repetition_penalty;
-    row.frequency_penalty = sp.frequency_penalty;
-    row.presence_penalty = sp.presence_penalty;
-    row.top_k = sp.top_k;
+    row.params = sp;
     row.n_generated = batch.n_generated[static_cast<size_t>(s)];
     if (has_history) {
       row.history_begin = batch.history_start[s];

@@ -52,6 +52,7 @@ struct StepPlan {
   // place on the device.
   int32_t n_embed = 0;
   const float* embed_rows = nullptr;
+  bool logprobs = false;  // StepBatch::logprobs: the sampler returns logprobs
 };
 
 StepPlan plan_step(const StepBatch& batch, const ModelConfig& config);

@@ -34,19 +34,6 @@ prometheus::Histogram::BucketBoundaries step_buckets() {
           0.1,    0.25,    0.5,    1.0,   2.5,    5.0,   10.0, 30.0};
 }
 
-SamplingParams to_sampling_params(const proto::StepSampling& s) {
-  SamplingParams p;
-  p.temperature = s.temperature;
-  p.top_k = s.top_k;
-  p.top_p = s.top_p;
-  p.min_p = s.min_p;
-  p.repetition_penalty = s.repetition_penalty;
-  p.frequency_penalty = s.frequency_penalty;
-  p.presence_penalty = s.presence_penalty;
-  p.seed = s.seed;
-  return p;
-}
-
 Status resolve(int32_t* id, const std::vector<int32_t>& previous) {
   if (*id >= 0) return Status::ok();
   const int64_t j = -static_cast<int64_t>(*id) - 1;
@@ -251,8 +238,6 @@ Status WorkerService::load() {
   info.vocab_size = config.vocab_size;
   info.max_position_embeddings = config.max_position_embeddings;
   info.eos_token_ids = config.eos_token_ids;
-  info.max_batch_tokens = limits.max_tokens;
-  info.max_batch_seqs = limits.max_seqs;
   {
     std::lock_guard<std::mutex> lock(info_mutex_);
     info_ = info;
@@ -308,7 +293,7 @@ Status WorkerService::read_step(const proto::StepView& view, const proto::StepRi
   if (h.n_seqs <= 0 || h.n_seqs > limits.max_seqs || h.n_tokens <= 0 ||
       h.n_tokens > limits.max_tokens || h.n_slots < 0 || h.n_slots > limits.max_slots ||
       h.n_history < 0 || h.n_history > limits.max_history || h.n_top_logits < 0 ||
-      h.n_top_logits > proto::kMaxStepTopLogits) {
+      h.n_top_logits > proto::kMaxStepTopLogits || (h.logprobs != 0 && h.logprobs != 1)) {
     return make_error(StatusCode::kInvalidArgument, "step header out of range");
   }
   const auto n_seqs = static_cast<size_t>(h.n_seqs);
@@ -321,8 +306,7 @@ Status WorkerService::read_step(const proto::StepView& view, const proto::StepRi
   batch->slot_start.assign(view.slot_start.begin(), view.slot_start.begin() + n_seqs + 1);
   batch->slot_table.assign(view.slot_table.begin(), view.slot_table.begin() + h.n_slots);
   batch->sample.assign(view.sample.begin(), view.sample.begin() + n_seqs);
-  batch->sampling.resize(n_seqs);
-  for (size_t s = 0; s < n_seqs; ++s) batch->sampling[s] = to_sampling_params(view.sampling[s]);
+  batch->sampling.assign(view.sampling.begin(), view.sampling.begin() + n_seqs);
   batch->n_generated.assign(view.n_generated.begin(), view.n_generated.begin() + n_seqs);
   if (h.n_history > 0) {
     batch->history_start.assign(view.history_start.begin(),
@@ -332,6 +316,7 @@ Status WorkerService::read_step(const proto::StepView& view, const proto::StepRi
     for (int32_t& id : batch->history_ids) LITELLAMA_RETURN_IF_ERROR(resolve(&id, previous));
   }
   batch->n_top_logits = h.n_top_logits;
+  batch->logprobs = h.logprobs == 1;
   for (int32_t& id : batch->token_ids) LITELLAMA_RETURN_IF_ERROR(resolve(&id, previous));
   return Status::ok();
 }
@@ -344,7 +329,6 @@ std::string WorkerService::run_step(const std::string& doorbell_bytes) {
     return proto::encode(result);
   }
   result.step_id = request->step_id;
-  result.buffer = request->buffer;
   if (request->sent_unix_ns > 0) {
     doorbell_latency_->Observe(std::max<int64_t>(0, net::unix_now_ns() - request->sent_unix_ns) *
                                1e-9);
@@ -376,9 +360,13 @@ std::string WorkerService::run_step(const std::string& doorbell_bytes) {
   std::copy(output_.sampled_ids.begin(), output_.sampled_ids.end(), view.sampled_ids.begin());
   previous_sampled_.assign(output_.sampled_ids.begin(), output_.sampled_ids.begin() + n);
   if (batch_.n_top_logits > 0) write_top_logits(output_, batch_.n_top_logits, view);
+  if (batch_.logprobs) {
+    const size_t n_lp = std::min(output_.logprobs.size(), n);
+    std::copy_n(output_.logprobs.begin(), n_lp, view.logprobs.begin());
+    std::copy_n(output_.lse.begin(), std::min(output_.lse.size(), n), view.lse.begin());
+  }
   result.ok = true;
-  result.compute_seconds = monotonic_seconds() - start;
-  step_duration_->Observe(result.compute_seconds);
+  step_duration_->Observe(monotonic_seconds() - start);
   if (const auto device = runner_->last_step_device_seconds(); device && step_device_duration_) {
     step_device_duration_->Observe(*device);
   }

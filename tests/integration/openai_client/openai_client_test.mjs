@@ -121,6 +121,38 @@ try {
   assert.equal(stopped.choices[0].text, full.slice(0, full.indexOf(stopAt)));
   assert.equal(stopped.choices[0].finish_reason, "stop");
 
+  // logprobs: chat (content[] with top_logprobs, streaming and not) and completions (legacy)
+  const lpChat = await client.chat.completions.create({ model, max_tokens: 4, temperature: 0,
+    ignore_eos: true, logprobs: true, top_logprobs: 2,
+    messages: [{ role: "user", content: "Hi" }] });
+  const content = lpChat.choices[0].logprobs.content;
+  assert.equal(content.length, 4);
+  for (const t of content) {
+    assert.ok(t.logprob <= 0, JSON.stringify(t));
+    assert.equal(t.top_logprobs.length, 2);
+    assert.ok(t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob);
+    assert.equal(t.token, t.top_logprobs[0].token);  // greedy: the most likely token
+    assert.ok(Array.isArray(t.bytes));
+  }
+  const lpStream = await client.chat.completions.create({ model, max_tokens: 4, temperature: 0,
+    ignore_eos: true, logprobs: true, top_logprobs: 2, stream: true,
+    messages: [{ role: "user", content: "Hi" }] });
+  const streamedLp = [];
+  for await (const chunk of lpStream) {
+    const lp = chunk.choices[0]?.logprobs;
+    if (lp) streamedLp.push(...lp.content);
+  }
+  assert.deepEqual(streamedLp.map((t) => t.token), content.map((t) => t.token));
+  const lpCompletion = await client.completions.create({ model, prompt: "Once", max_tokens: 3,
+    temperature: 0, ignore_eos: true, logprobs: 1 });
+  const legacy = lpCompletion.choices[0].logprobs;
+  assert.equal(legacy.tokens.length, 3);
+  assert.equal(legacy.token_logprobs.length, 3);
+  assert.equal(legacy.top_logprobs.length, 3);
+  assert.equal(legacy.text_offset[0], 0);
+  await expectStatus(client.chat.completions.create({ model, max_tokens: 2, top_logprobs: 3,
+    messages: [{ role: "user", content: "Hi" }] }), 400, "top_logprobs");
+
   // abort through AbortController: the request ends on the server, its KV freed
   const controller = new AbortController();
   const long = await client.chat.completions.create({ model, messages, max_tokens: 2000,
