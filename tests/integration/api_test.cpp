@@ -163,7 +163,9 @@ TEST_F(ApiTest, UsageCountsCachedPromptTokens) {
   const json a = json::parse(first.body);
   const int prompt = a.at("usage").at("prompt_tokens").get<int>();
   ASSERT_GT(prompt, 3);
-  EXPECT_EQ(a.at("usage").at("prompt_tokens_details").at("cached_tokens"), 0);
+  // Another test on the same server may have cached the chat template's opening tokens, never
+  // this question.
+  EXPECT_LT(a.at("usage").at("prompt_tokens_details").at("cached_tokens").get<int>(), prompt - 6);
   const HttpResponse second = post("/v1/chat/completions", body);
   ASSERT_EQ(second.status, 200) << second.body;
   const json b = json::parse(second.body);
