@@ -283,7 +283,35 @@ def image_corpus():
         save("image_fuzzer", "cut-" + name, bytes([i]) + data[:len(data) * 2 // 3])
 
 
+def http_body_corpus():
+    # The first byte picks the endpoint: odd chat, even completions (http_body_fuzzer).
+    chat = [
+        {"model": "m", "messages": [{"role": "user", "content": "Hi"}]},
+        {"model": "m", "messages": [{"role": "system", "content": "Be brief."},
+                                    {"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+         "stream": True, "stream_options": {"include_usage": True}, "n": 3, "seed": 5,
+         "temperature": 0.7, "top_p": 0.9, "top_k": 40, "stop": ["\n", "END"],
+         "logprobs": True, "top_logprobs": 5, "max_completion_tokens": 8},
+        {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "tools": []},
+        {"model": "other", "messages": []},
+    ]
+    completions = [
+        {"model": "m", "prompt": "The sky is", "echo": True, "logprobs": 2},
+        {"model": "m", "prompt": [[1, 2, 3], [4, 5]], "max_tokens": 2, "ignore_eos": True},
+        {"model": "m", "prompt": ["a", "b"], "n": 2, "stop_token_ids": [7], "min_p": 0.1,
+         "repetition_penalty": 1.1, "presence_penalty": 0.5, "frequency_penalty": 0.5},
+        {"model": "m", "prompt": "x", "max_tokens": -1},
+    ]
+    for i, b in enumerate(chat):
+        save("http_body_fuzzer", f"chat-{i}.bin", b"\x01" + json.dumps(b).encode())
+    for i, b in enumerate(completions):
+        save("http_body_fuzzer", f"completions-{i}.bin", b"\x00" + json.dumps(b).encode())
+    save("http_body_fuzzer", "not-json.bin", b"\x01{\"model\": ")
+    save("http_body_fuzzer", "bad-utf8.bin", b"\x00{\"model\": \"m\", \"prompt\": \"\xff\xfe\"}")
+
+
 def main():
+    http_body_corpus()
     image_corpus()
     msgpack_corpus()
     model_config_corpus()
