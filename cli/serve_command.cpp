@@ -106,7 +106,9 @@ void add_launch_options(CLI::App* sub, LaunchOptions* o) {
 // The flags of the HTTP API, on serve only (chat --start-services has no API port).
 static void add_api_options(CLI::App* sub, LaunchOptions* o) {
   o->api_port = 8000;
-  sub->add_option("model", o->model_dir, "model directory (same as --model)");
+  // Named MODEL_DIR, not "model": CLI11 2.4 and later refuse a positional whose name equals an
+  // option's long name (--model), and the installed CLI11 may be newer than Debian 12's.
+  sub->add_option("MODEL_DIR", o->model_dir, "model directory (same as --model)");
   sub->add_option("--host", o->api_host, "address the HTTP API binds (0.0.0.0 for all)")
       ->capture_default_str();
   sub->add_option("--port", o->api_port, "port of the HTTP API (0: off)")

@@ -9,8 +9,8 @@
 // The trick: every filter keeps a prefix of the descending order, so the kept set is "key >= k*"
 // for one ordered 32-bit key of the float logit; each prefix boundary (k-th value, top-p crossing,
 // the drawn token) is found by a 4-pass radix select over key bytes with per-bin counts or
-// probability mass, with no sort. Known differences from the CPU: a tie group that straddles the
-// top-p boundary survives whole (the CPU may cut it by id). Every mass of a draw (the total, the
+// probability mass, with no sort. A tie group that straddles the top-p boundary survives whole,
+// on the CPU too. Known differences from the CPU: every mass of a draw (the total, the
 // kept mass, the histogram bins) is a sum of weights rounded to multiples of 2^-44 (fixed point:
 // the bins' sums are exact and order-independent), so masses differ from the CPU's sequential
 // double sums in their last bits, and a token whose weight (its probability over the most likely

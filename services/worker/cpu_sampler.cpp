@@ -98,6 +98,9 @@ int32_t sample_token(std::span<float> logits, const SamplingParams& params,
       cum += probs[keep++];
       if (cum >= params.top_p) break;
     }
+    // Values tied with the one that reaches top_p survive, as with top-k: the kept set is defined
+    // by value, never by the ids' order among equal logits (the device sampler selects by value).
+    while (keep > 0 && keep < n && logits[ids[keep]] == logits[ids[keep - 1]]) ++keep;
     n = std::max<size_t>(keep, 1);
   }
   if (params.min_p > 0.0f) {

@@ -54,6 +54,21 @@ TEST(CpuSamplerTest, SeededDrawsAreReproducibleAndVary) {
   EXPECT_NE(a, c);
 }
 
+// The top-p boundary falls inside a group of equal logits (ids 1, 2, 3): the whole group stays,
+// so id 3 is drawn as often as id 1, and id 4 (below the group) never.
+TEST(CpuSamplerTest, TopPKeepsTheWholeTieGroupAtItsBoundary) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_p = 0.5f;  // the largest (e^2 of e^2 + 3e + 1, about 0.45) does not reach it, id 1 does
+  p.seed = 7;
+  const std::vector<float> logits = {2.0f, 1.0f, 1.0f, 1.0f, 0.0f};
+  std::map<int32_t, int> counts;
+  for (int i = 0; i < 4000; ++i) ++counts[sample(logits, p, i)];
+  EXPECT_EQ(counts[4], 0);
+  EXPECT_GT(counts[3], 400);  // each tied id has e / (e^2 + 3e), about 0.18 of the kept mass
+  EXPECT_NEAR(counts[3], counts[1], 200);
+}
+
 TEST(CpuSamplerTest, TemperatureFollowsTheSoftmax) {
   // Two tokens with logits 0 and ln(3): probabilities 1/4 and 3/4 at temperature 1,
   // and (at temperature 2) 1/(1+sqrt 3) and sqrt 3/(1+sqrt 3).
