@@ -10,12 +10,14 @@
 #   parts: memcheck-kernels  memcheck-runner  memcheck-golden  memcheck-services
 #          racecheck-kernels racecheck-runner racecheck-golden
 #          all (every part, in that order)   list (print each part's binaries and exit)
-#   kernels: every gpu-labelled binary except the three below; runner: cuda_model_runner_test;
-#   golden: golden_gpu_test; services: cuda_services_test (its worker processes are followed:
-#   --target-processes all).
+#   kernels: every gpu-labelled binary except those below; runner: cuda_model_runner_test;
+#   golden: golden_gpu_test; services: cuda_services_test and cuda_prefix_cache_test (their
+#   worker processes are followed: --target-processes all).
 # Environment: COMPUTE_SANITIZER (the program; default compute-sanitizer on PATH, else
 #   /usr/local/cuda/bin/compute-sanitizer), GPU_SANITIZE_TIMEOUT (seconds per binary, default
-#   540), GPU_SANITIZE_FILTER_<binary> (a --gtest_filter for that binary, e.g. to bound a part),
+#   540), GPU_SANITIZE_FILTER_<binary> (a --gtest_filter for that binary, e.g. to bound a part;
+#   GPU_SANITIZE_FILTER_<tool>_<binary>, e.g. GPU_SANITIZE_FILTER_racecheck_cuda_kernels_test,
+#   wins for that tool),
 #   GPU_SANITIZE_ONLY (one binary: a part runs only it, so that parts of one group can run side
 #   by side as separate invocations).
 set -uo pipefail
@@ -28,6 +30,14 @@ fi
 out="${OUT:-gpu-sanitize-out}/sanitize"
 mkdir -p "$out"
 timeout_s="${GPU_SANITIZE_TIMEOUT:-540}"
+# Bounds that keep each binary within one command (unless set by the caller). Attention: the
+# kernels of every dtype and head size, on a subset of the shapes. racecheck of cuda_kernels_test
+# leaves out CudaKernels.Linear, which runs only cuBLAS kernels (the sanitizer fails internally on
+# one of them; memcheck covers them). racecheck of cuda_sampling_test: one draw kernel per path
+# (greedy, penalties, ties, refusals) instead of every row case.
+: "${GPU_SANITIZE_FILTER_attention_kernels_test=*Small*/bf16_*:*OneSequence/bf16_*:*AgreesWithPrefill/bf16_*:*Realistic/bf16_d64:*Realistic/bf16_d128:*/f16_d96:*/f32_d48:AttentionSupport.*}"
+: "${GPU_SANITIZE_FILTER_racecheck_cuda_kernels_test=-CudaKernels.Linear}"
+: "${GPU_SANITIZE_FILTER_racecheck_cuda_sampling_test=CudaSampling.GreedyAndTopLogitsMatchCpu:CudaSampling.PenaltiesMatchCpuBitForBit:CudaSampling.DrawsAmongTiedLogitsMatchCpu:CudaSampling.RefusesTooManyTopLogits}"
 cs="${COMPUTE_SANITIZER:-}"
 if [ -z "$cs" ]; then
   cs="$(command -v compute-sanitizer || true)"
@@ -55,7 +65,7 @@ group_of() {
   case "$1" in
     cuda_model_runner_test) echo runner ;;
     golden_gpu_test) echo golden ;;
-    cuda_services_test) echo services ;;
+    cuda_services_test | cuda_prefix_cache_test) echo services ;;
     *) echo kernels ;;
   esac
 }
@@ -70,7 +80,8 @@ bins_of_group() {
 failures=()
 # run_one TOOL BINARY: one binary under one tool; records a failure with its reason.
 run_one() {
-  local tool="$1" bin="$2" log="$out/${1}_${2}.log" filter_var="GPU_SANITIZE_FILTER_$2"
+  local tool="$1" bin="$2" log="$out/${1}_${2}.log" filter_var="GPU_SANITIZE_FILTER_${1}_$2"
+  [ -n "${!filter_var:-}" ] || filter_var="GPU_SANITIZE_FILTER_$2"
   local args=(--tool "$tool" --error-exitcode 1 --target-processes all --print-limit 50)
   # racecheck models shared memory ordered by barriers; cuBLAS's Hopper kernels (nvjet_*) order it
   # through mbarriers and the TMA's asynchronous proxy, which it reports as hazards. They are not
