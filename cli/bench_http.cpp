@@ -212,8 +212,11 @@ Result<double> run_http_load(const std::string& base_url, const std::string& api
       ++n_done;
       --n_in_flight;
     }
-    int wait_ms = 20;
-    if (next < requests.size() && arrivals[next] > now) {
+    // A request due now (the one that just finished freed its place) starts at once: no wait.
+    const bool startable = next < requests.size() && arrivals[next] <= seconds_now() - start &&
+                           (concurrency <= 0 || n_in_flight < static_cast<size_t>(concurrency));
+    int wait_ms = startable ? 0 : 20;
+    if (!startable && next < requests.size() && arrivals[next] > now) {
       wait_ms = std::clamp(static_cast<int>((arrivals[next] - now) * 1000), 0, 20);
     }
     if (n_in_flight > 0) {

@@ -1,6 +1,7 @@
 #include "services/api/api_server.h"
 
 #include <netdb.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -444,9 +445,11 @@ void ApiServer::Impl::on_event(net::SchedulerClient& client, const net::ClientEv
       }
       ch.text_offset = req.echo_prefix[index].size();
     }
-    // With logprobs a chunk of tokens goes out even when their text is empty (held back or
-    // special), so that every generated token's logprob reaches the client.
-    if (!chunk.text.empty() || !logprobs.empty()) {
+    // Every event with new tokens is a chunk, also when their text is empty (held back as an
+    // incomplete UTF-8 sequence or a stop-string prefix, or special): the client sees each step
+    // as it happens (time to first token, logprobs of every token), as OpenAI-compatible servers
+    // stream.
+    if (!chunk.text.empty() || !logprobs.empty() || !chunk.token_ids.empty()) {
       job->out += stream_chunk(req, job->id, job->created, index, &chunk.text, false, "", &logprobs,
                                ch.text_offset);
       for (const TokenLogprob& t : logprobs) ch.text_offset += t.bytes.size();
@@ -509,6 +512,7 @@ void ApiServer::Impl::run_pump() {
   }
   std::unique_ptr<net::SchedulerClient> client = std::move(connected).value();
   client->set_wake_fd(wake_fd);
+  pthread_setname_np(pthread_self(), "api-pump");  // for per-thread CPU accounting (top -H)
   double last_info = 0.0, last_poll = 0.0;
   while (!stop.load()) {
     uint64_t drained = 0;
