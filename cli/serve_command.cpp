@@ -129,9 +129,11 @@ static void add_api_options(CLI::App* sub, LaunchOptions* o) {
   sub->add_option("--kv-cache-bytes", o->kv_cache_bytes,
                   "cpu: the most memory the KV pool takes (default 1 GiB; --kv-slots wins)")
       ->check(CLI::Range(int64_t{1} << 20, int64_t{1} << 40));
-  sub->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
-                  "cuda: share of the device's total memory for weights, KV and workspaces, as "
-                  "vLLM's (default: 85% of what is free after loading; --kv-slots wins)")
+  sub->add_option(
+         "--gpu-memory-utilization", o->gpu_memory_utilization,
+         "cuda: share of the device's total memory for this server's weights, KV and workspaces, "
+         "whatever other processes hold, as vLLM's (default: 85% of what is free after loading; "
+         "--kv-slots wins)")
       ->check(CLI::Range(0.01, 1.0));
   sub->add_option("--chat-template", o->chat_template_file,
                   "Jinja chat template file used instead of the model's own")

@@ -202,6 +202,12 @@ class CudaModelRunner final : public ModelRunner {
   CudaWeights weights_;
   DeviceBuffer kv_;           // [n_layers][K, V][n_slots, n_kv_heads, head_dim]
   size_t kv_pool_bytes_ = 0;  // one layer's K (or V)
+  // Free device memory before the weights were uploaded: what this worker takes since then is
+  // its own share of --gpu-memory-utilization.
+  size_t free_before_load_ = 0;
+  // Device memory --gpu-memory-utilization leaves free after the KV pool (cuBLAS and graph
+  // captures allocate after it).
+  static constexpr size_t kGpuMemoryReserveBytes = size_t{512} << 20;
 
   // Activations, [max_batch_tokens, ...] each.
   DeviceBuffer residual_;  // [T, hidden]
@@ -251,6 +257,8 @@ Status CudaModelRunner::init(const Checkpoint& checkpoint) {
   LITELLAMA_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&n_sms_, cudaDevAttrMultiProcessorCount, device));
   LITELLAMA_RETURN_IF_ERROR(ctx_.init());
+  size_t total_bytes = 0;
+  LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_before_load_, &total_bytes));
   LITELLAMA_ASSIGN_OR_RETURN(weights_, CudaWeights::upload(checkpoint, dtype_, fold_input_norms()));
   LITELLAMA_RETURN_IF_ERROR(allocate_workspaces());
   LITELLAMA_RETURN_IF_ERROR(allocate_kv_pool());
@@ -323,15 +331,22 @@ Status CudaModelRunner::allocate_kv_pool() {
     LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
     double budget = static_cast<double>(free_bytes) * options_.kv_memory_fraction;
     if (options_.gpu_memory_utilization > 0.0) {
-      // vLLM's meaning: this share of the total, less what is in use already (weights and
-      // workspaces of this process, and whatever else holds device memory).
-      budget = static_cast<double>(total_bytes) * options_.gpu_memory_utilization -
-               static_cast<double>(total_bytes - free_bytes);
+      // A per-instance limit, as vLLM's: this share of the device's total memory for this
+      // worker's weights, workspaces and KV pool, whatever other processes on the device hold
+      // (a second server, the vision service), and never more than is free now less a reserve
+      // for what cuBLAS and graph captures allocate later.
+      const double own =
+          std::max(0.0, static_cast<double>(free_before_load_) - static_cast<double>(free_bytes));
+      const double limit = static_cast<double>(total_bytes) * options_.gpu_memory_utilization;
+      budget = std::min(limit - own, static_cast<double>(free_bytes) -
+                                         static_cast<double>(kGpuMemoryReserveBytes));
       if (budget <= 0.0) {
         return make_error(StatusCode::kResourceExhausted,
-                          "--gpu-memory-utilization {} leaves no memory for the KV pool: {} of "
-                          "{} bytes of the device are in use already",
-                          options_.gpu_memory_utilization, total_bytes - free_bytes, total_bytes);
+                          "--gpu-memory-utilization {} leaves no memory for the KV pool: the "
+                          "limit is {} bytes, this worker's weights and workspaces take {}, and "
+                          "{} of the device's {} bytes are free",
+                          options_.gpu_memory_utilization, static_cast<size_t>(limit),
+                          static_cast<size_t>(own), free_bytes, total_bytes);
       }
     }
     n_slots = static_cast<int64_t>(budget / static_cast<double>(per_slot_all_layers));
