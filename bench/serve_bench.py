@@ -278,12 +278,14 @@ def part_pool(a, model, results):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", default="build/bin")
-    ap.add_argument("--parts", default="http,cache,pool")
-    ap.add_argument("--out", default="serve-bench-out")
-    ap.add_argument("--preset", default="llama3.2-1b")
-    ap.add_argument("--device", default="cuda", help="cuda, or cpu to try the script out")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    for flag, default, what in (
+            ("--bin", "build/bin", "directory of the litellama programs"),
+            ("--parts", "http,cache,pool", "parts to run, comma-separated"),
+            ("--out", "serve-bench-out", "directory of the results and the servers' logs"),
+            ("--preset", "llama3.2-1b", "random-weight model preset (bf16)"),
+            ("--device", "cuda", "cuda, or cpu to try the script out")):
+        ap.add_argument(flag, default=default, help=what)
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     model = f"/tmp/litellama-{a.preset}"

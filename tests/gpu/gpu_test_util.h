@@ -98,6 +98,10 @@ DevBuf upload(const std::vector<T>& host) {
   DevBuf b(host.size() * sizeof(T));
   if (!host.empty()) {
     (void)cudaMemcpy(b.get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
+    // From pageable memory cudaMemcpy may return before the DMA has landed, and the tests' own
+    // streams are non-blocking (they do not wait for the legacy stream): wait for the copy here,
+    // so that a kernel or copy on any stream reads the uploaded bytes.
+    (void)cudaDeviceSynchronize();
   }
   return b;
 }
