@@ -95,7 +95,9 @@ class Parser {
       }
       if (t.kind == Tok::kVarBegin) {
         advance();
-        auto s = new_stmt(StmtKind::kPrint, t.line);
+        auto s = std::make_unique<Stmt>();
+        s->kind = StmtKind::kPrint;
+        s->line = t.line;
         s->expr = parse_expr();
         if (peek().kind != Tok::kVarEnd) {
           fail(fmt::format("line {}: expected '}}}}' but found '{}'", peek().line,
@@ -122,7 +124,9 @@ class Parser {
       } else if (name == "break" || name == "continue") {
         if (loop_depth_ == 0) fail(fmt::format("line {}: '{}' outside of a loop", line, name));
         expect_block_end();
-        auto s = new_stmt(name == "break" ? StmtKind::kBreak : StmtKind::kContinue, line);
+        auto s = std::make_unique<Stmt>();
+        s->kind = name == "break" ? StmtKind::kBreak : StmtKind::kContinue;
+        s->line = line;
         body.push_back(std::move(s));
       } else if (name == "generation") {
         // transformers' assistant-mask marker: renders its body unchanged.
@@ -145,7 +149,9 @@ class Parser {
   }
 
   std::unique_ptr<Stmt> parse_if(int line) {
-    auto s = new_stmt(StmtKind::kIf, line);
+    auto s = std::make_unique<Stmt>();
+    s->kind = StmtKind::kIf;
+    s->line = line;
     ExprPtr cond = parse_expr();
     expect_block_end();
     while (true) {
@@ -168,25 +174,15 @@ class Parser {
     }
   }
 
-  static std::unique_ptr<Stmt> new_stmt(StmtKind kind, int line) {
+  std::unique_ptr<Stmt> parse_for(int line) {
     auto s = std::make_unique<Stmt>();
-    s->kind = kind;
+    s->kind = StmtKind::kFor;
     s->line = line;
-    return s;
-  }
-
-  // `(',' name)*` after a first name: for-loop and set targets.
-  void parse_more_names(std::vector<std::string>* names) {
+    s->targets.push_back(expect_name());
     while (at_op(",")) {
       advance();
-      names->push_back(expect_name());
+      s->targets.push_back(expect_name());
     }
-  }
-
-  std::unique_ptr<Stmt> parse_for(int line) {
-    auto s = new_stmt(StmtKind::kFor, line);
-    s->targets.push_back(expect_name());
-    parse_more_names(&s->targets);
     if (!at_name("in")) fail(fmt::format("line {}: expected 'in' in a for loop", line));
     advance();
     s->expr = parse_cond_free_expr();
@@ -214,13 +210,18 @@ class Parser {
   }
 
   std::unique_ptr<Stmt> parse_set(int line) {
-    auto s = new_stmt(StmtKind::kSet, line);
+    auto s = std::make_unique<Stmt>();
+    s->kind = StmtKind::kSet;
+    s->line = line;
     s->targets.push_back(expect_name());
     if (at_op(".")) {
       advance();
       s->attr = expect_name();
     } else {
-      parse_more_names(&s->targets);
+      while (at_op(",")) {
+        advance();
+        s->targets.push_back(expect_name());
+      }
     }
     if (peek().kind == Tok::kBlockEnd) {
       // {% set x %}...{% endset %}
@@ -294,19 +295,26 @@ class Parser {
   // For-loop iterables stop at a trailing `if` (the loop filter).
   ExprPtr parse_cond_free_expr() { return parse_or(); }
 
-  // `operand (keyword operand)*`, grouped to the left: a or b or c is (a or b) or c.
-  ExprPtr parse_left_assoc(const char* keyword, ExprKind kind, ExprPtr (Parser::*operand)()) {
-    ExprPtr e = (this->*operand)();
-    while (at_name(keyword)) {
-      auto o = make(kind, advance().line);
+  ExprPtr parse_or() {
+    ExprPtr e = parse_and();
+    while (at_name("or")) {
+      auto o = make(ExprKind::kOr, advance().line);
       attach(*o, std::move(e));
-      attach(*o, (this->*operand)());
+      attach(*o, parse_and());
       e = std::move(o);
     }
     return e;
   }
-  ExprPtr parse_or() { return parse_left_assoc("or", ExprKind::kOr, &Parser::parse_and); }
-  ExprPtr parse_and() { return parse_left_assoc("and", ExprKind::kAnd, &Parser::parse_not); }
+  ExprPtr parse_and() {
+    ExprPtr e = parse_not();
+    while (at_name("and")) {
+      auto o = make(ExprKind::kAnd, advance().line);
+      attach(*o, std::move(e));
+      attach(*o, parse_not());
+      e = std::move(o);
+    }
+    return e;
+  }
   ExprPtr parse_not() {
     if (at_name("not")) {
       Nesting nesting(this);

@@ -1,7 +1,6 @@
 #include "services/tokenizer/post_processor.h"
 
 #include "services/tokenizer/json_token_id.h"
-#include "services/tokenizer/pipeline_util.h"
 
 namespace litellama {
 
@@ -47,7 +46,11 @@ Status PostProcessor::add(const nlohmann::json& j) {
 
 Result<PostProcessor> PostProcessor::from_json(const nlohmann::json& j) {
   PostProcessor p;
-  LITELLAMA_RETURN_IF_ERROR(read_pipeline_section("post_processor", [&] { return p.add(j); }));
+  try {
+    LITELLAMA_RETURN_IF_ERROR(p.add(j));
+  } catch (const nlohmann::json::exception& e) {
+    return make_error(StatusCode::kInvalidArgument, "malformed post_processor: {}", e.what());
+  }
   return p;
 }
 
