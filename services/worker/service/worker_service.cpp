@@ -450,6 +450,11 @@ Status WorkerService::run() {
           break;
         case proto::MessageType::kStepRequest:
           last_scheduler_seen_.store(monotonic_seconds());
+          // The scheduler steps only its serving worker: a step ends standby at once, before
+          // the next heartbeat says so, so /ready never reports standby while this one serves.
+          if (standby_.exchange(false)) {
+            LITELLAMA_LOG_INFO("worker: the scheduler serves through this worker now");
+          }
           // The compute thread decodes it; steps queue there in order.
           (void)compute_io_.send(frames[0], zmq::send_flags::none);
           break;
