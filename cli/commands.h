@@ -12,6 +12,7 @@ using CommandMain = std::function<int()>;
 
 CommandMain register_generate_command(CLI::App& app);
 CommandMain register_make_model_command(CLI::App& app);
+CommandMain register_quantize_command(CLI::App& app);
 CommandMain register_serve_command(CLI::App& app);
 CommandMain register_chat_command(CLI::App& app);
 CommandMain register_bench_command(CLI::App& app);

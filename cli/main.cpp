@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
   };
   add(litellama::cli::register_generate_command);
   add(litellama::cli::register_make_model_command);
+  add(litellama::cli::register_quantize_command);
   add(litellama::cli::register_serve_command);
   add(litellama::cli::register_chat_command);
   add(litellama::cli::register_bench_command);

@@ -10,7 +10,9 @@
 
 namespace litellama {
 
-enum class DType { kF32, kBF16, kF16, kI32, kI64, kU8 };
+// kI8 and kF8E4M3 occur only in quantized checkpoints (int8 and FP8 weights); no backend computes
+// in them directly: they are dequantized or handed to kernels made for them.
+enum class DType { kF32, kBF16, kF16, kI32, kI64, kU8, kI8, kF8E4M3 };
 
 size_t dtype_size_bytes(DType dtype);
 // Names as in safetensors headers ("F32", "BF16", ...).
@@ -39,6 +41,11 @@ inline uint16_t f32_to_bf16(float f) {
 
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
+// FP8 E4M3 as in the OCP 8-bit floating point specification and PyTorch's float8_e4m3fn: bias 7,
+// no infinities, 0x7f / 0xff NaN, largest finite 448. The narrowing rounds to nearest even and
+// saturates to +-448 (as quantizers clamp before casting); NaN stays NaN.
+float fp8e4m3_to_f32(uint8_t v);
+uint8_t f32_to_fp8e4m3(float f);
 
 // Converts n elements of `src` (of type `dtype`) to float32.
 void convert_to_f32(float* dst, const void* src, DType dtype, size_t n);

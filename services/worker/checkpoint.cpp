@@ -1,10 +1,12 @@
 #include "services/worker/checkpoint.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 
 #include <nlohmann/json.hpp>
 
+#include "services/worker/quantized_linear.h"
 #include "services/worker/safetensors.h"
 
 namespace litellama {
@@ -195,6 +197,53 @@ std::string Checkpoint::lm_head_name() const {
   return config_.lm_head_name;
 }
 
+namespace {
+
+// "model.layers.3.mlp.down_proj.weight" -> "model.layers.3.mlp.down_proj"
+std::string module_of(const std::string& weight_name) {
+  constexpr std::string_view kSuffix = ".weight";
+  if (weight_name.size() > kSuffix.size() &&
+      weight_name.compare(weight_name.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0) {
+    return weight_name.substr(0, weight_name.size() - kSuffix.size());
+  }
+  return weight_name;
+}
+
+bool ends_with(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+Result<std::pair<int64_t, int64_t>> Checkpoint::linear_shape(const std::string& weight_name) const {
+  const ModelConfig& c = config_;
+  const int64_t h = c.hidden_size, q_dim = int64_t{c.n_heads} * c.head_dim,
+                kv_dim = int64_t{c.n_kv_heads} * c.head_dim, inter = c.intermediate_size;
+  const std::string m = module_of(weight_name);
+  if (ends_with(m, "self_attn.q_proj")) return std::pair{q_dim, h};
+  if (ends_with(m, "self_attn.k_proj") || ends_with(m, "self_attn.v_proj")) {
+    return std::pair{kv_dim, h};
+  }
+  if (ends_with(m, "self_attn.o_proj")) return std::pair{h, q_dim};
+  if (ends_with(m, "mlp.gate_proj") || ends_with(m, "mlp.up_proj")) return std::pair{inter, h};
+  if (ends_with(m, "mlp.down_proj")) return std::pair{h, inter};
+  return make_error(StatusCode::kInvalidArgument, "'{}' is not a decoder layer projection",
+                    weight_name);
+}
+
+bool Checkpoint::is_quantized(const std::string& weight_name) const {
+  return module_is_quantized(config_.quant, module_of(weight_name));
+}
+
+Result<std::vector<float>> Checkpoint::linear_f32(const std::string& weight_name) const {
+  LITELLAMA_ASSIGN_OR_RETURN(auto shape, linear_shape(weight_name));
+  const QuantConfig dense;
+  const QuantConfig& q = is_quantized(weight_name) ? config_.quant : dense;
+  return dequantize_linear(q, module_of(weight_name), shape.first, shape.second,
+                           [this](const std::string& name) { return tensor(name); });
+}
+
 size_t Checkpoint::size_bytes() const {
   size_t total = 0;
   for (const auto& [name, view] : tensors_) total += view.size_bytes;
@@ -222,18 +271,51 @@ Status Checkpoint::validate() const {
     }
     return Status::ok();
   };
+  // A projection: its dense weight, or each tensor of its quantized layout.
+  auto expect_linear = [&](const std::string& name) -> Status {
+    LITELLAMA_ASSIGN_OR_RETURN(auto shape, linear_shape(name));
+    if (!is_quantized(name)) return expect(name, {shape.first, shape.second});
+    LITELLAMA_ASSIGN_OR_RETURN(
+        auto specs, quantized_linear_specs(c.quant, module_of(name), shape.first, shape.second));
+    for (const QuantTensorSpec& spec : specs) {
+      auto it = tensors_.find(spec.name);
+      if (it == tensors_.end()) {
+        if (spec.optional) continue;
+        return make_error(
+            StatusCode::kNotFound, "'{}': missing tensor '{}' of the {} layout (expected shape {})",
+            dir_, spec.name, quant_method_name(c.quant.method), shape_string(spec.shapes.front()));
+      }
+      const TensorView& t = it->second;
+      if (std::find(spec.shapes.begin(), spec.shapes.end(), t.shape) == spec.shapes.end()) {
+        return make_error(StatusCode::kInvalidArgument,
+                          "'{}': tensor '{}' has shape {} but the {} layout of [{}, {}] implies {}",
+                          dir_, spec.name, shape_string(t.shape), quant_method_name(c.quant.method),
+                          shape.first, shape.second, shape_string(spec.shapes.front()));
+      }
+      if (std::find(spec.dtypes.begin(), spec.dtypes.end(), t.dtype) == spec.dtypes.end()) {
+        std::string allowed;
+        for (DType d : spec.dtypes)
+          allowed += (allowed.empty() ? "" : ", ") + std::string(dtype_safetensors_name(d));
+        return make_error(StatusCode::kInvalidArgument,
+                          "'{}': tensor '{}' is {}; the {} layout stores it as {}", dir_, spec.name,
+                          dtype_safetensors_name(t.dtype), quant_method_name(c.quant.method),
+                          allowed);
+      }
+    }
+    return Status::ok();
+  };
   const int64_t h = c.hidden_size, q_dim = int64_t{c.n_heads} * c.head_dim,
-                kv_dim = int64_t{c.n_kv_heads} * c.head_dim, inter = c.intermediate_size;
+                kv_dim = int64_t{c.n_kv_heads} * c.head_dim;
   LITELLAMA_RETURN_IF_ERROR(expect(embed_name(), {c.vocab_size, h}));
   LITELLAMA_RETURN_IF_ERROR(expect(final_norm_name(), {h}));
   if (!c.tie_word_embeddings) LITELLAMA_RETURN_IF_ERROR(expect(c.lm_head_name, {c.vocab_size, h}));
   for (int32_t l = 0; l < c.n_layers; ++l) {
     const LayerTensorNames n = layer_names(l);
     LITELLAMA_RETURN_IF_ERROR(expect(n.input_norm, {h}));
-    LITELLAMA_RETURN_IF_ERROR(expect(n.q, {q_dim, h}));
-    LITELLAMA_RETURN_IF_ERROR(expect(n.k, {kv_dim, h}));
-    LITELLAMA_RETURN_IF_ERROR(expect(n.v, {kv_dim, h}));
-    LITELLAMA_RETURN_IF_ERROR(expect(n.o, {h, q_dim}));
+    LITELLAMA_RETURN_IF_ERROR(expect_linear(n.q));
+    LITELLAMA_RETURN_IF_ERROR(expect_linear(n.k));
+    LITELLAMA_RETURN_IF_ERROR(expect_linear(n.v));
+    LITELLAMA_RETURN_IF_ERROR(expect_linear(n.o));
     if (c.qkv_bias) {
       LITELLAMA_RETURN_IF_ERROR(expect(n.q_bias, {q_dim}));
       LITELLAMA_RETURN_IF_ERROR(expect(n.k_bias, {kv_dim}));
@@ -244,9 +326,9 @@ Status Checkpoint::validate() const {
       LITELLAMA_RETURN_IF_ERROR(expect(n.k_norm, {c.head_dim}));
     }
     LITELLAMA_RETURN_IF_ERROR(expect(n.post_attention_norm, {h}));
-    LITELLAMA_RETURN_IF_ERROR(expect(n.gate, {inter, h}));
-    LITELLAMA_RETURN_IF_ERROR(expect(n.up, {inter, h}));
-    LITELLAMA_RETURN_IF_ERROR(expect(n.down, {h, inter}));
+    LITELLAMA_RETURN_IF_ERROR(expect_linear(n.gate));
+    LITELLAMA_RETURN_IF_ERROR(expect_linear(n.up));
+    LITELLAMA_RETURN_IF_ERROR(expect_linear(n.down));
   }
   if (llava_) {
     // post_layernorm is published but never used by LLaVA's features; it is not required.

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/dtype.h"
@@ -16,21 +17,9 @@
 #include "common/status.h"
 #include "services/worker/llava_config.h"
 #include "services/worker/model_config.h"
+#include "services/worker/tensor_view.h"
 
 namespace litellama {
-
-struct TensorView {
-  std::string name;
-  DType dtype = DType::kF32;
-  std::vector<int64_t> shape;
-  const void* data = nullptr;  // inside the mapping; valid while the Checkpoint lives
-  size_t size_bytes = 0;
-  int32_t shard = 0;  // index of the file that holds it (Checkpoint::shard_bytes)
-
-  int64_t numel() const;
-  // Copies into float32 (upcasting bf16/fp16).
-  std::vector<float> to_f32() const;
-};
 
 // Tensor names of one decoder layer, per architecture.
 struct LayerTensorNames {
@@ -56,6 +45,14 @@ class Checkpoint {
   // lm_head.weight, or the embedding when the embeddings are tied.
   std::string lm_head_name() const;
 
+  // A decoder layer's linear weight (a LayerTensorNames projection name, "<module>.weight") as
+  // float32 [out_features, in_features]: a copy of the dense tensor, or the dequantization of
+  // the module's tensors when config().quant stores it quantized (services/worker/
+  // quantized_linear.h). Each tensor read goes through the read observer.
+  Result<std::vector<float>> linear_f32(const std::string& weight_name) const;
+  // Whether that module is stored quantized.
+  bool is_quantized(const std::string& weight_name) const;
+
   // LLaVA checkpoints: the vision half of the config and where its tensors are; nullptr else.
   const LlavaConfig* llava() const { return llava_ ? &*llava_ : nullptr; }
   const LlavaTensorNames& llava_names() const { return llava_names_; }
@@ -73,6 +70,8 @@ class Checkpoint {
 
  private:
   Status validate() const;
+  // [out_features, in_features] of a layer projection named as in LayerTensorNames.
+  Result<std::pair<int64_t, int64_t>> linear_shape(const std::string& weight_name) const;
 
   std::string dir_;
   ModelConfig config_;

@@ -117,10 +117,10 @@ Status CpuModelRunner::load(const Checkpoint& ckpt) {
     const LayerTensorNames n = ckpt.layer_names(l);
     CpuLayer& L = layers_[static_cast<size_t>(l)];
     LITELLAMA_RETURN_IF_ERROR(get(n.input_norm, &L.input_norm));
-    LITELLAMA_RETURN_IF_ERROR(get(n.q, &L.wq));
-    LITELLAMA_RETURN_IF_ERROR(get(n.k, &L.wk));
-    LITELLAMA_RETURN_IF_ERROR(get(n.v, &L.wv));
-    LITELLAMA_RETURN_IF_ERROR(get(n.o, &L.wo));
+    LITELLAMA_ASSIGN_OR_RETURN(L.wq, ckpt.linear_f32(n.q));
+    LITELLAMA_ASSIGN_OR_RETURN(L.wk, ckpt.linear_f32(n.k));
+    LITELLAMA_ASSIGN_OR_RETURN(L.wv, ckpt.linear_f32(n.v));
+    LITELLAMA_ASSIGN_OR_RETURN(L.wo, ckpt.linear_f32(n.o));
     if (config_.qkv_bias) {
       LITELLAMA_RETURN_IF_ERROR(get(n.q_bias, &L.bq));
       LITELLAMA_RETURN_IF_ERROR(get(n.k_bias, &L.bk));
@@ -131,9 +131,9 @@ Status CpuModelRunner::load(const Checkpoint& ckpt) {
       LITELLAMA_RETURN_IF_ERROR(get(n.k_norm, &L.k_norm));
     }
     LITELLAMA_RETURN_IF_ERROR(get(n.post_attention_norm, &L.post_norm));
-    LITELLAMA_RETURN_IF_ERROR(get(n.gate, &L.w_gate));
-    LITELLAMA_RETURN_IF_ERROR(get(n.up, &L.w_up));
-    LITELLAMA_RETURN_IF_ERROR(get(n.down, &L.w_down));
+    LITELLAMA_ASSIGN_OR_RETURN(L.w_gate, ckpt.linear_f32(n.gate));
+    LITELLAMA_ASSIGN_OR_RETURN(L.w_up, ckpt.linear_f32(n.up));
+    LITELLAMA_ASSIGN_OR_RETURN(L.w_down, ckpt.linear_f32(n.down));
   }
   const size_t pool = static_cast<size_t>(n_slots_) * config_.n_kv_heads * config_.head_dim;
   k_pool_.clear();

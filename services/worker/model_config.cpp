@@ -390,6 +390,7 @@ Result<ModelConfig> parse_model_config(const json& j) {
     if (auto tie = j.find("tie_word_embeddings"); tie != j.end() && tie->is_boolean()) {
       config.tie_word_embeddings = tie->get<bool>();
     }
+    LITELLAMA_ASSIGN_OR_RETURN(config.quant, parse_quant_config(j));
     return config;
   }
 
@@ -423,6 +424,7 @@ Result<ModelConfig> parse_model_config(const json& j) {
                         "config.json: Qwen2 use_sliding_window is not supported");
     }
   }
+  LITELLAMA_ASSIGN_OR_RETURN(config.quant, parse_quant_config(j));
   return config;
 }
 

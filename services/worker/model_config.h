@@ -10,6 +10,7 @@
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "services/worker/quant_config.h"
 
 namespace litellama {
 
@@ -73,6 +74,8 @@ struct ModelConfig {
   // Prefix of the text model's tensor names ("model." for plain models; LLaVA nests it).
   std::string text_prefix = "model.";
   std::string lm_head_name = "lm_head.weight";
+  // quantization_config: how the decoder layers' linear weights are stored.
+  QuantConfig quant;
 };
 
 // Parses config.json text. Errors name the offending key.

@@ -96,6 +96,10 @@ const char* dtype_label(DType dtype) {
       return "i64";
     case DType::kU8:
       return "u8";
+    case DType::kI8:
+      return "i8";
+    case DType::kF8E4M3:
+      return "f8e4m3";
   }
   return "?";
 }
@@ -112,6 +116,8 @@ double tolerance(DType dtype) {
     case DType::kI32:
     case DType::kI64:
     case DType::kU8:
+    case DType::kI8:
+    case DType::kF8E4M3:
       break;
   }
   return 0.0;

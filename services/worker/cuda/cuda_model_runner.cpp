@@ -247,6 +247,13 @@ void* CudaModelRunner::v_pool(int32_t layer) const {
 
 Status CudaModelRunner::init(const Checkpoint& checkpoint) {
   const ModelConfig& c = config_;
+  if (c.quant.method != QuantMethod::kNone) {
+    // The quantized GEMV and GEMM kernels are not built yet; the CPU backend dequantizes.
+    return make_error(StatusCode::kUnsupported,
+                      "'{}' is a {} checkpoint (quantization_config); the CUDA backend runs only "
+                      "unquantized ones for now: use --device cpu",
+                      checkpoint.dir(), quant_method_name(c.quant.method));
+  }
   elem_bytes_ = dtype_size_bytes(dtype_);
   qkv_dim_ = (c.n_heads + 2 * c.n_kv_heads) * c.head_dim;
   q_dim_ = c.n_heads * c.head_dim;

@@ -1,0 +1,47 @@
+// Offline quantization: writes a quantized copy of an unquantized checkpoint in one of the
+// layouts the loader reads (services/worker/quant_config.h), so that a user without internet
+// access can make one. Only the decoder layers' seven projections are quantized; embeddings,
+// norms, biases, the LM head and any vision tower are copied as stored, and config.json gains
+// the quantization_config that says so.
+//   gptq-rtn  round to nearest, GPTQ layout: 4 bits, asymmetric, per group of input rows, with
+//             the published GPTQ quantizer's range (the group's min and max widened to take 0)
+//             and no error feedback; zero points stored less one (checkpoint_format "gptq").
+//   fp8       compressed-tensors float-quantized: e4m3 weights, one float32 scale per output
+//             channel (its largest |w| / 448), activations quantized per token at run time.
+// awq (the activation-aware scale search) and w8a8 (SmoothQuant's smoothing folded into the
+// norms) need activation statistics over a calibration text and are refused until the
+// calibration pass exists.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace litellama {
+
+enum class QuantizeMethod { kGptqRtn, kFp8, kAwq, kW8a8 };
+
+// "gptq-rtn", "fp8", "awq", "w8a8"
+Result<QuantizeMethod> quantize_method_from_name(const std::string& name);
+
+struct QuantizeOptions {
+  QuantizeMethod method = QuantizeMethod::kGptqRtn;
+  int32_t group_size = 128;      // gptq-rtn: input rows per group (-1: one group per column)
+  std::string calibration_path;  // awq, w8a8: text to collect activation statistics over
+};
+
+struct QuantizeReport {
+  int32_t modules = 0;         // projections quantized
+  int64_t bytes_in = 0;        // of all tensors as read
+  int64_t bytes_out = 0;       // of all tensors as written
+  double max_abs_error = 0.0;  // largest |dequantized - original| over quantized weights
+};
+
+// Reads the checkpoint in `in_dir` (unquantized), writes the quantized one to `out_dir` (created;
+// must not hold a checkpoint already). Other files of in_dir (tokenizer, generation config, chat
+// template, image processor) are copied.
+Result<QuantizeReport> quantize_checkpoint(const std::string& in_dir, const std::string& out_dir,
+                                           const QuantizeOptions& options);
+
+}  // namespace litellama

@@ -1,0 +1,49 @@
+// The tensors of one quantized linear module (nn.Linear with out_features N and in_features K) in
+// each layout QuantConfig accepts, their checks, and their dequantization to the dense float32
+// weight [N, K] that an unquantized checkpoint stores as "<module>.weight". docs/quantization.md
+// describes the layouts field by field; tests/golden/make_quant_golden.py is an independent
+// unpacker of the same layouts whose results quantized_linear_test compares bit for bit.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/status.h"
+#include "services/worker/quant_config.h"
+#include "services/worker/tensor_view.h"
+
+namespace litellama {
+
+// One tensor a quantized module stores: its name, the shapes accepted (scales may be written
+// [N, 1] or [N], a per-tensor scale [1] or []), the dtypes accepted, and whether it may be absent.
+struct QuantTensorSpec {
+  std::string name;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<DType> dtypes;
+  bool optional = false;
+};
+
+// The tensors of `module` (e.g. "model.layers.0.mlp.down_proj") under `config`, or an error when
+// its N and K do not fit the layout (packing and group divisibility).
+Result<std::vector<QuantTensorSpec>> quantized_linear_specs(const QuantConfig& config,
+                                                            const std::string& module, int64_t n,
+                                                            int64_t k);
+
+// A tensor of the checkpoint by name (kNotFound when absent).
+using TensorLookup = std::function<Result<TensorView>(const std::string&)>;
+
+// Dequantizes `module` to float32 [N, K] row-major. Every value is computed in float32 from the
+// stored integers and scales as the layout defines it (one subtraction of integers, one float32
+// product), so any correct unpacker gets the same bits. Tensors must have passed the specs.
+Result<std::vector<float>> dequantize_linear(const QuantConfig& config, const std::string& module,
+                                             int64_t n, int64_t k, const TensorLookup& lookup);
+
+// AutoAWQ's GEMM packing puts output column 8w + j of a row in nibble kAwqNibbleOf[j] of packed
+// word w (the packer's order is 0, 2, 4, 6, 1, 3, 5, 7: nibble i holds column kAwqOrder[i]).
+inline constexpr int kAwqOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+inline constexpr int kAwqNibbleOf[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+}  // namespace litellama
