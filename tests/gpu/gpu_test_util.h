@@ -58,6 +58,8 @@ inline double tolerance(DType dtype) {
     case DType::kI32:
     case DType::kI64:
     case DType::kU8:
+    case DType::kI8:
+    case DType::kF8E4M3:
       break;
   }
   return 0.0;
@@ -80,7 +82,13 @@ class DevBuf {
   ~DevBuf() {
     if (ptr_ != nullptr) (void)cudaFree(ptr_);
   }
-  void poison() { (void)cudaMemset(ptr_, 0xff, bytes_); }
+  // cudaMemset on device memory runs on the legacy stream and may return before it lands; the
+  // tests' streams are non-blocking and would not wait for it, so a late poison could overwrite
+  // what a kernel or copy on them has just written. Waiting here orders it before all of them.
+  void poison() {
+    (void)cudaMemset(ptr_, 0xff, bytes_);
+    (void)cudaDeviceSynchronize();
+  }
   void* get() const { return ptr_; }
   template <typename T>
   T* as() const {
