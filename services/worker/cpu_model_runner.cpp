@@ -72,6 +72,7 @@ class CpuModelRunner final : public ModelRunner {
       : config_(std::move(config)), n_slots_(n_slots), n_threads_(n_threads) {}
 
   Status load(const Checkpoint& ckpt);
+  void set_observer(ActivationObserver observer) { observer_ = std::move(observer); }
 
   const ModelConfig& config() const override { return config_; }
   int32_t n_kv_slots() const override { return n_slots_; }
@@ -101,6 +102,7 @@ class CpuModelRunner final : public ModelRunner {
   std::vector<CpuLayer> layers_;
   std::vector<float> embed_, final_norm_, lm_head_;  // lm_head_ empty when tied
   std::vector<LazyZeroBuffer> k_pool_, v_pool_;      // [layer][n_slots, n_kv_heads, head_dim]
+  ActivationObserver observer_;                      // empty unless calibrating
 };
 
 Status CpuModelRunner::load(const Checkpoint& ckpt) {
@@ -311,6 +313,7 @@ Status CpuModelRunner::step(const StepBatch& batch, StepOutput* out) {
   for (int32_t l = 0; l < c.n_layers; ++l) {
     const CpuLayer& L = layers_[static_cast<size_t>(l)];
     rms_norm(h.data(), x.data(), L.input_norm.data(), T, H);
+    if (observer_) observer_(l, ProjectionInput::kQkv, h.data(), T, H);
     linear(q.data(), h.data(), L.wq.data(), c.qkv_bias ? L.bq.data() : nullptr, T, q_dim, H);
     linear(k.data(), h.data(), L.wk.data(), c.qkv_bias ? L.bk.data() : nullptr, T, kv_dim, H);
     linear(v.data(), h.data(), L.wv.data(), c.qkv_bias ? L.bv.data() : nullptr, T, kv_dim, H);
@@ -331,15 +334,18 @@ Status CpuModelRunner::step(const StepBatch& batch, StepOutput* out) {
       }
     }
     attention(attn.data(), q.data(), l, batch);
+    if (observer_) observer_(l, ProjectionInput::kO, attn.data(), T, q_dim);
     linear(o.data(), attn.data(), L.wo.data(), nullptr, T, H, q_dim);
     for (int64_t i = 0; i < T * H; ++i) x[i] += o[i];
     rms_norm(h.data(), x.data(), L.post_norm.data(), T, H);
+    if (observer_) observer_(l, ProjectionInput::kGateUp, h.data(), T, H);
     linear(gate.data(), h.data(), L.w_gate.data(), nullptr, T, inter, H);
     linear(up.data(), h.data(), L.w_up.data(), nullptr, T, inter, H);
     for (int64_t i = 0; i < T * inter; ++i) {
       const float g = gate[i];
       gate[i] = g / (1.0f + std::exp(-g)) * up[i];
     }
+    if (observer_) observer_(l, ProjectionInput::kDown, gate.data(), T, inter);
     linear(o.data(), gate.data(), L.w_down.data(), nullptr, T, H, inter);
     for (int64_t i = 0; i < T * H; ++i) x[i] += o[i];
   }
@@ -397,6 +403,12 @@ Status CpuModelRunner::step(const StepBatch& batch, StepOutput* out) {
 
 Result<std::unique_ptr<ModelRunner>> create_cpu_model_runner(const Checkpoint& checkpoint,
                                                              const RunnerOptions& options) {
+  return create_observed_cpu_model_runner(checkpoint, options, nullptr);
+}
+
+Result<std::unique_ptr<ModelRunner>> create_observed_cpu_model_runner(const Checkpoint& checkpoint,
+                                                                      const RunnerOptions& options,
+                                                                      ActivationObserver observer) {
   if (options.compute_dtype != DType::kF32) {
     return make_error(StatusCode::kUnsupported,
                       "the CPU backend computes in float32 (got --dtype {}); use --dtype float32 "
@@ -423,6 +435,7 @@ Result<std::unique_ptr<ModelRunner>> create_cpu_model_runner(const Checkpoint& c
                         ? options.n_threads
                         : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
   auto runner = std::make_unique<CpuModelRunner>(c, n_slots, threads);
+  runner->set_observer(std::move(observer));
   LITELLAMA_RETURN_IF_ERROR(runner->load(checkpoint));
   return std::unique_ptr<ModelRunner>(std::move(runner));
 }

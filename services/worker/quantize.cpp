@@ -1,6 +1,7 @@
 #include "services/worker/quantize.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -10,7 +11,11 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "services/worker/calibration.h"
 #include "services/worker/checkpoint.h"
+#include "services/worker/cpu_model_runner.h"
+#include "services/worker/offline_engine.h"
+#include "services/worker/quantized_linear.h"
 #include "services/worker/safetensors.h"
 
 namespace litellama {
@@ -31,6 +36,8 @@ namespace {
 
 // Shards of at most this many bytes, as Hugging Face writers split large checkpoints.
 constexpr size_t kShardBytes = size_t{2} << 30;
+// Rows of each projection input kept for AWQ's output-error search.
+constexpr int64_t kSampleRows = 128;
 
 template <typename T>
 std::vector<uint8_t> bytes_of(const std::vector<T>& v) {
@@ -140,6 +147,109 @@ std::vector<SafetensorsTensor> fp8_channel(const std::string& module, const std:
   return out;
 }
 
+// AutoAWQ's quantizer on row-major w [n, k] in groups of g input columns: each group's own min
+// and max (not widened to 0), 15 steps between them, an integer zero point. Fills the codes and
+// the fp16-rounded scales and zeros ([k/g, n]) when given, and returns the dequantized weight.
+std::vector<float> awq_quantize(const std::vector<float>& w, int64_t n, int64_t k, int64_t g,
+                                std::vector<uint8_t>* codes = nullptr,
+                                std::vector<uint16_t>* scales = nullptr,
+                                std::vector<uint8_t>* zeros = nullptr) {
+  constexpr int32_t kMaxQ = 15;
+  std::vector<float> dq(w.size());
+  for (int64_t o = 0; o < n; ++o) {
+    for (int64_t gi = 0; gi < k / g; ++gi) {
+      const float* v = w.data() + o * k + gi * g;
+      float lo = v[0], hi = v[0];
+      for (int64_t j = 1; j < g; ++j) {
+        lo = std::min(lo, v[j]);
+        hi = std::max(hi, v[j]);
+      }
+      const float scale =
+          f16_to_f32(f32_to_f16(std::clamp((hi - lo) / kMaxQ, 1e-5f / kMaxQ, 65504.0f)));
+      const int32_t zero = std::clamp(static_cast<int32_t>(-std::nearbyint(lo / scale)), 0, kMaxQ);
+      if (scales) (*scales)[static_cast<size_t>(gi * n + o)] = f32_to_f16(scale);
+      if (zeros) (*zeros)[static_cast<size_t>(gi * n + o)] = static_cast<uint8_t>(zero);
+      for (int64_t j = 0; j < g; ++j) {
+        const int32_t q =
+            std::clamp(static_cast<int32_t>(std::nearbyint(v[j] / scale)) + zero, 0, kMaxQ);
+        if (codes) (*codes)[static_cast<size_t>(o * k + gi * g + j)] = static_cast<uint8_t>(q);
+        dq[static_cast<size_t>(o * k + gi * g + j)] = static_cast<float>(q - zero) * scale;
+      }
+    }
+  }
+  return dq;
+}
+
+// AWQ's GEMM layout of one projection: codes [n, k] and zeros [k/g, n] packed eight outputs per
+// int32 in AutoAWQ's nibble order (quantized_linear.h's kAwqOrder).
+Result<std::vector<SafetensorsTensor>> awq_pack(const std::string& module,
+                                                const std::vector<float>& w, int64_t n, int64_t k,
+                                                int32_t group_size, double* max_error) {
+  const int64_t g = group_size <= 0 ? k : group_size;
+  if (n % 8 != 0 || k % g != 0) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "{}: [{}, {}] does not fit AWQ packing with group size {} (out_features a "
+                      "multiple of 8, in_features a multiple of the group size; see --group-size)",
+                      module, n, k, g);
+  }
+  const int64_t groups = k / g;
+  std::vector<uint8_t> codes(static_cast<size_t>(n * k)), zeros(static_cast<size_t>(groups * n));
+  std::vector<uint16_t> scales(static_cast<size_t>(groups * n));
+  const std::vector<float> dq = awq_quantize(w, n, k, g, &codes, &scales, &zeros);
+  for (size_t i = 0; i < dq.size(); ++i) {
+    *max_error = std::max(*max_error, std::fabs(static_cast<double>(dq[i]) - w[i]));
+  }
+  std::vector<int32_t> qweight(static_cast<size_t>(k * (n / 8)), 0);
+  std::vector<int32_t> qzeros(static_cast<size_t>(groups * (n / 8)), 0);
+  for (int64_t word = 0; word < n / 8; ++word) {
+    for (int nib = 0; nib < 8; ++nib) {
+      const int64_t col = word * 8 + kAwqOrder[nib];
+      for (int64_t row = 0; row < k; ++row) {
+        auto& packed = qweight[static_cast<size_t>(row * (n / 8) + word)];
+        packed = static_cast<int32_t>(
+            static_cast<uint32_t>(packed) |
+            (uint32_t{codes[static_cast<size_t>(col * k + row)]} << (4 * nib)));
+      }
+      for (int64_t gi = 0; gi < groups; ++gi) {
+        auto& packed = qzeros[static_cast<size_t>(gi * (n / 8) + word)];
+        packed =
+            static_cast<int32_t>(static_cast<uint32_t>(packed) |
+                                 (uint32_t{zeros[static_cast<size_t>(gi * n + col)]} << (4 * nib)));
+      }
+    }
+  }
+  std::vector<SafetensorsTensor> out;
+  out.push_back({module + ".qweight", DType::kI32, {k, n / 8}, bytes_of(qweight)});
+  out.push_back({module + ".qzeros", DType::kI32, {groups, n / 8}, bytes_of(qzeros)});
+  out.push_back({module + ".scales", DType::kF16, {groups, n}, bytes_of(scales)});
+  return out;
+}
+
+// int8 of one projection: symmetric, one float32 scale per output channel (largest |w| / 127),
+// codes in [-128, 127] as llm-compressor writes them.
+std::vector<SafetensorsTensor> int8_channel(const std::string& module, const std::vector<float>& w,
+                                            int64_t n, int64_t k, double* max_error) {
+  std::vector<int8_t> codes(static_cast<size_t>(n * k));
+  std::vector<float> scales(static_cast<size_t>(n));
+  for (int64_t row = 0; row < n; ++row) {
+    const float* v = w.data() + row * k;
+    float amax = 0.0f;
+    for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(v[c]));
+    const float scale = amax > 0.0f ? amax / 127.0f : 1.0f;
+    scales[static_cast<size_t>(row)] = scale;
+    for (int64_t c = 0; c < k; ++c) {
+      const auto q = static_cast<int8_t>(
+          std::clamp(static_cast<int32_t>(std::nearbyint(v[c] / scale)), -128, 127));
+      codes[static_cast<size_t>(row * k + c)] = q;
+      *max_error = std::max(*max_error, std::fabs(static_cast<double>(q * scale) - v[c]));
+    }
+  }
+  std::vector<SafetensorsTensor> out;
+  out.push_back({module + ".weight", DType::kI8, {n, k}, bytes_of(codes)});
+  out.push_back({module + ".weight_scale", DType::kF32, {n, 1}, bytes_of(scales)});
+  return out;
+}
+
 json quantization_config(const QuantizeOptions& options) {
   if (options.method == QuantizeMethod::kGptqRtn) {
     return {{"quant_method", "gptq"},
@@ -153,12 +263,17 @@ json quantization_config(const QuantizeOptions& options) {
             {"damp_percent", 0.0},
             {"true_sequential", true}};
   }
-  json weights = {{"num_bits", 8},     {"type", "float"},  {"strategy", "channel"},
+  if (options.method == QuantizeMethod::kAwq) {
+    return {{"quant_method", "awq"}, {"bits", 4},         {"group_size", options.group_size},
+            {"zero_point", true},    {"version", "gemm"}, {"modules_to_not_convert", nullptr}};
+  }
+  const char* type = options.method == QuantizeMethod::kW8a8 ? "int" : "float";
+  json weights = {{"num_bits", 8},     {"type", type},     {"strategy", "channel"},
                   {"symmetric", true}, {"dynamic", false}, {"group_size", nullptr}};
-  json inputs = {{"num_bits", 8},     {"type", "float"}, {"strategy", "token"},
+  json inputs = {{"num_bits", 8},     {"type", type},    {"strategy", "token"},
                  {"symmetric", true}, {"dynamic", true}, {"group_size", nullptr}};
   return {{"quant_method", "compressed-tensors"},
-          {"format", "float-quantized"},
+          {"format", options.method == QuantizeMethod::kW8a8 ? "int-quantized" : "float-quantized"},
           {"quantization_status", "compressed"},
           {"config_groups",
            {{"group_0",
@@ -231,57 +346,155 @@ class ShardWriter {
 
 }  // namespace
 
+namespace {
+
+// One decoder layer's projections and norms in float32, as the quantizer edits them.
+struct LayerFloats {
+  std::vector<float> q, k, v, o, gate, up, down, input_norm, post_norm;
+};
+
+// Divides a norm's weight (or the rows of the projection before) by s, so that its output is x / s.
+void divide_rows(std::vector<float>* w, int64_t rows, int64_t cols, const std::vector<float>& s) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c)
+      (*w)[static_cast<size_t>(r * cols + c)] /= s[static_cast<size_t>(r)];
+  }
+}
+
+// The calibration methods' scales for layer l, folded into its weights and norms.
+void fold_scales(const Checkpoint& ckpt, const QuantizeOptions& options, const LayerStats& stats,
+                 LayerFloats* f) {
+  const ModelConfig& c = ckpt.config();
+  const int64_t h = c.hidden_size, inter = c.intermediate_size,
+                q_dim = int64_t{c.n_heads} * c.head_dim,
+                kv_dim = int64_t{c.n_kv_heads} * c.head_dim;
+  const std::vector<DenseWeight> qkv = {{&f->q, q_dim, h}, {&f->k, kv_dim, h}, {&f->v, kv_dim, h}};
+  const std::vector<DenseWeight> gate_up = {{&f->gate, inter, h}, {&f->up, inter, h}};
+  const std::vector<DenseWeight> down = {{&f->down, h, inter}};
+  const auto& in_qkv = stats[static_cast<size_t>(ProjectionInput::kQkv)];
+  const auto& in_mlp = stats[static_cast<size_t>(ProjectionInput::kGateUp)];
+  if (options.method == QuantizeMethod::kW8a8) {
+    constexpr double kAlpha = 0.5;
+    const auto s1 = smoothquant_scales(in_qkv, qkv, kAlpha);
+    scale_columns(qkv, s1);
+    divide_rows(&f->input_norm, h, 1, s1);
+    const auto s2 = smoothquant_scales(in_mlp, gate_up, kAlpha);
+    scale_columns(gate_up, s2);
+    divide_rows(&f->post_norm, h, 1, s2);
+    return;
+  }
+  const int64_t group = options.group_size;
+  auto quantize = [group](const std::vector<float>& w, int64_t n, int64_t k) {
+    return awq_quantize(w, n, k, group <= 0 ? k : group);
+  };
+  const auto s1 = awq_search_scales(in_qkv, qkv, quantize);
+  scale_columns(qkv, s1);
+  divide_rows(&f->input_norm, h, 1, s1);
+  const auto s2 = awq_search_scales(in_mlp, gate_up, quantize);
+  scale_columns(gate_up, s2);
+  divide_rows(&f->post_norm, h, 1, s2);
+  const auto s3 =
+      awq_search_scales(stats[static_cast<size_t>(ProjectionInput::kDown)], down, quantize);
+  scale_columns(down, s3);
+  divide_rows(&f->up, inter, h, s3);
+}
+
+Result<std::vector<SafetensorsTensor>> quantize_projection(const QuantizeOptions& options,
+                                                           const std::string& module,
+                                                           const std::vector<float>& w, int64_t n,
+                                                           int64_t k, double* max_error) {
+  switch (options.method) {
+    case QuantizeMethod::kGptqRtn:
+      return gptq_rtn(module, w, n, k, options.group_size, max_error);
+    case QuantizeMethod::kAwq:
+      return awq_pack(module, w, n, k, options.group_size, max_error);
+    case QuantizeMethod::kFp8:
+      return fp8_channel(module, w, n, k, max_error);
+    case QuantizeMethod::kW8a8:
+      return int8_channel(module, w, n, k, max_error);
+  }
+  return make_error(StatusCode::kInternal, "unknown quantization method");
+}
+
+// A float32 vector written back in `like`'s dtype and shape.
+SafetensorsTensor as_stored(const TensorView& like, const std::vector<float>& values) {
+  SafetensorsTensor t{like.name, like.dtype, like.shape,
+                      std::vector<uint8_t>(values.size() * dtype_size_bytes(like.dtype))};
+  convert_from_f32(t.data.data(), like.dtype, values.data(), values.size());
+  return t;
+}
+
+}  // namespace
+
 Result<QuantizeReport> quantize_checkpoint(const std::string& in_dir, const std::string& out_dir,
                                            const QuantizeOptions& options) {
-  if (options.method == QuantizeMethod::kAwq || options.method == QuantizeMethod::kW8a8) {
-    return make_error(StatusCode::kUnsupported,
-                      "quantize: --method {} needs activation statistics over the calibration "
-                      "text, which this build does not collect yet (gptq-rtn and fp8 need none)",
+  const bool calibrated =
+      options.method == QuantizeMethod::kAwq || options.method == QuantizeMethod::kW8a8;
+  if (calibrated && options.calibration_ids.empty()) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "quantize: --method {} needs --calibration (a text to collect activation "
+                      "statistics over)",
                       options.method == QuantizeMethod::kAwq ? "awq" : "w8a8");
   }
   LITELLAMA_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open(in_dir));
-  if (ckpt.config().quant.method != QuantMethod::kNone) {
+  const ModelConfig& c = ckpt.config();
+  if (c.quant.method != QuantMethod::kNone) {
     return make_error(StatusCode::kInvalidArgument, "quantize: '{}' is already quantized ({})",
-                      in_dir, quant_method_name(ckpt.config().quant.method));
+                      in_dir, quant_method_name(c.quant.method));
   }
   std::error_code ec;
   if (fs::exists(fs::path(out_dir) / "config.json", ec)) {
     return make_error(StatusCode::kInvalidArgument, "quantize: '{}' already holds a checkpoint",
                       out_dir);
   }
+  std::vector<LayerStats> stats;
+  if (calibrated) {
+    LITELLAMA_ASSIGN_OR_RETURN(stats, calibrate(ckpt, options.calibration_ids, kSampleRows));
+  }
   fs::create_directories(out_dir, ec);
   if (ec) return make_error(StatusCode::kInvalidArgument, "quantize: cannot create '{}'", out_dir);
 
-  std::set<std::string> projections;
-  for (int32_t l = 0; l < ckpt.config().n_layers; ++l) {
-    const LayerTensorNames n = ckpt.layer_names(l);
-    for (const std::string* p : {&n.q, &n.k, &n.v, &n.o, &n.gate, &n.up, &n.down}) {
-      projections.insert(*p);
-    }
-  }
   QuantizeReport report;
   ShardWriter writer(out_dir);
+  std::set<std::string> written;
+  for (int32_t l = 0; l < c.n_layers; ++l) {
+    const LayerTensorNames n = ckpt.layer_names(l);
+    LayerFloats f;
+    const std::vector<std::pair<const std::string*, std::vector<float>*>> projections = {
+        {&n.q, &f.q},       {&n.k, &f.k},   {&n.v, &f.v},      {&n.o, &f.o},
+        {&n.gate, &f.gate}, {&n.up, &f.up}, {&n.down, &f.down}};
+    for (const auto& [name, dst] : projections) {
+      LITELLAMA_ASSIGN_OR_RETURN(*dst, ckpt.linear_f32(*name));
+    }
+    LITELLAMA_ASSIGN_OR_RETURN(TensorView input_norm, ckpt.tensor(n.input_norm));
+    LITELLAMA_ASSIGN_OR_RETURN(TensorView post_norm, ckpt.tensor(n.post_attention_norm));
+    if (calibrated) {
+      f.input_norm = input_norm.to_f32();
+      f.post_norm = post_norm.to_f32();
+      fold_scales(ckpt, options, stats[static_cast<size_t>(l)], &f);
+      LITELLAMA_RETURN_IF_ERROR(writer.add(as_stored(input_norm, f.input_norm)));
+      LITELLAMA_RETURN_IF_ERROR(writer.add(as_stored(post_norm, f.post_norm)));
+      written.insert(n.input_norm);
+      written.insert(n.post_attention_norm);
+    }
+    for (const auto& [name, w] : projections) {
+      LITELLAMA_ASSIGN_OR_RETURN(TensorView t, ckpt.tensor(*name));
+      report.bytes_in += static_cast<int64_t>(t.size_bytes);
+      const std::string module = name->substr(0, name->size() - std::string(".weight").size());
+      LITELLAMA_ASSIGN_OR_RETURN(auto out, quantize_projection(options, module, *w, t.shape[0],
+                                                               t.shape[1], &report.max_abs_error));
+      for (auto& q : out) LITELLAMA_RETURN_IF_ERROR(writer.add(std::move(q)));
+      written.insert(*name);
+      ++report.modules;
+    }
+  }
   for (const std::string& name : ckpt.tensor_names()) {
+    if (written.count(name)) continue;
     LITELLAMA_ASSIGN_OR_RETURN(TensorView t, ckpt.tensor(name));
     report.bytes_in += static_cast<int64_t>(t.size_bytes);
-    if (projections.count(name) == 0) {
-      const auto* p = static_cast<const uint8_t*>(t.data);
-      LITELLAMA_RETURN_IF_ERROR(
-          writer.add({name, t.dtype, t.shape, std::vector<uint8_t>(p, p + t.size_bytes)}));
-      continue;
-    }
-    const std::string module = name.substr(0, name.size() - std::string(".weight").size());
-    const int64_t n = t.shape[0], k = t.shape[1];
-    const std::vector<float> w = t.to_f32();
-    std::vector<SafetensorsTensor> out;
-    if (options.method == QuantizeMethod::kGptqRtn) {
-      LITELLAMA_ASSIGN_OR_RETURN(
-          out, gptq_rtn(module, w, n, k, options.group_size, &report.max_abs_error));
-    } else {
-      out = fp8_channel(module, w, n, k, &report.max_abs_error);
-    }
-    for (auto& q : out) LITELLAMA_RETURN_IF_ERROR(writer.add(std::move(q)));
-    ++report.modules;
+    const auto* p = static_cast<const uint8_t*>(t.data);
+    LITELLAMA_RETURN_IF_ERROR(
+        writer.add({name, t.dtype, t.shape, std::vector<uint8_t>(p, p + t.size_bytes)}));
   }
   LITELLAMA_RETURN_IF_ERROR(writer.finish());
   report.bytes_out = writer.total_bytes();
@@ -306,8 +519,8 @@ Result<QuantizeReport> quantize_checkpoint(const std::string& in_dir, const std:
     if (ec) return make_error(StatusCode::kInternal, "quantize: cannot copy '{}'", file);
   }
   // What was written must load: the same checks as serving it.
-  LITELLAMA_ASSIGN_OR_RETURN(Checkpoint written, Checkpoint::open(out_dir));
-  (void)written;
+  LITELLAMA_ASSIGN_OR_RETURN(Checkpoint check, Checkpoint::open(out_dir));
+  (void)check;
   return report;
 }
 

@@ -8,13 +8,19 @@
 //             and no error feedback; zero points stored less one (checkpoint_format "gptq").
 //   fp8       compressed-tensors float-quantized: e4m3 weights, one float32 scale per output
 //             channel (its largest |w| / 448), activations quantized per token at run time.
-// awq (the activation-aware scale search) and w8a8 (SmoothQuant's smoothing folded into the
-// norms) need activation statistics over a calibration text and are refused until the
-// calibration pass exists.
+//   awq       AutoAWQ's GEMM layout: 4 bits, zero point, per group; per-channel scales from the
+//             activation-aware search over the calibration text (services/worker/calibration.h)
+//             folded into the norms and up_proj before AutoAWQ's quantizer (each group's min
+//             and max).
+//   w8a8      compressed-tensors int-quantized: SmoothQuant's smoothing (alpha 0.5) folded into
+//             the norms, then int8 weights with one scale per output channel (largest |w| /
+//             127), activations quantized per token at run time.
+// The calibration runs the unquantized model on the CPU backend.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -27,8 +33,9 @@ Result<QuantizeMethod> quantize_method_from_name(const std::string& name);
 
 struct QuantizeOptions {
   QuantizeMethod method = QuantizeMethod::kGptqRtn;
-  int32_t group_size = 128;      // gptq-rtn: input rows per group (-1: one group per column)
-  std::string calibration_path;  // awq, w8a8: text to collect activation statistics over
+  int32_t group_size = 128;  // gptq-rtn: input rows per group (-1: one group per column)
+  // awq, w8a8: the calibration text's token ids, in sequences run one at a time
+  std::vector<std::vector<int32_t>> calibration_ids;
 };
 
 struct QuantizeReport {

@@ -1,4 +1,4 @@
-// litellama quantize round trips: a random float32 model quantized with gptq-rtn and fp8 loads,
+// litellama quantize round trips: a random float32 model quantized with each method loads,
 // its projections dequantize close to the originals, it generates exactly as a dense float32
 // model built from its dequantized weights, and its next-token distribution stays close to the
 // unquantized model's (the KL divergence is printed per format).
@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/mapped_file.h"
+#include "services/worker/calibration.h"
 #include "services/worker/checkpoint.h"
 #include "services/worker/model_runner.h"
 #include "services/worker/offline_engine.h"
@@ -119,6 +120,21 @@ double kl_divergence(const std::vector<std::pair<int32_t, float>>& p_logits,
   return kl;
 }
 
+// Four sequences of 48 ids drawn from a fixed seed: calibration input for the tiny models.
+std::vector<std::vector<int32_t>> calibration_ids() {
+  std::vector<std::vector<int32_t>> ids(4);
+  uint64_t x = 88172645463325252ull;
+  for (auto& seq : ids) {
+    for (int i = 0; i < 48; ++i) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      seq.push_back(static_cast<int32_t>(x % 128000));
+    }
+  }
+  return ids;
+}
+
 TEST(Quantize, RoundTripsGenerateAsTheirDequantizedWeightsAndStayNearTheOriginal) {
   test::TempDir tmp;
   test::make_model(tmp.sub("dense"), "llama3-tiny", 7);
@@ -128,26 +144,34 @@ TEST(Quantize, RoundTripsGenerateAsTheirDequantizedWeightsAndStayNearTheOriginal
   ASSERT_TRUE(dense.is_ok());
 
   std::map<std::string, double> kl;
-  for (const std::string method : {"gptq-rtn", "fp8"}) {
+  for (const std::string method : {"gptq-rtn", "fp8", "awq", "w8a8"}) {
     SCOPED_TRACE(method);
     const std::string qdir = tmp.sub(method), ddir = tmp.sub(method + "-dequantized");
+    const bool calibrated = method == "awq" || method == "w8a8";
     QuantizeOptions options;
     options.method = quantize_method_from_name(method).value();
     options.group_size = 32;
+    if (calibrated) options.calibration_ids = calibration_ids();
     auto report = quantize_checkpoint(tmp.sub("dense"), qdir, options);
     ASSERT_TRUE(report.is_ok()) << report.status().to_string();
     EXPECT_EQ(report->modules, 2 * 7);
     EXPECT_LT(report->bytes_out, report->bytes_in);
     auto q = Checkpoint::open(qdir);
     ASSERT_TRUE(q.is_ok()) << q.status().to_string();
-    EXPECT_EQ(q->config().quant.method, method == "fp8" ? QuantMethod::kFp8 : QuantMethod::kGptq);
+    const std::map<std::string, QuantMethod> expected_method = {{"gptq-rtn", QuantMethod::kGptq},
+                                                                {"fp8", QuantMethod::kFp8},
+                                                                {"awq", QuantMethod::kAwq},
+                                                                {"w8a8", QuantMethod::kInt8}};
+    EXPECT_EQ(q->config().quant.method, expected_method.at(method));
 
-    // Every projection within the quantizer's own error, and that error small against the weights.
+    // Every projection within the quantizer's own error, and that error small against the
+    // weights (the calibrated methods scale the weights first, so they are compared by output).
     double largest_error = 0, largest_weight = 0;
     for (int32_t l = 0; l < q->config().n_layers; ++l) {
       const LayerTensorNames n = q->layer_names(l);
       for (const std::string* p : {&n.q, &n.k, &n.v, &n.o, &n.gate, &n.up, &n.down}) {
         ASSERT_TRUE(q->is_quantized(*p));
+        if (calibrated) continue;
         auto got = q->linear_f32(*p);
         auto want = dense->linear_f32(*p);
         ASSERT_TRUE(got.is_ok() && want.is_ok());
@@ -158,8 +182,10 @@ TEST(Quantize, RoundTripsGenerateAsTheirDequantizedWeightsAndStayNearTheOriginal
         }
       }
     }
-    EXPECT_LE(largest_error, report->max_abs_error * (1 + 1e-6));
-    EXPECT_LT(largest_error, (method == "fp8" ? 0.07 : 0.2) * largest_weight);
+    if (!calibrated) {
+      EXPECT_LE(largest_error, report->max_abs_error * (1 + 1e-6));
+      EXPECT_LT(largest_error, (method == "fp8" ? 0.07 : 0.2) * largest_weight);
+    }
 
     write_dequantized(*q, ddir);
     const Generated quantized = generate(qdir);
@@ -177,6 +203,7 @@ TEST(Quantize, RoundTripsGenerateAsTheirDequantizedWeightsAndStayNearTheOriginal
   }
   // Eight bits per weight lose less than four.
   EXPECT_LT(kl["fp8"], kl["gptq-rtn"]);
+  EXPECT_LT(kl["w8a8"], kl["awq"]);
 }
 
 TEST(Quantize, RefusesWhatItCannotDoSayingWhy) {
@@ -186,7 +213,12 @@ TEST(Quantize, RefusesWhatItCannotDoSayingWhy) {
   options.method = QuantizeMethod::kAwq;
   auto awq = quantize_checkpoint(tmp.sub("dense"), tmp.sub("awq"), options);
   ASSERT_FALSE(awq.is_ok());
-  EXPECT_NE(awq.status().message().find("calibration"), std::string::npos);
+  EXPECT_NE(awq.status().message().find("--calibration"), std::string::npos);
+  options.calibration_ids = {{1, 2, 3}, {4, 130000}};  // an id past the vocabulary
+  auto bad_ids = quantize_checkpoint(tmp.sub("dense"), tmp.sub("awq"), options);
+  ASSERT_FALSE(bad_ids.is_ok());
+  EXPECT_FALSE(fs::exists(tmp.sub("awq") + "/config.json"));
+  options.calibration_ids.clear();
   EXPECT_FALSE(quantize_method_from_name("int3").is_ok());
   options.method = QuantizeMethod::kGptqRtn;
   options.group_size = 48;  // does not divide in_features 64
@@ -218,6 +250,79 @@ TEST(Quantize, MissingOrMisshapenQuantizedTensorsFailTheLoadNamingThem) {
   auto wrong = Checkpoint::open(tmp.sub("q"));
   ASSERT_FALSE(wrong.is_ok());
   EXPECT_NE(wrong.status().message().find("qzeros"), std::string::npos) << wrong.status().message();
+}
+
+// A per-row 3-bit round to nearest: coarse enough that scaling matters.
+std::vector<float> coarse_quantize(const std::vector<float>& w, int64_t n, int64_t k) {
+  std::vector<float> out(w.size());
+  for (int64_t r = 0; r < n; ++r) {
+    float amax = 0;
+    for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(w[r * k + c]));
+    const float step = amax > 0 ? amax / 3 : 1;
+    for (int64_t c = 0; c < k; ++c) out[r * k + c] = std::nearbyint(w[r * k + c] / step) * step;
+  }
+  return out;
+}
+
+double output_error(const InputStats& x, const std::vector<float>& w, int64_t n, int64_t k,
+                    const std::vector<float>& s) {
+  std::vector<float> ws(w.size());
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t c = 0; c < k; ++c) ws[r * k + c] = w[r * k + c] * s[c];
+  }
+  const std::vector<float> q = coarse_quantize(ws, n, k);
+  double err = 0;
+  for (int64_t t = 0; t < x.sample_rows; ++t) {
+    for (int64_t r = 0; r < n; ++r) {
+      double want = 0, got = 0;
+      for (int64_t c = 0; c < k; ++c) {
+        want += double{x.samples[t * k + c]} * w[r * k + c];
+        got += double{x.samples[t * k + c]} / s[c] * q[r * k + c];
+      }
+      err += (got - want) * (got - want);
+    }
+  }
+  return err;
+}
+
+TEST(Calibration, AwqScalesFavourTheLargeActivationChannelAndNeverLoseToNone) {
+  constexpr int64_t n = 8, k = 16, rows = 32;
+  std::vector<float> x(rows * k), w(n * k);
+  uint32_t state = 12345;
+  auto uniform = [&] {
+    state = state * 1664525u + 1013904223u;
+    return static_cast<float>(state >> 8) / (1 << 24) * 2 - 1;
+  };
+  for (int64_t t = 0; t < rows; ++t) {
+    for (int64_t c = 0; c < k; ++c) x[t * k + c] = uniform() * (c == 3 ? 40.0f : 1.0f);
+  }
+  for (auto& v : w) v = uniform();
+  InputStats stats;
+  stats.add(x.data(), rows, k, rows);
+  std::vector<float> weights = w;
+  const std::vector<float> s = awq_search_scales(stats, {{&weights, n, k}}, coarse_quantize);
+  ASSERT_EQ(s.size(), static_cast<size_t>(k));
+  for (int64_t c = 0; c < k; ++c) {
+    if (c != 3) EXPECT_GT(s[3], s[c]) << c;
+  }
+  const std::vector<float> none(k, 1.0f);
+  EXPECT_LT(output_error(stats, w, n, k, s), output_error(stats, w, n, k, none));
+}
+
+TEST(Calibration, SmoothQuantScalesBalanceActivationAndWeightRanges) {
+  InputStats stats;
+  const std::vector<float> x = {4.0f, -0.25f, 0.0f, 1.0f};  // one row of four channels
+  stats.add(x.data(), 1, 4, 1);
+  std::vector<float> w = {1.0f,  4.0f, 2.0f, 0.0f,  // two outputs
+                          -0.5f, 1.0f, 1.0f, 0.0f};
+  const std::vector<float> s = smoothquant_scales(stats, {{&w, 2, 4}}, 0.5);
+  EXPECT_FLOAT_EQ(s[0], 2.0f);   // sqrt(4) / sqrt(1)
+  EXPECT_FLOAT_EQ(s[1], 0.25f);  // sqrt(0.25) / sqrt(4)
+  EXPECT_FLOAT_EQ(s[2], 1.0f);   // no activation: left alone
+  EXPECT_FLOAT_EQ(s[3], 1.0f);   // no weight: left alone
+  scale_columns({{&w, 2, 4}}, s);
+  EXPECT_FLOAT_EQ(w[0], 2.0f);
+  EXPECT_FLOAT_EQ(w[5], 0.25f);
 }
 
 }  // namespace
