@@ -331,6 +331,60 @@ TEST(CudaSamplingTiming, DISABLED_LaunchTime) {
   }
 }
 
+// Every path of the sampler on small rows, sized for compute-sanitizer's racecheck (which slows
+// the kernels by orders of magnitude): greedy rows with ties, top logits, penalties, and seeded
+// draws under top-k, top-p and min-p, for each CTA limit, with and without the greedy-only launch.
+TEST(CudaSampling, EveryPathOnSmallRowsMatchesCpu) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  std::mt19937 rng(15);
+  for (int32_t vocab : {1000, 5003}) {
+    std::vector<RowCase> cases(6);
+    cases[1].params.repetition_penalty = 1.3f;
+    cases[1].params.presence_penalty = 0.4f;
+    cases[1].prompt = {3, 3, 17, 999};
+    cases[1].generated = {5, 3};
+    cases[2].params.temperature = 0.9f;
+    cases[2].params.top_k = 20;
+    cases[3].params.temperature = 1.2f;
+    cases[3].params.top_p = 0.8f;
+    cases[4].params.temperature = 0.7f;
+    cases[4].params.min_p = 0.1f;
+    cases[4].params.frequency_penalty = 0.5f;
+    cases[4].generated = {7, 7, 8};
+    cases[5].params.temperature = 1.0f;
+    for (size_t r = 0; r < cases.size(); ++r) {
+      cases[r].params.seed = 500 + r;
+      cases[r].n_generated = static_cast<int64_t>(cases[r].generated.size());
+    }
+    std::vector<float> logits = normal_logits(cases.size() * vocab, 2.0f, rng);
+    logits[17] = 30.0f;  // row 0: a tie at the maximum (the lower id wins)
+    logits[9] = 30.0f;
+    for (int32_t max_ctas : kCtaLimits) {
+      for (bool greedy_only : {false, true}) {
+        SCOPED_TRACE(testing::Message() << "vocab " << vocab << ", CTAs per row at most "
+                                        << max_ctas << ", greedy only " << greedy_only);
+        std::vector<RowCase> launch = cases;
+        if (greedy_only) {
+          for (RowCase& c : launch) c.params = SamplingParams{};
+        }
+        const DeviceResult got = run_device(logits, launch, vocab, 8, max_ctas, greedy_only);
+        for (size_t r = 0; r < launch.size(); ++r) {
+          std::vector<float> row(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab);
+          const auto want_top = top_logits(row, 8);
+          for (int i = 0; i < 8; ++i) {
+            EXPECT_EQ(got.top_ids[r * 8 + i], want_top[i].first) << "row " << r << " rank " << i;
+          }
+          SamplingInput in{launch[r].prompt, launch[r].generated, launch[r].n_generated};
+          EXPECT_EQ(got.sampled[r], sample_token(row, launch[r].params, in)) << "row " << r;
+        }
+        EXPECT_EQ(got.sampled[0], 9);
+        EXPECT_TRUE(std::all_of(got.marks_after.begin(), got.marks_after.end(),
+                                [](int32_t m) { return m == 0; }));
+      }
+    }
+  }
+}
+
 TEST(CudaSampling, RefusesTooManyTopLogits) {
   EXPECT_FALSE(sampling_supports(1000, kSamplingMaxTopLogits + 1));
   EXPECT_FALSE(sampling_supports(10, 11));
