@@ -1,15 +1,20 @@
 // Micro-benchmarks of the CPU-side hot spots (Google Benchmark): tokenizer encode and streaming
-// decode, the CPU sampler over a real vocabulary, and one CPU-runner decode step of a tiny model.
+// decode, the CPU sampler over a real vocabulary, one CPU-runner decode step of a tiny model, and
+// the scheduler's planning of a step in a full pool, with and without the prefix cache.
 // Run: build/bin/litellama-micro-bench [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <deque>
 #include <filesystem>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
 
+#include "common/proto/step_ring.h"
+#include "services/scheduler/continuous_batcher.h"
 #include "services/tokenizer/incremental_detokenizer.h"
 #include "services/tokenizer/tokenizer.h"
 #include "services/worker/checkpoint.h"
@@ -167,6 +172,70 @@ BENCHMARK(BM_DecodeStepBatch)
     ->Arg(64)
     ->Arg(256)
     ->ArgNames({"batch"})
+    ->Unit(benchmark::kMicrosecond);
+
+// The scheduler's share of a decode step in the steady state that serving without shared
+// prefixes reaches: 256 running requests of distinct 512-token prompts and 128 new tokens, a
+// pool of 200k slots long since full of cached prefixes nobody reuses (with the cache on, each
+// new token's slot comes from evicting one). Time per plan + complete of one step.
+void BM_BatcherSteadyStep(benchmark::State& state) {
+  constexpr int32_t kRunning = 256, kPrompt = 512, kOutput = 128, kPool = 200000;
+  KvSlotAllocator allocator(kPool);
+  BatcherOptions options;
+  options.max_batch_tokens = 8192;
+  options.max_batch_seqs = kRunning;
+  options.prefix_cache = state.range(0) != 0;
+  ContinuousBatcher batcher(allocator, options);
+  batcher.set_model(128256, 0, {});
+  auto ring = proto::StepRing::create("litellama-bench-batcher", {8192, kRunning, kPool, 0});
+  if (!ring.is_ok()) {
+    state.SkipWithError(ring.status().message().c_str());
+    return;
+  }
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int32_t> id(0, 128000);
+  std::deque<std::unique_ptr<Request>> live;
+  uint64_t next_id = 1, step_id = 1;
+  auto enqueue = [&] {
+    auto r = std::make_unique<Request>();
+    r->id = next_id++;
+    for (int32_t k = 0; k < kPrompt; ++k) r->prompt_ids.push_back(id(rng));
+    r->max_tokens = kOutput;
+    r->ignore_eos = true;
+    batcher.enqueue(r.get());
+    live.push_back(std::move(r));
+  };
+  std::vector<Request*> rejected, updated;
+  auto one_step = [&] {
+    while (batcher.n_running() + batcher.n_waiting() < kRunning) enqueue();
+    auto plan = batcher.plan(step_id, (*ring)->buffer(0), (*ring)->limits(), &rejected);
+    if (!plan) return false;
+    std::vector<int32_t> sampled(plan->request_ids.size(), 11);
+    updated.clear();
+    batcher.complete(*plan, sampled, &updated);
+    ++step_id;
+    while (!live.empty() && live.front()->state == RequestState::kFinished) live.pop_front();
+    return true;
+  };
+  // Until the pool has been full for a while: 40 generations of the running batch.
+  for (int i = 0; i < 40 * kOutput; ++i) {
+    if (!one_step()) {
+      state.SkipWithError("nothing to plan");
+      return;
+    }
+  }
+  for (auto _ : state) {
+    if (!one_step()) {
+      state.SkipWithError("nothing to plan");
+      return;
+    }
+  }
+  state.counters["cached_slots"] = batcher.cache().n_cached_slots();
+}
+BENCHMARK(BM_BatcherSteadyStep)
+    ->Arg(0)
+    ->Arg(1)
+    ->ArgNames({"prefix_cache"})
     ->Unit(benchmark::kMicrosecond);
 
 }  // namespace

@@ -63,13 +63,13 @@ std::map<int32_t, int32_t> ContinuousBatcher::n_waiting_by_priority() const {
   return out;
 }
 
-int32_t ContinuousBatcher::n_available() const {
-  return allocator_.n_free() + (options_.prefix_cache ? cache_.n_evictable() : 0);
-}
-
 bool ContinuousBatcher::make_room(int32_t n) {
   if (allocator_.n_free() < n && options_.prefix_cache) {
-    (void)cache_.evict(n - allocator_.n_free());
+    // An eviction walks the whole tree, so it frees a batch at a time: at least 1/64 of the
+    // pool (the least recently used prefixes) instead of one slot per new token, which in a
+    // pool full of cached prefixes cost a walk per running request per step.
+    const int32_t batch = std::max(1, allocator_.n_total() / 64);
+    (void)cache_.evict(std::max(n - allocator_.n_free(), batch));
   }
   return allocator_.n_free() >= n;
 }
@@ -347,7 +347,10 @@ std::optional<PlannedStep> ContinuousBatcher::plan(uint64_t step_id, proto::Step
                                       : cache_.match(known_ids(r), n_known - 1, &r->slots);
     }
     const int64_t need = static_cast<int64_t>(n_known - matched) + n_running();
-    if (!running_.empty() && need > n_available()) {
+    // Room means free slots, or cached ones nobody holds: those are evicted now, as their
+    // allocation would evict them anyway (LRU first), which is cheaper than counting them.
+    if (!running_.empty() && need > allocator_.n_free() &&
+        !make_room(static_cast<int32_t>(std::min<int64_t>(need, allocator_.n_total())))) {
       allocator_.release(r->slots);  // the match's references
       r->slots.clear();
       break;

@@ -141,9 +141,9 @@ class ContinuousBatcher {
   AddResult add_sequence(Request* r, uint64_t step_id, proto::StepView& view,
                          const proto::StepRingLimits& limits, int32_t* budget_tokens,
                          PlannedStep* step);
-  // Makes at least n slots free, evicting cached prefixes; false when it cannot.
+  // Makes at least n slots free, evicting cached prefixes (a batch at a time); false when it
+  // cannot.
   bool make_room(int32_t n);
-  int32_t n_available() const;
   bool validate(Request* r, const proto::StepRingLimits& limits);
   Request* pick_waiting();
   void queue(Request* r);  // into waiting_ at its (priority, arrival) place
