@@ -76,6 +76,16 @@ class CpuModelRunner final : public ModelRunner {
 
   const ModelConfig& config() const override { return config_; }
   int32_t n_kv_slots() const override { return n_slots_; }
+  int64_t weight_bytes() const override {
+    size_t floats = embed_.size() + final_norm_.size() + lm_head_.size();
+    for (const CpuLayer& L : layers_) {
+      for (const auto* v : {&L.input_norm, &L.wq, &L.wk, &L.wv, &L.bq, &L.bk, &L.bv, &L.q_norm,
+                            &L.k_norm, &L.wo, &L.post_norm, &L.w_gate, &L.w_up, &L.w_down}) {
+        floats += v->size();
+      }
+    }
+    return static_cast<int64_t>(floats * sizeof(float));
+  }
   Status step(const StepBatch& batch, StepOutput* out) override;
   // The CPU runner has one path for every batch.
   std::string explain_step(const StepBatch& batch) const override {

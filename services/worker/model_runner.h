@@ -168,6 +168,9 @@ class ModelRunner {
   virtual ~ModelRunner() = default;
   virtual const ModelConfig& config() const = 0;
   virtual int32_t n_kv_slots() const = 0;
+  // Bytes the weights take where this backend keeps them: device memory on CUDA; host memory on
+  // the CPU, which holds every weight (quantized ones dequantized) in float32.
+  virtual int64_t weight_bytes() const = 0;
   // Runs one forward step and samples. Validates the batch first; on error nothing was written.
   virtual Status step(const StepBatch& batch, StepOutput* out) = 0;
   // Whether step() takes StepBatch::embed_rows in `memory`; a batch with rows elsewhere is

@@ -650,6 +650,11 @@ TEST(ServicesIntegration, MetricsOverHttpAreConsistent) {
   EXPECT_GT(metric_value(w, "litellama_worker_steps_total"), 0);
   EXPECT_GT(metric_value(w, "litellama_worker_step_duration_seconds_count"), 0);
   EXPECT_EQ(metric_value(w, "litellama_worker_kv_slots_capacity"), ServiceCluster::kKvSlots);
+  // A float32 checkpoint: the CPU backend holds exactly its tensors' bytes.
+  auto checkpoint = Checkpoint::open(cluster.model_dir());
+  ASSERT_TRUE(checkpoint.is_ok());
+  EXPECT_EQ(metric_value(w, "litellama_worker_weight_bytes{format=\"float32\"}"),
+            static_cast<double>(checkpoint->size_bytes()));
   // Series only a GPU backend writes are not exported by a CPU worker (-1: absent).
   EXPECT_EQ(metric_value(w, "litellama_worker_step_device_seconds_count"), -1);
   EXPECT_EQ(metric_value(w, "litellama_worker_graph_steps_total{kind=\"replayed\"}"), -1);

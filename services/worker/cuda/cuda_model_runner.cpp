@@ -134,6 +134,9 @@ class CudaModelRunner final : public ModelRunner {
 
   const ModelConfig& config() const override { return config_; }
   int32_t n_kv_slots() const override { return n_slots_; }
+  int64_t weight_bytes() const override {
+    return static_cast<int64_t>(weights_.storage.size_bytes());
+  }
   Status step(const StepBatch& batch, StepOutput* out) override;
   std::optional<double> last_step_device_seconds() const override {
     return last_step_device_seconds_;

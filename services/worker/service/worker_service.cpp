@@ -115,6 +115,12 @@ WorkerService::WorkerService(WorkerOptions options)
                      .Name("litellama_model_info")
                      .Help("1 for the model this worker serves, once it is loaded")
                      .Register(r);
+  weight_bytes_ = &prometheus::BuildGauge()
+                       .Name("litellama_worker_weight_bytes")
+                       .Help(
+                           "Bytes the model's weights take on the worker's device (host memory "
+                           "on the CPU backend), labelled with the checkpoint's format")
+                       .Register(r);
   kv_slots_capacity_ = &prometheus::BuildGauge()
                             .Name("litellama_worker_kv_slots_capacity")
                             .Help("KV slots of the pool")
@@ -244,8 +250,17 @@ Status WorkerService::load() {
   }
   kv_slots_capacity_->Set(runner_->n_kv_slots());
   model_info_->Add({{"model", info.model}, {"dtype", info.dtype}, {"device", info.device}}).Set(1);
-  LITELLAMA_LOG_INFO("worker: loaded {} ({} {}, {} KV slots) in {:.2f} s", info.model, info.device,
-                     info.dtype, info.n_kv_slots, monotonic_seconds() - start);
+  const QuantMethod quant = checkpoint.config().quant.method;
+  const std::string format = quant == QuantMethod::kNone
+                                 ? std::string(dtype_torch_name(checkpoint.config().torch_dtype))
+                                 : std::string(quant_method_name(quant));
+  weight_bytes_->Add({{"format", format}}).Set(static_cast<double>(runner_->weight_bytes()));
+  LITELLAMA_LOG_INFO(
+      "worker: loaded {} ({} {}, {} KV slots) in {:.2f} s; weights {} on the {} ({} checkpoint, "
+      "{} as stored)",
+      info.model, info.device, info.dtype, info.n_kv_slots, monotonic_seconds() - start,
+      format_bytes(runner_->weight_bytes()), info.device == "cuda" ? "device" : "host", format,
+      format_bytes(total_bytes));
   return Status::ok();
 }
 

@@ -112,6 +112,7 @@ class WorkerService {
   int64_t graph_captures_seen_ = 0;
   prometheus::Gauge* kv_slots_capacity_ = nullptr;
   prometheus::Family<prometheus::Gauge>* model_info_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* weight_bytes_ = nullptr;
   prometheus::Gauge* scheduler_up_ = nullptr;
 };
 
