@@ -4,7 +4,8 @@
 Seeds are small valid inputs of each format plus a few near misses, so the fuzzers start from
 inputs that reach deep into the parsers:
   msgpack_fuzzer             one frame of every message type (a minimal msgpack encoder below)
-  model_config_fuzzer        config.json of each supported architecture and RoPE variant
+  model_config_fuzzer        config.json of each supported architecture, RoPE variant and
+                             quantization layout
   safetensors_fuzzer         small safetensors files (f32/bf16/f16/int, empty, truncated)
   chat_template_fuzzer       the chat templates of assets/tokenizers/* and constructs they use
   tokenizer_json_fuzzer      assets/tokenizers/*/tokenizer.json cut down to a few hundred tokens
@@ -141,6 +142,12 @@ def model_config_corpus():
             "max_position_embeddings": 2048}},
         "float32": {"torch_dtype": "float32", "eos_token_id": 2, "attention_bias": True},
     }
+    # Each quantization_config layout of tests/golden/quant (docs/quantization.md).
+    with open(os.path.join(ROOT, "tests/golden/quant/layouts.json")) as f:
+        layouts = {c["case"]: c["quantization_config"] for c in json.load(f)["cases"]}
+    for name, case in [("awq", "awq_g16"), ("gptq", "gptq4_act_order"),
+                       ("fp8", "fp8_tensor_static"), ("int8", "int8_channel")]:
+        variants["quant-" + name] = {"quantization_config": layouts[case]}
     for name, delta in variants.items():
         save("model_config_fuzzer", name + ".json", json.dumps(dict(base, **delta), indent=1))
     save("model_config_fuzzer", "not-json", "{\"hidden_size\": ")
