@@ -13,13 +13,18 @@ void InputStats::add(const float* x, int64_t n, int64_t d, int64_t max_sample_ro
     dim = d;
     abs_sum.assign(static_cast<size_t>(d), 0.0);
     abs_max.assign(static_cast<size_t>(d), 0.0f);
+    min.assign(static_cast<size_t>(d), std::numeric_limits<float>::infinity());
+    max.assign(static_cast<size_t>(d), -std::numeric_limits<float>::infinity());
   }
   for (int64_t r = 0; r < n; ++r) {
     const float* row = x + r * d;
     for (int64_t j = 0; j < d; ++j) {
+      const auto c = static_cast<size_t>(j);
       const float a = std::fabs(row[j]);
-      abs_sum[static_cast<size_t>(j)] += a;
-      abs_max[static_cast<size_t>(j)] = std::max(abs_max[static_cast<size_t>(j)], a);
+      abs_sum[c] += a;
+      abs_max[c] = std::max(abs_max[c], a);
+      min[c] = std::min(min[c], row[j]);
+      max[c] = std::max(max[c], row[j]);
     }
   }
   rows += n;
@@ -93,29 +98,46 @@ double scaled_output_error(const InputStats& x, const std::vector<float>& s,
 
 }  // namespace
 
+namespace {
+
+// AutoAWQ's w_mean: per input channel, the mean over output rows of |w| / (the largest |w| of its
+// quantization group + 1e-6), over all projections sharing the input.
+std::vector<float> awq_weight_mean(const std::vector<DenseWeight>& weights, int64_t k,
+                                   int64_t group) {
+  std::vector<double> sum(static_cast<size_t>(k), 0.0);
+  int64_t rows = 0;
+  for (const DenseWeight& dw : weights) {
+    const int64_t g = group <= 0 ? dw.k : group;
+    for (int64_t o = 0; o < dw.n; ++o) {
+      const float* w = dw.w->data() + o * dw.k;
+      for (int64_t start = 0; start < dw.k; start += g) {
+        float amax = 0.0f;
+        for (int64_t j = start; j < start + g; ++j) amax = std::max(amax, std::fabs(w[j]));
+        for (int64_t j = start; j < start + g; ++j) {
+          sum[static_cast<size_t>(j)] += std::fabs(w[j]) / (amax + 1e-6f);
+        }
+      }
+    }
+    rows += dw.n;
+  }
+  std::vector<float> mean(static_cast<size_t>(k));
+  for (int64_t j = 0; j < k; ++j) {
+    mean[static_cast<size_t>(j)] = static_cast<float>(sum[static_cast<size_t>(j)] / rows);
+  }
+  return mean;
+}
+
+}  // namespace
+
 std::vector<float> awq_search_scales(
-    const InputStats& stats, const std::vector<DenseWeight>& weights,
+    const InputStats& stats, const std::vector<DenseWeight>& weights, int64_t group,
     const std::function<std::vector<float>(const std::vector<float>&, int64_t, int64_t)>&
         quantize) {
   constexpr int kGrid = 20;
   const int64_t k = stats.dim;
-  const std::vector<float> mean = stats.abs_mean();
-  std::vector<float> best(static_cast<size_t>(k), 1.0f);
-  double best_err = std::numeric_limits<double>::infinity();
-  for (int step = 0; step < kGrid; ++step) {
-    const double alpha = static_cast<double>(step) / kGrid;
-    std::vector<float> s(static_cast<size_t>(k));
-    float hi = 0.0f, lo = std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < k; ++j) {
-      const float v = std::max(
-          static_cast<float>(std::pow(static_cast<double>(mean[static_cast<size_t>(j)]), alpha)),
-          1e-4f);
-      s[static_cast<size_t>(j)] = v;
-      hi = std::max(hi, v);
-      lo = std::min(lo, v);
-    }
-    const float norm = std::sqrt(hi * lo);
-    for (float& v : s) v /= norm;
+  const std::vector<float> x_mean = stats.abs_mean();
+  const std::vector<float> w_mean = awq_weight_mean(weights, k, group);
+  auto error_of = [&](const std::vector<float>& s) {
     double err = 0.0;
     for (const DenseWeight& dw : weights) {
       std::vector<float> ws(dw.w->size());
@@ -129,6 +151,25 @@ std::vector<float> awq_search_scales(
       for (size_t i = 0; i < diff.size(); ++i) diff[i] -= ws[i];
       err += scaled_output_error(stats, s, diff, dw.n, dw.k);
     }
+    return err;
+  };
+  std::vector<float> best(static_cast<size_t>(k), 1.0f);
+  double best_err = error_of(best);
+  for (int step = 0; step < kGrid; ++step) {
+    const double alpha = static_cast<double>(step) / kGrid;
+    std::vector<float> s(static_cast<size_t>(k));
+    float hi = 0.0f, lo = std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < k; ++j) {
+      const auto c = static_cast<size_t>(j);
+      const double v = std::pow(static_cast<double>(x_mean[c]), alpha) /
+                       (std::pow(static_cast<double>(w_mean[c]), 1.0 - alpha) + 1e-4);
+      s[c] = std::max(static_cast<float>(v), 1e-4f);
+      hi = std::max(hi, s[c]);
+      lo = std::min(lo, s[c]);
+    }
+    const float norm = std::sqrt(hi * lo);
+    for (float& v : s) v /= norm;
+    const double err = error_of(s);
     if (err < best_err) {
       best_err = err;
       best = s;
@@ -142,17 +183,17 @@ std::vector<float> smoothquant_scales(const InputStats& stats,
   const int64_t k = stats.dim;
   std::vector<float> s(static_cast<size_t>(k), 1.0f);
   for (int64_t j = 0; j < k; ++j) {
+    const auto c = static_cast<size_t>(j);
     float w_max = 0.0f;
     for (const DenseWeight& dw : weights) {
       for (int64_t o = 0; o < dw.n; ++o) {
         w_max = std::max(w_max, std::fabs((*dw.w)[static_cast<size_t>(o * dw.k + j)]));
       }
     }
-    const float a_max = stats.abs_max[static_cast<size_t>(j)];
-    if (a_max > 0.0f && w_max > 0.0f) {
-      s[static_cast<size_t>(j)] = std::max(
-          static_cast<float>(std::pow(a_max, alpha) / std::pow(w_max, 1.0 - alpha)), 1e-5f);
-    }
+    const double range = stats.rows > 0 ? static_cast<double>(stats.max[c]) - stats.min[c] : 0.0;
+    const double v =
+        w_max > 0.0f ? std::pow(range, alpha) / std::pow(2.0 * w_max, 1.0 - alpha) : range;
+    s[c] = std::max(static_cast<float>(v), 1e-5f);
   }
   return s;
 }

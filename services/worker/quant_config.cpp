@@ -119,8 +119,14 @@ Status parse_gptq(const json& j, QuantConfig* q) {
   bool lm_head = false;
   LITELLAMA_RETURN_IF_ERROR(read_bool(j, "", "lm_head", false, &lm_head));
   if (lm_head) return field_error("lm_head", "a quantized lm_head is not supported");
+  // GPTQModel's per-module overrides and transformers' list of modules quantized inside a block
+  // change which tensors exist; the loader expects every projection quantized alike.
+  for (const char* key : {"dynamic", "modules_in_block_to_quantize"}) {
+    if (first_of(j, {key})) return field_error(key, "per-module choices are not supported");
+  }
   if (const json* v = first_of(j, {"checkpoint_format"})) {
-    const std::string format = v->is_string() ? v->get<std::string>() : v->dump();
+    std::string format = v->is_string() ? v->get<std::string>() : v->dump();
+    for (char& ch : format) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     if (format == "gptq") {
       q->zeros_minus_one = true;
     } else if (format == "gptq_v2") {
@@ -238,6 +244,7 @@ Status parse_compressed_tensors(const json& j, QuantConfig* q) {
 Result<QuantConfig> parse_quant_config(const json& config_json) {
   QuantConfig q;
   auto it = config_json.find("quantization_config");
+  if (it == config_json.end() || it->is_null()) it = config_json.find("compression_config");
   if (it == config_json.end() || it->is_null()) return q;
   const json& j = *it;
   if (!j.is_object()) return field_error("", "must be an object");

@@ -52,7 +52,7 @@ struct QuantConfig {
   bool input_dynamic = true;
   // Modules left unquantized: AWQ's modules_to_not_convert (a module is skipped when any entry
   // occurs in its name), compressed-tensors' ignore (a module name, or "re:" and a regular
-  // expression matched against the whole name).
+  // expression matched from the start of the name, as Python's re.match).
   std::vector<std::string> not_converted;
   std::vector<std::string> ignore;
 
@@ -61,7 +61,8 @@ struct QuantConfig {
   }
 };
 
-// Parses config.json's quantization_config (absent or null: method kNone). Errors name the field.
+// Parses config.json's quantization_config (or compression_config, the older name of
+// compressed-tensors checkpoints; absent or null: method kNone). Errors name the field.
 Result<QuantConfig> parse_quant_config(const nlohmann::json& config_json);
 
 // Whether the linear module `module` (a tensor name without ".weight", e.g.

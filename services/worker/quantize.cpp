@@ -63,11 +63,22 @@ RtnGroup rtn_group(const float* column, int64_t stride, int64_t rows, int32_t ma
     lo = -1.0f;
     hi = 1.0f;
   }
-  RtnGroup g;
-  const float scale =
-      std::clamp((hi - lo) / static_cast<float>(max_q), std::ldexp(1.0f, -24), 65504.0f);
-  g.scale = f16_to_f32(f32_to_f16(scale));
-  g.zero = std::clamp(static_cast<int32_t>(std::nearbyint(-lo / g.scale)), 0, max_q);
+  auto grid = [&](int32_t steps) {
+    RtnGroup g;
+    const float scale =
+        std::clamp((hi - lo) / static_cast<float>(steps), std::ldexp(1.0f, -24), 65504.0f);
+    g.scale = f16_to_f32(f32_to_f16(scale));
+    g.zero = std::clamp(static_cast<int32_t>(std::nearbyint(-lo / g.scale)), 0, max_q);
+    return g;
+  };
+  RtnGroup g = grid(max_q);
+  if (g.zero == 0) {
+    // The original GPTQ format stores zero points minus one: 0 would be written as 2^bits - 1
+    // and read back as 2^bits by every reader. Such a group (its minimum within half a step of
+    // 0) takes zero point 1 and one step fewer over the same range instead.
+    g = grid(max_q - 1);
+    g.zero = std::max(g.zero, 1);
+  }
   return g;
 }
 
@@ -225,8 +236,8 @@ Result<std::vector<SafetensorsTensor>> awq_pack(const std::string& module,
   return out;
 }
 
-// int8 of one projection: symmetric, one float32 scale per output channel (largest |w| / 127),
-// codes in [-128, 127] as llm-compressor writes them.
+// int8 of one projection: symmetric, one float32 scale per output channel, codes in [-128, 127]:
+// compressed-tensors' symmetric parameters (largest |w| over half the 255 steps, zero point 0).
 std::vector<SafetensorsTensor> int8_channel(const std::string& module, const std::vector<float>& w,
                                             int64_t n, int64_t k, double* max_error) {
   std::vector<int8_t> codes(static_cast<size_t>(n * k));
@@ -235,7 +246,7 @@ std::vector<SafetensorsTensor> int8_channel(const std::string& module, const std
     const float* v = w.data() + row * k;
     float amax = 0.0f;
     for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(v[c]));
-    const float scale = amax > 0.0f ? amax / 127.0f : 1.0f;
+    const float scale = amax > 0.0f ? amax / 127.5f : 1.0f;
     scales[static_cast<size_t>(row)] = scale;
     for (int64_t c = 0; c < k; ++c) {
       const auto q = static_cast<int8_t>(
@@ -250,7 +261,7 @@ std::vector<SafetensorsTensor> int8_channel(const std::string& module, const std
   return out;
 }
 
-json quantization_config(const QuantizeOptions& options) {
+json quantization_config(const QuantizeOptions& options, const ModelConfig& model) {
   if (options.method == QuantizeMethod::kGptqRtn) {
     return {{"quant_method", "gptq"},
             {"bits", 4},
@@ -260,12 +271,18 @@ json quantization_config(const QuantizeOptions& options) {
             {"static_groups", false},
             {"lm_head", false},
             {"checkpoint_format", "gptq"},
-            {"damp_percent", 0.0},
+            {"damp_percent", 0.01},  // unused by round to nearest; readers require (0, 1)
             {"true_sequential", true}};
   }
+  // Only the text model's layers are quantized: a LLaVA checkpoint's vision tower and projector
+  // stay dense, and readers must be told.
+  const json not_converted = model.arch == Architecture::kLlava
+                                 ? json{"vision_tower", "multi_modal_projector"}
+                                 : json(nullptr);
   if (options.method == QuantizeMethod::kAwq) {
-    return {{"quant_method", "awq"}, {"bits", 4},         {"group_size", options.group_size},
-            {"zero_point", true},    {"version", "gemm"}, {"modules_to_not_convert", nullptr}};
+    return {
+        {"quant_method", "awq"}, {"bits", 4},         {"group_size", options.group_size},
+        {"zero_point", true},    {"version", "gemm"}, {"modules_to_not_convert", not_converted}};
   }
   const char* type = options.method == QuantizeMethod::kW8a8 ? "int" : "float";
   json weights = {{"num_bits", 8},     {"type", type},     {"strategy", "channel"},
@@ -387,14 +404,23 @@ void fold_scales(const Checkpoint& ckpt, const QuantizeOptions& options, const L
   auto quantize = [group](const std::vector<float>& w, int64_t n, int64_t k) {
     return awq_quantize(w, n, k, group <= 0 ? k : group);
   };
-  const auto s1 = awq_search_scales(in_qkv, qkv, quantize);
+  const auto s1 = awq_search_scales(in_qkv, qkv, group, quantize);
   scale_columns(qkv, s1);
   divide_rows(&f->input_norm, h, 1, s1);
-  const auto s2 = awq_search_scales(in_mlp, gate_up, quantize);
+  if (c.n_kv_heads == c.n_heads && !c.qkv_bias) {
+    // Without grouped-query attention, attention output channel j is a mix of v_proj's output
+    // channel j alone, so o_proj's scales fold into v_proj's rows (as AutoAWQ does then).
+    const std::vector<DenseWeight> o = {{&f->o, h, q_dim}};
+    const auto so =
+        awq_search_scales(stats[static_cast<size_t>(ProjectionInput::kO)], o, group, quantize);
+    scale_columns(o, so);
+    divide_rows(&f->v, kv_dim, h, so);
+  }
+  const auto s2 = awq_search_scales(in_mlp, gate_up, group, quantize);
   scale_columns(gate_up, s2);
   divide_rows(&f->post_norm, h, 1, s2);
   const auto s3 =
-      awq_search_scales(stats[static_cast<size_t>(ProjectionInput::kDown)], down, quantize);
+      awq_search_scales(stats[static_cast<size_t>(ProjectionInput::kDown)], down, group, quantize);
   scale_columns(down, s3);
   divide_rows(&f->up, inter, h, s3);
 }
@@ -441,6 +467,12 @@ Result<QuantizeReport> quantize_checkpoint(const std::string& in_dir, const std:
   if (c.quant.method != QuantMethod::kNone) {
     return make_error(StatusCode::kInvalidArgument, "quantize: '{}' is already quantized ({})",
                       in_dir, quant_method_name(c.quant.method));
+  }
+  if (options.method == QuantizeMethod::kGptqRtn && c.arch == Architecture::kLlava) {
+    return make_error(StatusCode::kUnsupported,
+                      "quantize: gptq-rtn does not write LLaVA checkpoints (a GPTQ config has no "
+                      "field every reader honours to keep the vision tower dense); use awq, fp8 "
+                      "or w8a8");
   }
   std::error_code ec;
   if (fs::exists(fs::path(out_dir) / "config.json", ec)) {
@@ -502,7 +534,7 @@ Result<QuantizeReport> quantize_checkpoint(const std::string& in_dir, const std:
   LITELLAMA_ASSIGN_OR_RETURN(std::string config_text,
                              read_text_file((fs::path(in_dir) / "config.json").string()));
   json config = json::parse(config_text, nullptr, /*allow_exceptions=*/false);
-  config["quantization_config"] = quantization_config(options);
+  config["quantization_config"] = quantization_config(options, c);
   {
     std::ofstream out(fs::path(out_dir) / "config.json");
     out << config.dump(2) << "\n";

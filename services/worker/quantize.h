@@ -14,7 +14,7 @@
 //             and max).
 //   w8a8      compressed-tensors int-quantized: SmoothQuant's smoothing (alpha 0.5) folded into
 //             the norms, then int8 weights with one scale per output channel (largest |w| /
-//             127), activations quantized per token at run time.
+//             127.5), activations quantized per token at run time.
 // The calibration runs the unquantized model on the CPU backend.
 #pragma once
 

@@ -103,7 +103,9 @@ def gptq_case(rng, bits, group, sym, act_order, v2, scale_dtype=np.float16):
     if sym:
         zeros = np.full((groups, N_OUT), top // 2)
     else:
-        zeros = rng.integers(0, top, size=(groups, N_OUT))
+        # The original format cannot hold a zero point of 0 (stored less one, it would read back
+        # as 2^bits), so its writers produce 1 to 2^bits - 1; gptq_v2 holds any.
+        zeros = rng.integers(0 if v2 else 1, top, size=(groups, N_OUT))
     # The original format stores each zero point less one (masked to `bits`); gptq_v2 as it is.
     stored_zeros = zeros if v2 else (zeros - 1) & (top - 1)
     scales = rng.uniform(0.002, 0.05, size=(groups, N_OUT)).astype(scale_dtype)
@@ -115,7 +117,7 @@ def gptq_case(rng, bits, group, sym, act_order, v2, scale_dtype=np.float16):
     qzeros = pack_along_last(stored_zeros, bits)
     uq = unpack_along_last(qweight.T.copy(), bits).T
     uz = unpack_along_last(qzeros, bits) + (0 if v2 else 1)
-    assert (uq == q).all()
+    assert (uq == q).all() and (uz == zeros).all()
     scales_f32 = scales.astype(np.float32)
     dense = (uq - uz[g_idx]).astype(np.float32) * scales_f32[g_idx]
     config = {"quant_method": "gptq", "bits": bits, "group_size": group, "sym": sym,

@@ -252,6 +252,55 @@ TEST(Quantize, MissingOrMisshapenQuantizedTensorsFailTheLoadNamingThem) {
   EXPECT_NE(wrong.status().message().find("qzeros"), std::string::npos) << wrong.status().message();
 }
 
+// Groups whose minimum is near 0 (here: every weight of layer 0's q_proj made non-negative) would
+// take zero point 0, which the original GPTQ format cannot store; they must still read back
+// within the quantizer's error.
+TEST(Quantize, GptqRtnGroupsWithoutNegativeWeightsReadBackAsQuantized) {
+  test::TempDir tmp;
+  test::make_model(tmp.sub("random"), "llama3-tiny", 7);
+  auto random = Checkpoint::open(tmp.sub("random"));
+  ASSERT_TRUE(random.is_ok());
+  const std::string q0 = random->layer_names(0).q;
+  std::vector<SafetensorsTensor> tensors;
+  for (const std::string& name : random->tensor_names()) {
+    auto t = random->tensor(name);
+    ASSERT_TRUE(t.is_ok());
+    ASSERT_EQ(t->dtype, DType::kF32);
+    const auto* b = static_cast<const uint8_t*>(t->data);
+    SafetensorsTensor out{name, t->dtype, t->shape, std::vector<uint8_t>(b, b + t->size_bytes)};
+    if (name == q0) {
+      auto* f = reinterpret_cast<float*>(out.data.data());
+      for (size_t i = 0; i < out.data.size() / 4; ++i) f[i] = std::fabs(f[i]);
+    }
+    tensors.push_back(std::move(out));
+  }
+  fs::create_directories(tmp.sub("positive"));
+  ASSERT_TRUE(write_safetensors(tmp.sub("positive") + "/model.safetensors", tensors).is_ok());
+  fs::copy_file(tmp.sub("random") + "/config.json", tmp.sub("positive") + "/config.json");
+  QuantizeOptions options;
+  options.group_size = 32;
+  auto report = quantize_checkpoint(tmp.sub("positive"), tmp.sub("q"), options);
+  ASSERT_TRUE(report.is_ok()) << report.status().to_string();
+  auto q = Checkpoint::open(tmp.sub("q"));
+  auto dense = Checkpoint::open(tmp.sub("positive"));
+  ASSERT_TRUE(q.is_ok() && dense.is_ok());
+  auto got = q->linear_f32(q0);
+  auto want = dense->linear_f32(q0);
+  ASSERT_TRUE(got.is_ok() && want.is_ok());
+  double largest = 0;
+  for (size_t i = 0; i < got->size(); ++i) {
+    largest = std::max(largest, std::fabs(double{(*got)[i]} - (*want)[i]));
+  }
+  EXPECT_LE(largest, report->max_abs_error * (1 + 1e-6));
+  // Every stored zero point of that projection reads back as 1 to 15.
+  auto qzeros = q->tensor(q0.substr(0, q0.size() - 7) + ".qzeros");
+  ASSERT_TRUE(qzeros.is_ok());
+  const auto* words = static_cast<const uint32_t*>(qzeros->data);
+  for (int64_t i = 0; i < qzeros->numel(); ++i) {
+    for (int nib = 0; nib < 8; ++nib) EXPECT_NE((words[i] >> (4 * nib)) & 0xfu, 0xfu) << i;
+  }
+}
+
 // A per-row 3-bit round to nearest: coarse enough that scaling matters.
 std::vector<float> coarse_quantize(const std::vector<float>& w, int64_t n, int64_t k) {
   std::vector<float> out(w.size());
@@ -300,7 +349,7 @@ TEST(Calibration, AwqScalesFavourTheLargeActivationChannelAndNeverLoseToNone) {
   InputStats stats;
   stats.add(x.data(), rows, k, rows);
   std::vector<float> weights = w;
-  const std::vector<float> s = awq_search_scales(stats, {{&weights, n, k}}, coarse_quantize);
+  const std::vector<float> s = awq_search_scales(stats, {{&weights, n, k}}, k, coarse_quantize);
   ASSERT_EQ(s.size(), static_cast<size_t>(k));
   for (int64_t c = 0; c < k; ++c) {
     if (c != 3) EXPECT_GT(s[3], s[c]) << c;
@@ -309,19 +358,20 @@ TEST(Calibration, AwqScalesFavourTheLargeActivationChannelAndNeverLoseToNone) {
   EXPECT_LT(output_error(stats, w, n, k, s), output_error(stats, w, n, k, none));
 }
 
-TEST(Calibration, SmoothQuantScalesBalanceActivationAndWeightRanges) {
+TEST(Calibration, SmoothQuantScalesBalanceActivationRangeAndWeightRanges) {
   InputStats stats;
-  const std::vector<float> x = {4.0f, -0.25f, 0.0f, 1.0f};  // one row of four channels
-  stats.add(x.data(), 1, 4, 1);
+  const std::vector<float> x = {4.0f, -0.25f, 0.0f, 1.0f,  // two rows of four channels
+                                0.0f, 0.25f,  0.0f, -1.0f};
+  stats.add(x.data(), 2, 4, 2);
   std::vector<float> w = {1.0f,  4.0f, 2.0f, 0.0f,  // two outputs
                           -0.5f, 1.0f, 1.0f, 0.0f};
   const std::vector<float> s = smoothquant_scales(stats, {{&w, 2, 4}}, 0.5);
-  EXPECT_FLOAT_EQ(s[0], 2.0f);   // sqrt(4) / sqrt(1)
-  EXPECT_FLOAT_EQ(s[1], 0.25f);  // sqrt(0.25) / sqrt(4)
-  EXPECT_FLOAT_EQ(s[2], 1.0f);   // no activation: left alone
-  EXPECT_FLOAT_EQ(s[3], 1.0f);   // no weight: left alone
+  EXPECT_FLOAT_EQ(s[0], 2.0f / std::sqrt(2.0f));  // sqrt(range 4) / sqrt(2 * 1)
+  EXPECT_FLOAT_EQ(s[1], 0.25f);                   // sqrt(0.5) / sqrt(2 * 4)
+  EXPECT_FLOAT_EQ(s[2], 1e-5f);                   // no activation range: the floor
+  EXPECT_FLOAT_EQ(s[3], 2.0f);                    // no weight: the activation range
   scale_columns({{&w, 2, 4}}, s);
-  EXPECT_FLOAT_EQ(w[0], 2.0f);
+  EXPECT_FLOAT_EQ(w[0], 2.0f / std::sqrt(2.0f));
   EXPECT_FLOAT_EQ(w[5], 0.25f);
 }
 

@@ -134,6 +134,16 @@ TEST(QuantConfig, UnsupportedLayoutsAreRefusedNamingTheField) {
             std::string::npos);
   EXPECT_NE(parse_error({{"quant_method", "gptq"}, {"group_size", 0}}).find("group_size"),
             std::string::npos);
+  EXPECT_NE(
+      parse_error({{"quant_method", "gptq"}, {"dynamic", {{"-:.*down_proj", {}}}}}).find("dynamic"),
+      std::string::npos);
+  auto upper = parse({{"quant_method", "gptq"}, {"checkpoint_format", "GPTQ_V2"}});
+  ASSERT_TRUE(upper.is_ok());
+  EXPECT_FALSE(upper->zeros_minus_one);
+  // compressed-tensors checkpoints written before the key was renamed.
+  auto legacy = parse_quant_config(json{{"compression_config", fp8_config()}});
+  ASSERT_TRUE(legacy.is_ok());
+  EXPECT_EQ(legacy->method, QuantMethod::kFp8);
 
   json packed = fp8_config();
   packed["format"] = "pack-quantized";
