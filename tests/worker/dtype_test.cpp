@@ -41,7 +41,9 @@ TEST(DTypeTest, F16RoundTripAndLimits) {
 
 TEST(DTypeTest, Names) {
   EXPECT_EQ(dtype_from_safetensors_name("BF16"), DType::kBF16);
-  EXPECT_FALSE(dtype_from_safetensors_name("F8_E4M3").has_value());
+  EXPECT_EQ(dtype_from_safetensors_name("F8_E4M3"), DType::kF8E4M3);  // quantized weights
+  EXPECT_EQ(dtype_from_safetensors_name("I8"), DType::kI8);
+  EXPECT_FALSE(dtype_from_safetensors_name("F8_E5M2").has_value());
   EXPECT_EQ(dtype_from_torch_name("float16"), DType::kF16);
   EXPECT_FALSE(dtype_from_torch_name("int4").has_value());
 }
