@@ -111,9 +111,10 @@ std::vector<float> awq_weight_mean(const std::vector<DenseWeight>& weights, int6
     for (int64_t o = 0; o < dw.n; ++o) {
       const float* w = dw.w->data() + o * dw.k;
       for (int64_t start = 0; start < dw.k; start += g) {
+        const int64_t end = std::min(start + g, dw.k);
         float amax = 0.0f;
-        for (int64_t j = start; j < start + g; ++j) amax = std::max(amax, std::fabs(w[j]));
-        for (int64_t j = start; j < start + g; ++j) {
+        for (int64_t j = start; j < end; ++j) amax = std::max(amax, std::fabs(w[j]));
+        for (int64_t j = start; j < end; ++j) {
           sum[static_cast<size_t>(j)] += std::fabs(w[j]) / (amax + 1e-6f);
         }
       }

@@ -464,6 +464,7 @@ Result<QuantizeReport> quantize_checkpoint(const std::string& in_dir, const std:
   }
   LITELLAMA_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open(in_dir));
   const ModelConfig& c = ckpt.config();
+  const LayerTensorNames layer0 = ckpt.layer_names(0);
   if (c.quant.method != QuantMethod::kNone) {
     return make_error(StatusCode::kInvalidArgument, "quantize: '{}' is already quantized ({})",
                       in_dir, quant_method_name(c.quant.method));
@@ -478,6 +479,24 @@ Result<QuantizeReport> quantize_checkpoint(const std::string& in_dir, const std:
   if (fs::exists(fs::path(out_dir) / "config.json", ec)) {
     return make_error(StatusCode::kInvalidArgument, "quantize: '{}' already holds a checkpoint",
                       out_dir);
+  }
+  // Every projection must fit the layout before the (long) calibration starts.
+  if (options.method == QuantizeMethod::kAwq || options.method == QuantizeMethod::kGptqRtn) {
+    const int64_t per_word = 8;
+    for (const std::string* p :
+         {&layer0.q, &layer0.k, &layer0.v, &layer0.o, &layer0.gate, &layer0.up, &layer0.down}) {
+      LITELLAMA_ASSIGN_OR_RETURN(TensorView t, ckpt.tensor(*p));
+      const int64_t n = t.shape[0], k = t.shape[1];
+      const int64_t g = options.group_size <= 0 ? k : options.group_size;
+      const bool gptq = options.method == QuantizeMethod::kGptqRtn;
+      if (n % per_word != 0 || (gptq && k % per_word != 0) || k % g != 0) {
+        return make_error(StatusCode::kInvalidArgument,
+                          "quantize: {} [{}, {}] does not fit 4-bit {} packing with group size {} "
+                          "(out_features{} a multiple of 8, in_features a multiple of the group "
+                          "size; see --group-size)",
+                          *p, n, k, gptq ? "GPTQ" : "AWQ", g, gptq ? " and in_features" : "");
+      }
+    }
   }
   std::vector<LayerStats> stats;
   if (calibrated) {
@@ -508,6 +527,7 @@ Result<QuantizeReport> quantize_checkpoint(const std::string& in_dir, const std:
       LITELLAMA_RETURN_IF_ERROR(writer.add(as_stored(post_norm, f.post_norm)));
       written.insert(n.input_norm);
       written.insert(n.post_attention_norm);
+      report.bytes_in += static_cast<int64_t>(input_norm.size_bytes + post_norm.size_bytes);
     }
     for (const auto& [name, w] : projections) {
       LITELLAMA_ASSIGN_OR_RETURN(TensorView t, ckpt.tensor(*name));

@@ -225,6 +225,13 @@ TEST(Quantize, RefusesWhatItCannotDoSayingWhy) {
   auto bad = quantize_checkpoint(tmp.sub("dense"), tmp.sub("bad"), options);
   ASSERT_FALSE(bad.is_ok());
   EXPECT_NE(bad.status().message().find("group size"), std::string::npos) << bad.status().message();
+  options.method = QuantizeMethod::kAwq;  // refused before calibrating
+  options.calibration_ids = calibration_ids();
+  auto bad_awq = quantize_checkpoint(tmp.sub("dense"), tmp.sub("bad-awq"), options);
+  ASSERT_FALSE(bad_awq.is_ok());
+  EXPECT_NE(bad_awq.status().message().find("group size"), std::string::npos);
+  options.method = QuantizeMethod::kGptqRtn;
+  options.calibration_ids.clear();
   options.group_size = 32;
   ASSERT_TRUE(quantize_checkpoint(tmp.sub("dense"), tmp.sub("q"), options).is_ok());
   auto again = quantize_checkpoint(tmp.sub("q"), tmp.sub("q2"), options);
