@@ -163,6 +163,32 @@ def int8_case(rng, strategy):
     return ct_config("int", strategy, False), {"weight": q, "weight_scale": scale}, dense
 
 
+def dequantize_stored(config, get, n_out, n_in):
+    """Dense float32 [n_out, n_in] of one module from its stored tensors (get(name) -> array, or
+    None when absent), by the layout descriptions alone; used by make_quant_model_golden.py."""
+    method = config["quant_method"]
+    if method == "awq":
+        g = n_in if config["group_size"] == -1 else config["group_size"]
+        q = unpack_along_last(get("qweight"), 4, AWQ_ORDER)
+        z = unpack_along_last(get("qzeros"), 4, AWQ_ORDER)
+        rows = np.arange(n_in) // g
+        return ((q - z[rows]).astype(np.float32) * get("scales").astype(np.float32)[rows]).T
+    if method == "gptq":
+        bits = config["bits"]
+        g = n_in if config["group_size"] == -1 else config["group_size"]
+        q = unpack_along_last(get("qweight").T.copy(), bits).T
+        v2 = config.get("checkpoint_format", "gptq").lower() == "gptq_v2"
+        z = unpack_along_last(get("qzeros"), bits) + (0 if v2 else 1)
+        g_idx = get("g_idx")
+        if g_idx is None:
+            g_idx = np.arange(n_in) // g
+        return ((q - z[g_idx]).astype(np.float32) * get("scales").astype(np.float32)[g_idx]).T
+    weight, scale = get("weight"), get("weight_scale").astype(np.float32)
+    values = fp8_e4m3_value(weight) if weight.dtype == np.uint8 else weight.astype(np.float32)
+    return (values * scale.reshape(-1, 1) if scale.size > 1 else values * scale.reshape(())) \
+        .astype(np.float32)
+
+
 DTYPES = {np.dtype(np.int32): "I32", np.dtype(np.float16): "F16", np.dtype(np.float32): "F32",
           np.dtype(np.int8): "I8"}
 
