@@ -29,6 +29,7 @@
 #include "common/proto/client_messages.h"
 #include "common/proto/tokenizer_messages.h"
 #include "tests/integration/service_cluster.h"
+#include "tests/support/raw_message.h"
 
 namespace litellama {
 namespace {
@@ -130,18 +131,12 @@ class RawClient {
 
 // A msgpack map {v, type, request_id, max_tokens: "many"} (a string where an int belongs).
 std::string generate_request_with_string_max_tokens(uint32_t version, uint64_t request_id) {
-  msgpack::sbuffer buffer;
-  msgpack::packer<msgpack::sbuffer> packer(buffer);
-  packer.pack_map(4);
-  packer.pack(std::string("v"));
-  packer.pack(version);
-  packer.pack(std::string("type"));
-  packer.pack(std::string("generate_request"));
-  packer.pack(std::string("request_id"));
-  packer.pack(request_id);
-  packer.pack(std::string("max_tokens"));
-  packer.pack(std::string("many"));
-  return std::string(buffer.data(), buffer.size());
+  return testing::pack_raw_message(4, version, "generate_request", [&](testing::RawPacker& packer) {
+    packer.pack(std::string("request_id"));
+    packer.pack(request_id);
+    packer.pack(std::string("max_tokens"));
+    packer.pack(std::string("many"));
+  });
 }
 
 // ---- 1: two workers on one scheduler ----------------------------------------------------------
@@ -385,16 +380,21 @@ TEST(Fault, RunDirSocketsAndStepRingArePrivate) {
   EXPECT_EQ(mode_of("/dev/shm/" + m[1].str()), 0600);
 }
 
+// Starts the scheduler on the cluster's prepared run dir and expects it to exit at once with the
+// configuration error whose log line contains `reason`.
+void expect_scheduler_refuses_run_dir(ServiceCluster& cluster, const std::string& reason) {
+  cluster.start_scheduler();
+  const auto code = wait_exit(cluster.process("scheduler"), 10000);
+  ASSERT_TRUE(code.has_value()) << "the scheduler served on a run dir that " << reason;
+  EXPECT_EQ(*code, net::kExitConfigError);
+  EXPECT_NE(cluster.log("scheduler").find(reason), std::string::npos) << cluster.log("scheduler");
+}
+
 TEST(Fault, RunDirOthersCanWriteIsRefused) {
   ServiceCluster cluster;
   std::filesystem::create_directories(cluster.run_dir());
   std::filesystem::permissions(cluster.run_dir(), std::filesystem::perms(0777));
-  cluster.start_scheduler();
-  const auto code = wait_exit(cluster.process("scheduler"), 10000);
-  ASSERT_TRUE(code.has_value()) << "the scheduler served on a world-writable run dir";
-  EXPECT_EQ(*code, net::kExitConfigError);
-  EXPECT_NE(cluster.log("scheduler").find("is writable by its group or others"), std::string::npos)
-      << cluster.log("scheduler");
+  expect_scheduler_refuses_run_dir(cluster, "is writable by its group or others");
 }
 
 TEST(Fault, RunDirOfAnotherUserIsRefused) {
@@ -405,12 +405,7 @@ TEST(Fault, RunDirOfAnotherUserIsRefused) {
   std::filesystem::create_directories(cluster.run_dir());
   std::filesystem::permissions(cluster.run_dir(), std::filesystem::perms(0750));
   ASSERT_EQ(::chown(cluster.run_dir().c_str(), 65534, 65534), 0);
-  cluster.start_scheduler();
-  const auto code = wait_exit(cluster.process("scheduler"), 10000);
-  ASSERT_TRUE(code.has_value()) << "the scheduler served on another user's run dir";
-  EXPECT_EQ(*code, net::kExitConfigError);
-  EXPECT_NE(cluster.log("scheduler").find("belongs to uid 65534"), std::string::npos)
-      << cluster.log("scheduler");
+  expect_scheduler_refuses_run_dir(cluster, "belongs to uid 65534");
 }
 
 TEST(Fault, DefaultRunDirIsPerUser) {
@@ -605,6 +600,15 @@ TEST(Fault, OfflineGenerateEnforcesTheContext) {
       << r.output;
 }
 
+// Runs `command`, expects it to fail with `needle` in its output; what it did.
+CommandResult expect_refused(const std::string& command, const std::string& needle,
+                             int timeout_seconds = 30) {
+  CommandResult r = run_command(command, timeout_seconds);
+  EXPECT_NE(r.rc, 0) << command;
+  EXPECT_NE(r.output.find(needle), std::string::npos) << r.output;
+  return r;
+}
+
 TEST(Fault, BadFlagsAreRefusedSayingWhatIsWrong) {
   ServiceCluster cluster;
   const std::string bin = cluster.bin_dir();
@@ -613,20 +617,13 @@ TEST(Fault, BadFlagsAreRefusedSayingWhatIsWrong) {
   EXPECT_NE(typo.output.find("unknown command 'genrate'; did you mean 'generate'?"),
             std::string::npos)
       << typo.output;
-  const CommandResult top_k = run_command(bin + "/litellama generate --top-k -1 --input-ids 1");
-  EXPECT_NE(top_k.rc, 0);
-  EXPECT_NE(top_k.output.find("must be 0 (off) or more, not -1"), std::string::npos)
-      << top_k.output;
+  expect_refused(bin + "/litellama generate --top-k -1 --input-ids 1",
+                 "must be 0 (off) or more, not -1");
   const CommandResult port =
-      run_command(bin + "/litellama generate --server 127.0.0.1:99999 --input-ids 1", 40);
-  EXPECT_NE(port.rc, 0);
+      expect_refused(bin + "/litellama generate --server 127.0.0.1:99999 --input-ids 1",
+                     "the port must be a number from 1 to 65535", 40);
   EXPECT_LT(port.seconds, 6.0);
-  EXPECT_NE(port.output.find("the port must be a number from 1 to 65535"), std::string::npos)
-      << port.output;
-  const CommandResult metrics_port = run_command(bin + "/litellama serve --metrics-port 70000");
-  EXPECT_NE(metrics_port.rc, 0);
-  EXPECT_NE(metrics_port.output.find("'70000' is not a port"), std::string::npos)
-      << metrics_port.output;
+  expect_refused(bin + "/litellama serve --metrics-port 70000", "'70000' is not a port");
   const CommandResult timeout =
       run_command(bin + "/litellama-scheduler --run-dir " + cluster.run_dir() +
                   " --metrics '' --heartbeat-ms 200 --peer-timeout-ms 100");

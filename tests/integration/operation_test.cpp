@@ -208,14 +208,8 @@ TEST(ServiceOperation, SchedulerRestartFailsOpenRequestsAndPeersReconnect) {
   auto c = cluster.client();
   // Each request needs most of the KV pool, so one runs and the others wait: all still open
   // when the scheduler goes.
-  std::vector<uint64_t> ids;
-  for (int i = 0; i < 3; ++i) {
-    proto::GenerateRequest r;
-    r.prompt_ids = {100, 200, 300 + i};
-    r.max_tokens = ServiceCluster::kKvSlots - 100;
-    r.ignore_eos = true;
-    ids.push_back(c->submit(r).value());
-  }
+  const std::vector<uint64_t> ids =
+      testing::submit_ignoring_eos(*c, 3, ServiceCluster::kKvSlots - 100);
   bool streaming = false;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (!streaming && std::chrono::steady_clock::now() < deadline) {
@@ -245,43 +239,33 @@ TEST(ServiceOperation, SchedulerRestartFailsOpenRequestsAndPeersReconnect) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count(),
             3.0);
 
+  // The worker's gauge of the scheduler, which follows at its next heartbeat tick.
+  auto expect_worker_sees_scheduler = [&](bool up) {
+    auto gauge = [&] {
+      return testing::metric_value(cluster.worker_metrics(), "litellama_worker_scheduler_up");
+    };
+    testing::poll_until([&] { return gauge() == (up ? 1 : 0); }, 2000);
+    EXPECT_EQ(gauge(), up ? 1 : 0);
+  };
   // The worker and the tokenizer see the scheduler gone (/ready 503, still live).
   for (int port : {cluster.worker_port(), cluster.tokenizer_port()}) {
-    deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    while (testing::http_get(port, "/ready").first != 503 &&
-           std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+    testing::poll_until([&] { return testing::http_get(port, "/ready").first == 503; }, 5000);
     EXPECT_EQ(testing::http_get(port, "/ready").first, 503) << port;
     EXPECT_EQ(testing::http_get(port, "/health").first, 200) << port;
   }
-  // The gauge follows at the worker's next heartbeat tick.
-  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  while (testing::metric_value(cluster.worker_metrics(), "litellama_worker_scheduler_up") != 0 &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  EXPECT_EQ(testing::metric_value(cluster.worker_metrics(), "litellama_worker_scheduler_up"), 0);
+  expect_worker_sees_scheduler(false);
 
   // A new scheduler: both peers come back to it by themselves and it serves.
   cluster.start_scheduler();
   cluster.wait_ready();
-  proto::GenerateRequest r;
-  r.prompt_ids = {100, 200, 300};
-  r.max_tokens = 8;
-  r.ignore_eos = true;
+  const proto::GenerateRequest r = testing::ignoring_eos_request({100, 200, 300}, 8);
   auto done = c->generate(r, nullptr, 30000);
   ASSERT_TRUE(done.is_ok()) << done.status().to_string() << "\n" << cluster.logs();
   EXPECT_EQ(done->token_ids.size(), 8u);
   for (int port : {cluster.scheduler_port(), cluster.worker_port(), cluster.tokenizer_port()}) {
     EXPECT_EQ(testing::http_get(port, "/ready").first, 200) << port;
   }
-  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  while (testing::metric_value(cluster.worker_metrics(), "litellama_worker_scheduler_up") != 1 &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  EXPECT_EQ(testing::metric_value(cluster.worker_metrics(), "litellama_worker_scheduler_up"), 1);
+  expect_worker_sees_scheduler(true);
   EXPECT_TRUE(cluster.wait_metric("litellama_scheduler_kv_slots_used", 0));
 }
 

@@ -23,6 +23,7 @@
 #include "common/net/scheduler_client.h"
 #include "common/net/zmq_util.h"
 #include "services/worker/random_checkpoint.h"
+#include "tests/integration/http_client.h"
 
 namespace litellama::testing {
 
@@ -47,15 +48,8 @@ inline int free_tcp_port() {
 
 // GET http://127.0.0.1:port/path; returns {status, body} ({0, ""} when unreachable).
 inline std::pair<int, std::string> http_get(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return {0, ""};
-  }
+  const int fd = connect_local(port);
+  if (fd < 0) return {0, ""};
   const std::string req = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
   (void)!write(fd, req.data(), req.size());
   std::string response;
@@ -67,6 +61,38 @@ inline std::pair<int, std::string> http_get(int port, const std::string& path) {
   const size_t body = response.find("\r\n\r\n");
   if (sp == std::string::npos || body == std::string::npos) return {0, ""};
   return {std::atoi(response.c_str() + sp + 1), response.substr(body + 4)};
+}
+
+// Calls `done` every 20 ms until it returns true or timeout_ms pass; its last answer.
+template <typename Done>
+bool poll_until(Done&& done, int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+// A request for exactly max_tokens tokens after the prompt ids (EOS ignored).
+inline proto::GenerateRequest ignoring_eos_request(std::vector<int32_t> prompt_ids,
+                                                   int32_t max_tokens) {
+  proto::GenerateRequest r;
+  r.prompt_ids = std::move(prompt_ids);
+  r.max_tokens = max_tokens;
+  r.ignore_eos = true;
+  return r;
+}
+
+// Submits n requests with the prompts {100, 200, 300 + i} that ignore EOS and generate
+// max_tokens tokens each; their ids in order.
+inline std::vector<uint64_t> submit_ignoring_eos(net::SchedulerClient& client, int n,
+                                                 int32_t max_tokens) {
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < n; ++i) {
+    ids.push_back(client.submit(ignoring_eos_request({100, 200, 300 + i}, max_tokens)).value());
+  }
+  return ids;
 }
 
 // Value of one series ("name" or "name{labels}") in a Prometheus text body; -1 when absent.
@@ -170,29 +196,7 @@ class ServiceCluster {
     return ss.str();
   }
   const std::string& run_dir() const { return run_; }
-  void start_worker() {
-    std::vector<std::string> argv = {bin_ + "/litellama-worker",
-                                     "--model",
-                                     model_,
-                                     "--run-dir",
-                                     run_,
-                                     "--metrics",
-                                     "127.0.0.1:" + std::to_string(worker_port_),
-                                     "--kv-slots",
-                                     std::to_string(kKvSlots),
-                                     "--threads",
-                                     "1",
-                                     "--heartbeat-ms",
-                                     "50",
-                                     "--peer-timeout-ms",
-                                     "600",
-                                     "--max-batch-tokens",
-                                     "512",
-                                     "--max-batch-seqs",
-                                     "32"};
-    argv.insert(argv.end(), worker_args_.begin(), worker_args_.end());
-    start("worker", argv);
-  }
+  void start_worker() { start("worker", worker_argv(worker_port_)); }
   // Flags appended to the worker's command line (e.g. --device cuda), before start_worker().
   void add_worker_args(const std::vector<std::string>& args) {
     worker_args_.insert(worker_args_.end(), args.begin(), args.end());
@@ -236,20 +240,12 @@ class ServiceCluster {
   // Whether the scheduler's series exceeds `value` within the timeout (its gauges refresh at
   // most ten times a second while requests run).
   bool wait_metric_above(const std::string& series, double value, int timeout_ms = 2000) const {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (metric_value(scheduler_metrics(), series) > value) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return false;
+    return poll_until([&] { return metric_value(scheduler_metrics(), series) > value; },
+                      timeout_ms);
   }
   bool wait_metric(const std::string& series, double value, int timeout_ms = 5000) const {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (metric_value(scheduler_metrics(), series) == value) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return false;
+    return poll_until([&] { return metric_value(scheduler_metrics(), series) == value; },
+                      timeout_ms);
   }
 
   std::string logs() const {

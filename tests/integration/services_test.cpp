@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -24,6 +25,7 @@
 #include "services/worker/checkpoint.h"
 #include "services/worker/offline_engine.h"
 #include "tests/integration/service_cluster.h"
+#include "tests/support/raw_message.h"
 
 namespace litellama {
 namespace {
@@ -91,6 +93,24 @@ std::unordered_map<uint64_t, Stream> collect(net::SchedulerClient& client,
       ++n_done;
     }
   }
+  return streams;
+}
+
+// Submits every request from `client` and runs them to their end; their streams in request
+// order. A refused submission fails the test and leaves its stream empty (not done).
+std::vector<Stream> serve_all(net::SchedulerClient& client,
+                              const std::vector<proto::GenerateRequest>& requests) {
+  std::vector<std::optional<uint64_t>> ids;
+  std::vector<uint64_t> accepted;
+  for (const auto& r : requests) {
+    auto id = client.submit(r);
+    EXPECT_TRUE(id.is_ok()) << id.status().to_string();
+    ids.push_back(id.is_ok() ? std::optional<uint64_t>(*id) : std::nullopt);
+    if (id.is_ok()) accepted.push_back(*id);
+  }
+  auto got = collect(client, accepted);
+  std::vector<Stream> streams;
+  for (const auto& id : ids) streams.push_back(id ? got[*id] : Stream{});
   return streams;
 }
 
@@ -210,15 +230,9 @@ TEST(ServicesIntegration, LogprobsOfEveryTokenMatchOfflineEngine) {
   }
   const auto expected = offline_reference(cluster.model_dir(), reference);
   auto c = cluster.client();
-  std::vector<uint64_t> ids;
-  for (const auto& r : requests) {
-    auto id = c->submit(r);
-    ASSERT_TRUE(id.is_ok());
-    ids.push_back(*id);
-  }
-  auto got = collect(*c, ids);
+  const std::vector<Stream> got = serve_all(*c, requests);
   for (size_t i = 0; i < n_top.size(); ++i) {
-    const Stream& s = got[ids[i]];
+    const Stream& s = got[i];
     const std::string what = "request " + std::to_string(i);
     ASSERT_TRUE(s.done && !s.error) << what << "\n" << cluster.logs();
     EXPECT_EQ(s.ids, expected[i].output_ids) << what;
@@ -278,15 +292,9 @@ TEST(ServicesIntegration, TopLogitsOfTheFirstTokenMatchOfflineEngine) {
   const auto expected = offline_reference(cluster.model_dir(), reference);
 
   auto c = cluster.client();
-  std::vector<uint64_t> ids;
-  for (const auto& r : requests) {
-    auto id = c->submit(r);
-    ASSERT_TRUE(id.is_ok());
-    ids.push_back(*id);
-  }
-  auto got = collect(*c, ids);
+  const std::vector<Stream> got = serve_all(*c, requests);
   for (size_t i = 0; i < n_top.size(); ++i) {
-    const Stream& s = got[ids[i]];
+    const Stream& s = got[i];
     ASSERT_TRUE(s.done) << "request " << i << " got no answer\n" << cluster.logs();
     ASSERT_FALSE(s.error) << "request " << i;
     EXPECT_EQ(s.ids, expected[i].output_ids) << "request " << i;
@@ -447,40 +455,15 @@ void send_garbage(const std::string& endpoint, zmq::socket_type type) {
     msgpack::pack(b, std::vector<int>{1, 2, 3});  // not a map
     payloads.emplace_back(b.data(), b.size());
   }
-  {
-    msgpack::sbuffer b;
-    msgpack::packer<msgpack::sbuffer> p(b);
-    p.pack_map(2);
-    p.pack(std::string("v"));
-    p.pack(99);  // unknown version
-    p.pack(std::string("type"));
-    p.pack(std::string("generate_request"));
-    payloads.emplace_back(b.data(), b.size());
-  }
-  {
-    msgpack::sbuffer b;
-    msgpack::packer<msgpack::sbuffer> p(b);
-    p.pack_map(2);
-    p.pack(std::string("v"));
-    p.pack(proto::kProtocolVersion);
-    p.pack(std::string("type"));
-    p.pack(std::string("no_such_message"));
-    payloads.emplace_back(b.data(), b.size());
-  }
-  {
-    msgpack::sbuffer b;
-    msgpack::packer<msgpack::sbuffer> p(b);
-    p.pack_map(4);
-    p.pack(std::string("v"));
-    p.pack(proto::kProtocolVersion);
-    p.pack(std::string("type"));
-    p.pack(std::string("generate_request"));
-    p.pack(std::string("max_tokens"));
-    p.pack(std::string("many"));  // wrong type
-    p.pack(std::string("prompt_ids"));
-    p.pack(std::string("x"));
-    payloads.emplace_back(b.data(), b.size());
-  }
+  payloads.push_back(testing::pack_raw_message(99, "generate_request"));  // unknown version
+  payloads.push_back(testing::pack_raw_message(proto::kProtocolVersion, "no_such_message"));
+  payloads.push_back(testing::pack_raw_message(4, proto::kProtocolVersion, "generate_request",
+                                               [](testing::RawPacker& p) {
+                                                 p.pack(std::string("max_tokens"));
+                                                 p.pack(std::string("many"));  // wrong type
+                                                 p.pack(std::string("prompt_ids"));
+                                                 p.pack(std::string("x"));
+                                               }));
   // Valid messages of the wrong hop.
   payloads.push_back(proto::encode(proto::StepResult{}));
   payloads.push_back(proto::encode(proto::DetokenizeReply{}));
@@ -535,14 +518,7 @@ TEST(ServicesIntegration, WorkerKilledMidStreamFailsRequestsAndServiceRecovers) 
   ServiceCluster cluster;
   ASSERT_NO_FATAL_FAILURE(cluster.start_all());
   auto c = cluster.client();
-  std::vector<uint64_t> ids;
-  for (int i = 0; i < 4; ++i) {
-    proto::GenerateRequest r;
-    r.prompt_ids = {100, 200, 300 + i};
-    r.max_tokens = 400;
-    r.ignore_eos = true;
-    ids.push_back(c->submit(r).value());
-  }
+  const std::vector<uint64_t> ids = testing::submit_ignoring_eos(*c, 4, 400);
   std::set<uint64_t> started;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (started.size() < ids.size() && std::chrono::steady_clock::now() < deadline) {
@@ -564,20 +540,14 @@ TEST(ServicesIntegration, WorkerKilledMidStreamFailsRequestsAndServiceRecovers) 
   EXPECT_LT(seconds, 3.0);
   // Not ready without a worker (polled briefly: the requests' errors and the readiness flag are
   // set by the same event, but the HTTP listener runs on its own thread).
-  const auto ready_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  while (testing::http_get(cluster.scheduler_port(), "/ready").first != 503 &&
-         std::chrono::steady_clock::now() < ready_deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  testing::poll_until(
+      [&] { return testing::http_get(cluster.scheduler_port(), "/ready").first == 503; }, 2000);
   EXPECT_EQ(testing::http_get(cluster.scheduler_port(), "/ready").first, 503);
   EXPECT_EQ(testing::http_get(cluster.scheduler_port(), "/health").first, 200);
 
   cluster.start_worker();
   cluster.wait_ready();
-  proto::GenerateRequest r;
-  r.prompt_ids = {100, 200, 300};
-  r.max_tokens = 8;
-  r.ignore_eos = true;
+  const proto::GenerateRequest r = testing::ignoring_eos_request({100, 200, 300}, 8);
   auto done = c->generate(r, nullptr, 30000);
   ASSERT_TRUE(done.is_ok()) << done.status().to_string();
   GenerationRequest ref;

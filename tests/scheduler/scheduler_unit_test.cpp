@@ -11,6 +11,7 @@
 #include "services/scheduler/continuous_batcher.h"
 #include "services/scheduler/kv_slot_allocator.h"
 #include "services/tokenizer/service/detokenize_window.h"
+#include "tests/support/raw_message.h"
 
 namespace litellama {
 namespace {
@@ -81,17 +82,12 @@ TEST(ProtoCodec, SamplingParamsIsAMapOfItsNamedFields) {
   EXPECT_EQ(back->top_logprobs, 4);
 
   auto pack_request = [](auto&& write_sampling, uint32_t n_sampling_keys) {
-    msgpack::sbuffer b;
-    msgpack::packer<msgpack::sbuffer> p(b);
-    p.pack_map(3);
-    p.pack(std::string("v"));
-    p.pack(proto::kProtocolVersion);
-    p.pack(std::string("type"));
-    p.pack(std::string("generate_request"));
-    p.pack(std::string("sampling"));
-    p.pack_map(n_sampling_keys);
-    write_sampling(p);
-    return std::string(b.data(), b.size());
+    return testing::pack_raw_message(3, proto::kProtocolVersion, "generate_request",
+                                     [&](testing::RawPacker& p) {
+                                       p.pack(std::string("sampling"));
+                                       p.pack_map(n_sampling_keys);
+                                       write_sampling(p);
+                                     });
   };
   const std::string partial = pack_request(
       [](auto& p) {
