@@ -29,34 +29,31 @@ class GoldenTest : public ::testing::TestWithParam<std::string> {
   const std::string& text(const nlohmann::json& c) const {
     return corpus_["texts"][c["i"].get<size_t>()].get_ref<const std::string&>();
   }
+  // Encodes every golden text and expects the ids `want(case)`; the first few misses are shown.
+  template <typename Want>
+  void expect_encodes(bool add_special_tokens, Want&& want_of) const {
+    int n_bad = 0;
+    for (const auto& c : golden_["encode"]) {
+      const std::vector<int32_t> want = want_of(c);
+      const auto got = tok_->encode(text(c), add_special_tokens);
+      if (got != want && n_bad++ < 5) {
+        ADD_FAILURE() << "text " << c["i"] << " '" << escaped(text(c)) << "'\n  want "
+                      << ids_str(want) << "\n  got  " << ids_str(got);
+      }
+    }
+    EXPECT_EQ(n_bad, 0) << "of " << golden_["encode"].size() << " texts";
+  }
   const Tokenizer* tok_ = nullptr;
   nlohmann::json corpus_, golden_;
 };
 
 TEST_P(GoldenTest, EncodeWithoutSpecialTokens) {
-  int n_bad = 0;
-  for (const auto& c : golden_["encode"]) {
-    const auto want = c["ids"].get<std::vector<int32_t>>();
-    const auto got = tok_->encode(text(c), /*add_special_tokens=*/false);
-    if (got != want && n_bad++ < 5) {
-      ADD_FAILURE() << "text " << c["i"] << " '" << escaped(text(c)) << "'\n  want "
-                    << ids_str(want) << "\n  got  " << ids_str(got);
-    }
-  }
-  EXPECT_EQ(n_bad, 0) << "of " << golden_["encode"].size() << " texts";
+  expect_encodes(false,
+                 [](const nlohmann::json& c) { return c["ids"].get<std::vector<int32_t>>(); });
 }
 
 TEST_P(GoldenTest, EncodeWithSpecialTokens) {
-  int n_bad = 0;
-  for (const auto& c : golden_["encode"]) {
-    const auto want = golden_with_special(c);
-    const auto got = tok_->encode(text(c), /*add_special_tokens=*/true);
-    if (got != want && n_bad++ < 5) {
-      ADD_FAILURE() << "text " << c["i"] << " '" << escaped(text(c)) << "'\n  want "
-                    << ids_str(want) << "\n  got  " << ids_str(got);
-    }
-  }
-  EXPECT_EQ(n_bad, 0) << "of " << golden_["encode"].size() << " texts";
+  expect_encodes(true, [](const nlohmann::json& c) { return golden_with_special(c); });
 }
 
 TEST_P(GoldenTest, DecodeEncodedText) {

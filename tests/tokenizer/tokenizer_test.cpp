@@ -51,6 +51,14 @@ void expect_load_error(const std::string& dir, StatusCode code, const std::strin
       << "'" << tok.status().message() << "' lacks '" << needle << "'";
 }
 
+// Expects loading a directory whose tokenizer.json holds `text` to fail with `code` and `needle`.
+void expect_tokenizer_json_error(const std::string& text, StatusCode code,
+                                 const std::string& needle) {
+  TempDir dir;
+  dir.write("tokenizer.json", text);
+  expect_load_error(dir.str(), code, needle);
+}
+
 // Instantiated under the "tokenizer" prefix like the other suites of this binary, so that
 // `ctest -R tokenizer` selects every test; the single parameter only names the instance.
 class TokenizerLoadTest : public ::testing::TestWithParam<const char*> {};
@@ -67,15 +75,13 @@ TEST_P(TokenizerLoadTest, MissingTokenizerJson) {
 }
 
 TEST_P(TokenizerLoadTest, BadJson) {
-  TempDir dir;
-  dir.write("tokenizer.json", "{\"model\": {\"type\": \"BPE\", ");
-  expect_load_error(dir.str(), StatusCode::kInvalidArgument, "tokenizer.json' is not valid JSON");
+  expect_tokenizer_json_error("{\"model\": {\"type\": \"BPE\", ", StatusCode::kInvalidArgument,
+                              "tokenizer.json' is not valid JSON");
 }
 
 TEST_P(TokenizerLoadTest, JsonThatIsNotAnObject) {
-  TempDir dir;
-  dir.write("tokenizer.json", "[1, 2, 3]");
-  expect_load_error(dir.str(), StatusCode::kInvalidArgument, "does not hold a JSON object");
+  expect_tokenizer_json_error("[1, 2, 3]", StatusCode::kInvalidArgument,
+                              "does not hold a JSON object");
 }
 
 TEST_P(TokenizerLoadTest, BadConfigJson) {
@@ -87,16 +93,14 @@ TEST_P(TokenizerLoadTest, BadConfigJson) {
 }
 
 TEST_P(TokenizerLoadTest, UnsupportedModelType) {
-  TempDir dir;
-  dir.write("tokenizer.json", R"({"model": {"type": "Unigram", "vocab": [["a", 0.0]]}})");
-  expect_load_error(dir.str(), StatusCode::kUnsupported,
-                    "unsupported tokenizer model type 'Unigram'");
+  expect_tokenizer_json_error(R"({"model": {"type": "Unigram", "vocab": [["a", 0.0]]}})",
+                              StatusCode::kUnsupported,
+                              "unsupported tokenizer model type 'Unigram'");
 }
 
 TEST_P(TokenizerLoadTest, MissingModel) {
-  TempDir dir;
-  dir.write("tokenizer.json", R"({"normalizer": null})");
-  expect_load_error(dir.str(), StatusCode::kInvalidArgument, "has no \"model\" object");
+  expect_tokenizer_json_error(R"({"normalizer": null})", StatusCode::kInvalidArgument,
+                              "has no \"model\" object");
 }
 
 TEST_P(TokenizerLoadTest, UnsupportedPipelineParts) {

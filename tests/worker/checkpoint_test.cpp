@@ -29,6 +29,21 @@ std::string read_bytes(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+// Writes preset `preset` with `seed` into dir and copies out every tensor of its
+// model.safetensors (for tests that write them again changed).
+void make_model_tensors(const std::string& dir, const std::string& preset, uint64_t seed,
+                        std::vector<SafetensorsTensor>* tensors) {
+  ASSERT_NO_FATAL_FAILURE(test::make_model(dir, preset, seed));
+  auto mapped = MappedFile::open(dir + "/model.safetensors");
+  ASSERT_TRUE(mapped.is_ok()) << mapped.status().to_string();
+  auto entries = parse_safetensors(*mapped);
+  ASSERT_TRUE(entries.is_ok()) << entries.status().to_string();
+  for (const auto& e : *entries) {
+    const uint8_t* data = mapped->data() + e.offset_bytes;
+    tensors->push_back({e.name, e.dtype, e.shape, std::vector<uint8_t>(data, data + e.size_bytes)});
+  }
+}
+
 // Expects open(dir) to fail with `code` and a message containing `needle`.
 void expect_open_error(const std::string& dir, StatusCode code, const std::string& needle) {
   auto ckpt = Checkpoint::open(dir);
@@ -40,8 +55,7 @@ void expect_open_error(const std::string& dir, StatusCode code, const std::strin
 
 TEST(CheckpointTest, LoadsAndValidatesAModel) {
   test::TempDir tmp;
-  test::make_model(tmp.path(), "qwen3-tiny", 1);
-  auto ckpt = Checkpoint::open(tmp.path());
+  auto ckpt = test::open_new_model(tmp.path(), "qwen3-tiny");
   ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
   const ModelConfig& c = ckpt->config();
   EXPECT_EQ(c.arch, Architecture::kQwen3);
@@ -196,20 +210,12 @@ TEST(CheckpointTest, TruncatedAndCorruptSafetensors) {
 
 TEST(CheckpointTest, WrongDtypeAndBadIndex) {
   test::TempDir tmp;
-  test::make_model(tmp.path(), "llama2-linear-tiny", 1);
   // Rewrite one tensor as I32.
   {
-    auto mapped = MappedFile::open(tmp.path() + "/model.safetensors");
-    ASSERT_TRUE(mapped.is_ok());
-    auto entries = parse_safetensors(*mapped);
-    ASSERT_TRUE(entries.is_ok());
     std::vector<SafetensorsTensor> tensors;
-    for (const auto& e : *entries) {
-      SafetensorsTensor t{e.name, e.dtype, e.shape,
-                          std::vector<uint8_t>(mapped->data() + e.offset_bytes,
-                                               mapped->data() + e.offset_bytes + e.size_bytes)};
-      if (e.name == "model.norm.weight") t.dtype = DType::kI32;
-      tensors.push_back(std::move(t));
+    ASSERT_NO_FATAL_FAILURE(make_model_tensors(tmp.path(), "llama2-linear-tiny", 1, &tensors));
+    for (SafetensorsTensor& t : tensors) {
+      if (t.name == "model.norm.weight") t.dtype = DType::kI32;
     }
     ASSERT_TRUE(write_safetensors(tmp.sub("i32.safetensors"), tensors).is_ok());
   }
@@ -229,19 +235,10 @@ TEST(CheckpointTest, WrongDtypeAndBadIndex) {
 
 TEST(CheckpointTest, LlavaTextModelUnderItsPublishedNames) {
   test::TempDir tmp;
-  test::make_model(tmp.path(), "llama2-linear-tiny", 3);
   // Re-publish the tensors under LLaVA-1.5's names with a LLaVA config.
-  auto mapped = MappedFile::open(tmp.path() + "/model.safetensors");
-  ASSERT_TRUE(mapped.is_ok());
-  auto entries = parse_safetensors(*mapped);
-  ASSERT_TRUE(entries.is_ok());
   std::vector<SafetensorsTensor> tensors;
-  for (const auto& e : *entries) {
-    std::string name = "language_model." + e.name;
-    tensors.push_back({name, e.dtype, e.shape,
-                       std::vector<uint8_t>(mapped->data() + e.offset_bytes,
-                                            mapped->data() + e.offset_bytes + e.size_bytes)});
-  }
+  ASSERT_NO_FATAL_FAILURE(make_model_tensors(tmp.path(), "llama2-linear-tiny", 3, &tensors));
+  for (SafetensorsTensor& t : tensors) t.name = "language_model." + t.name;
   // A small vision tower beside it (zeros: only names and shapes matter to the loader).
   const json vision = {{"model_type", "clip_vision_model"},
                        {"hidden_size", 8},

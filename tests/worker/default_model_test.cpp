@@ -79,10 +79,7 @@ TEST(DefaultModel, GreedyContinuationsMatchTransformersAndAreEnglish) {
   ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
   auto tokenizer = Tokenizer::load(model_dir().string());
   ASSERT_TRUE(tokenizer.is_ok()) << tokenizer.status().to_string();
-  RunnerOptions options;
-  options.n_kv_slots = 512;
-  options.n_threads = 2;
-  auto runner = create_model_runner(*ckpt, options);
+  auto runner = test::reference_cpu_runner(*ckpt);
   ASSERT_TRUE(runner.is_ok()) << runner.status().to_string();
   OfflineEngine engine(**runner);
 

@@ -29,10 +29,7 @@ TEST_P(GoldenTest, MatchesTransformersAloneAndBatched) {
   auto ckpt = Checkpoint::open(tmp.path());
   ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
   EXPECT_EQ(ckpt->config().arch_name, golden["architecture"].get<std::string>());
-  RunnerOptions options;
-  options.n_kv_slots = 512;
-  options.n_threads = 2;
-  auto runner = create_model_runner(*ckpt, options);
+  auto runner = test::reference_cpu_runner(*ckpt);
   ASSERT_TRUE(runner.is_ok()) << runner.status().to_string();
   OfflineEngine engine(**runner);
 

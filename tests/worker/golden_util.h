@@ -3,12 +3,15 @@
 
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "services/worker/checkpoint.h"
+#include "services/worker/model_runner.h"
 #include "services/worker/offline_engine.h"
 #include "tests/worker/test_util.h"
 
@@ -16,6 +19,15 @@ namespace litellama::test {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+
+// The runner the CPU tests compare with their references: default options but for 512 KV slots
+// and two threads.
+inline Result<std::unique_ptr<ModelRunner>> reference_cpu_runner(const Checkpoint& checkpoint) {
+  RunnerOptions options;
+  options.n_kv_slots = 512;
+  options.n_threads = 2;
+  return create_model_runner(checkpoint, options);
+}
 
 // The presets with transformers references under tests/golden/models.
 inline std::vector<std::string> golden_presets() {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <utility>
 
 #include <gtest/gtest.h>
 
@@ -252,29 +253,25 @@ TEST_F(RunnerTest, RefusesInvalidBatches) {
   EXPECT_NE(st.message().find("no history"), std::string::npos) << st.message();
 }
 
-// The GEMV layers' default follows the model size; an explicit limit, 0 included, is kept.
-TEST(RunnerOptionsTest, GemvTokenLimitFollowsModelSizeByDefault) {
-  RunnerOptions o;
-  EXPECT_EQ(o.gemv_max_tokens, -1);
-  EXPECT_EQ(resolved_gemv_max_tokens(o, 1536), 8);  // Qwen2.5-1.5B
-  EXPECT_EQ(resolved_gemv_max_tokens(o, 2048), 8);  // Llama-3.2-1B
-  EXPECT_EQ(resolved_gemv_max_tokens(o, 4096), 4);  // Llama-3.1-8B
-  o.gemv_max_tokens = 0;
-  EXPECT_EQ(resolved_gemv_max_tokens(o, 2048), 0);
-  o.gemv_max_tokens = 2;
-  EXPECT_EQ(resolved_gemv_max_tokens(o, 4096), 2);
-}
-
-TEST(RunnerOptionsTest, GemvGateUpTokenLimitFollowsModelSizeByDefault) {
-  RunnerOptions o;
-  EXPECT_EQ(o.gemv_gate_up_max_tokens, -1);
-  EXPECT_EQ(resolved_gemv_gate_up_max_tokens(o, 1536), 8);  // Qwen2.5-1.5B
-  EXPECT_EQ(resolved_gemv_gate_up_max_tokens(o, 2048), 8);  // Llama-3.2-1B
-  EXPECT_EQ(resolved_gemv_gate_up_max_tokens(o, 4096), 4);  // Llama-3.1-8B
-  o.gemv_gate_up_max_tokens = 8;
-  EXPECT_EQ(resolved_gemv_gate_up_max_tokens(o, 4096), 8);
-  o.gemv_gate_up_max_tokens = 0;
-  EXPECT_EQ(resolved_gemv_gate_up_max_tokens(o, 2048), 0);
+// Both GEMV token limits' defaults follow the model size; an explicit limit, 0 included, is kept.
+TEST(RunnerOptionsTest, GemvTokenLimitsFollowModelSizeByDefault) {
+  using Resolve = int32_t (*)(const RunnerOptions&, int32_t);
+  for (const auto& [limit, resolve] :
+       {std::pair<int32_t RunnerOptions::*, Resolve>{&RunnerOptions::gemv_max_tokens,
+                                                     resolved_gemv_max_tokens},
+        {&RunnerOptions::gemv_gate_up_max_tokens, resolved_gemv_gate_up_max_tokens}}) {
+    RunnerOptions o;
+    EXPECT_EQ(o.*limit, -1);
+    EXPECT_EQ(resolve(o, 1536), 8);  // Qwen2.5-1.5B
+    EXPECT_EQ(resolve(o, 2048), 8);  // Llama-3.2-1B
+    EXPECT_EQ(resolve(o, 4096), 4);  // Llama-3.1-8B
+    o.*limit = 0;
+    EXPECT_EQ(resolve(o, 2048), 0);
+    o.*limit = 2;
+    EXPECT_EQ(resolve(o, 4096), 2);
+    o.*limit = 8;
+    EXPECT_EQ(resolve(o, 4096), 8);
+  }
 }
 
 TEST(RunnerOptionsTest, LayerKernelRepeatsParse) {

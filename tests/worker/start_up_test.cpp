@@ -82,8 +82,7 @@ int64_t resident_bytes() {
 
 TEST(CpuKvPoolTest, DefaultHoldsFourContextsWithinTheBudgetAndIsMappedLazily) {
   test::TempDir tmp;
-  test::make_model(tmp.path(), "llama3-tiny", 1);
-  auto ckpt = Checkpoint::open(tmp.path());
+  auto ckpt = test::open_new_model(tmp.path(), "llama3-tiny");
   ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
   const ModelConfig& c = ckpt->config();
   const int64_t per_slot = int64_t{2} * c.n_layers * c.n_kv_heads * c.head_dim * 4;

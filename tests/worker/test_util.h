@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include "services/worker/checkpoint.h"
 #include "services/worker/random_checkpoint.h"
 
 namespace litellama::test {
@@ -40,17 +41,28 @@ inline std::string bin_dir() {
   return env && *env ? env : LITELLAMA_TEST_BIN_DIR;
 }
 
-// Writes preset `name` (float32 storage) with `seed` into dir; fails the test on error.
-inline void make_model(const std::string& dir, const std::string& name, uint64_t seed,
-                       int32_t n_shards = 1, DType dtype = DType::kF32) {
-  auto preset = find_random_checkpoint_preset(name);
-  ASSERT_TRUE(preset.is_ok()) << preset.status().to_string();
+// Writes preset `name` (float32 storage unless `dtype` says otherwise) with `seed` into dir.
+inline Status write_model(const std::string& dir, const std::string& name, uint64_t seed,
+                          int32_t n_shards = 1, DType dtype = DType::kF32) {
+  LITELLAMA_ASSIGN_OR_RETURN(RandomCheckpointPreset preset, find_random_checkpoint_preset(name));
   RandomCheckpointOptions options;
   options.seed = seed;
   options.storage_dtype = dtype;
   options.n_shards = n_shards;
-  Status st = write_random_checkpoint(dir, preset->config, options);
+  return write_random_checkpoint(dir, preset.config, options);
+}
+
+// write_model that fails the test on error.
+inline void make_model(const std::string& dir, const std::string& name, uint64_t seed,
+                       int32_t n_shards = 1, DType dtype = DType::kF32) {
+  const Status st = write_model(dir, name, seed, n_shards, dtype);
   ASSERT_TRUE(st.is_ok()) << st.to_string();
+}
+
+// Writes preset `name` with seed 1 into dir and opens it.
+inline Result<Checkpoint> open_new_model(const std::string& dir, const std::string& name) {
+  LITELLAMA_RETURN_IF_ERROR(write_model(dir, name, 1));
+  return Checkpoint::open(dir);
 }
 
 }  // namespace litellama::test
