@@ -22,6 +22,30 @@ constexpr size_t kCacheMaxWordBytes = 256;
 struct BpeModel::Cache {
   std::mutex mu;
   std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> words;
+
+  // Appends the ids of `word` to ids: the remembered ones when the cache holds them, else those
+  // merge(word, ids) appends, which are then remembered. Words over kCacheMaxWordBytes are never
+  // cached; a full cache is emptied. The lock is not held while merging.
+  template <typename Merge>
+  void tokenize(std::string_view word, std::vector<int32_t>& ids, Merge&& merge) {
+    const bool cacheable = word.size() <= kCacheMaxWordBytes;
+    if (cacheable) {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = words.find(word);
+      if (it != words.end()) {
+        ids.insert(ids.end(), it->second.begin(), it->second.end());
+        return;
+      }
+    }
+    const size_t mark = ids.size();
+    merge(word, ids);
+    if (cacheable) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (words.size() >= kCacheCapacity) words.clear();
+      words.emplace(std::string(word),
+                    std::vector<int32_t>(ids.begin() + static_cast<long>(mark), ids.end()));
+    }
+  }
 };
 
 BpeModel::BpeModel() : cache_(std::make_unique<Cache>()) {}
@@ -129,23 +153,8 @@ void BpeModel::tokenize(std::string_view word, std::vector<int32_t>& ids) const 
       return;
     }
   }
-  const bool cacheable = word.size() <= kCacheMaxWordBytes;
-  if (cacheable) {
-    std::lock_guard<std::mutex> lock(cache_->mu);
-    auto it = cache_->words.find(word);
-    if (it != cache_->words.end()) {
-      ids.insert(ids.end(), it->second.begin(), it->second.end());
-      return;
-    }
-  }
-  const size_t mark = ids.size();
-  merge_word(word, ids);
-  if (cacheable) {
-    std::lock_guard<std::mutex> lock(cache_->mu);
-    if (cache_->words.size() >= kCacheCapacity) cache_->words.clear();
-    cache_->words.emplace(std::string(word),
-                          std::vector<int32_t>(ids.begin() + static_cast<long>(mark), ids.end()));
-  }
+  cache_->tokenize(word, ids,
+                   [this](std::string_view w, std::vector<int32_t>& out) { merge_word(w, out); });
 }
 
 bool BpeModel::enable_raw_bytes() {
@@ -186,23 +195,8 @@ void BpeModel::tokenize_bytes(std::string_view raw, std::vector<int32_t>& ids) c
     ids.push_back(raw_byte_ids_[static_cast<unsigned char>(raw[0])]);
     return;
   }
-  const bool cacheable = raw.size() <= kCacheMaxWordBytes;
-  if (cacheable) {
-    std::lock_guard<std::mutex> lock(raw_cache_->mu);
-    auto it = raw_cache_->words.find(raw);
-    if (it != raw_cache_->words.end()) {
-      ids.insert(ids.end(), it->second.begin(), it->second.end());
-      return;
-    }
-  }
-  const size_t mark = ids.size();
-  merge_raw_bytes(raw, ids);
-  if (cacheable) {
-    std::lock_guard<std::mutex> lock(raw_cache_->mu);
-    if (raw_cache_->words.size() >= kCacheCapacity) raw_cache_->words.clear();
-    raw_cache_->words.emplace(
-        std::string(raw), std::vector<int32_t>(ids.begin() + static_cast<long>(mark), ids.end()));
-  }
+  raw_cache_->tokenize(
+      raw, ids, [this](std::string_view r, std::vector<int32_t>& out) { merge_raw_bytes(r, out); });
 }
 
 void BpeModel::merge_raw_bytes(std::string_view raw, std::vector<int32_t>& ids) const {

@@ -1,23 +1,11 @@
 #include "services/tokenizer/decoder.h"
 
 #include "services/tokenizer/byte_level.h"
+#include "services/tokenizer/pipeline_util.h"
 #include "services/tokenizer/utf8.h"
 
 namespace litellama {
 namespace {
-
-void replace_all(std::string& s, const std::string& from, const std::string& to) {
-  if (from.empty() || s.find(from) == std::string::npos) return;
-  std::string out;
-  size_t start = 0;
-  for (size_t p = s.find(from); p != std::string::npos; p = s.find(from, start)) {
-    out.append(s, start, p - start);
-    out += to;
-    start = p + from.size();
-  }
-  out.append(s, start, std::string::npos);
-  s = std::move(out);
-}
 
 int hex_digit(char c) {
   if (c >= '0' && c <= '9') return c - '0';
@@ -99,17 +87,13 @@ Result<Decoder> Decoder::from_json(const nlohmann::json& j) {
     d.mode_ = Mode::kJoinWithSpace;
     return d;
   }
-  try {
-    LITELLAMA_RETURN_IF_ERROR(d.add(j));
-  } catch (const nlohmann::json::exception& e) {
-    return make_error(StatusCode::kInvalidArgument, "malformed decoder: {}", e.what());
-  }
+  LITELLAMA_RETURN_IF_ERROR(read_pipeline_section("decoder", [&] { return d.add(j); }));
   return d;
 }
 
 void Decoder::transform_token(std::string_view token, size_t index, std::string& out) const {
   out.assign(token);
-  for (const Replacement& r : replacements_) replace_all(out, r.from, r.to);
+  for (const Replacement& r : replacements_) replace_all_in_place(out, r.from, r.to);
   if (strip_first_token_space_ && index == 0 && !out.empty() && out[0] == ' ') out.erase(0, 1);
   for (const Strip& s : token_strips_) {
     for (size_t k = 0; k < s.start && out.compare(0, s.content.size(), s.content) == 0; ++k) {
@@ -163,14 +147,20 @@ void Decoder::Stream::emit(std::string_view text, std::string& out) {
   held_stop_ = trailing;
 }
 
+void Decoder::Stream::replace_run(std::string& out) {
+  std::string r;
+  for (size_t k = 0; k < run_.size(); ++k) r += utf8::kReplacement;
+  emit(r, out);
+  run_.clear();
+  run_checked_ = 0;
+}
+
 void Decoder::Stream::flush_run(std::string& out) {
   if (!run_invalid_ && !run_.empty()) {
     if (utf8::is_valid(run_)) {
       emit(run_, out);
     } else {
-      std::string r;
-      for (size_t k = 0; k < run_.size(); ++k) r += utf8::kReplacement;
-      emit(r, out);
+      replace_run(out);
     }
   }
   run_.clear();
@@ -221,11 +211,7 @@ void Decoder::Stream::push(std::string_view token, std::string& out) {
         const utf8::Sequence seq = utf8::next(std::string_view(run_).substr(run_checked_));
         if (seq.incomplete) break;
         if (!seq.valid) {
-          std::string r;
-          for (size_t k = 0; k < run_.size(); ++k) r += utf8::kReplacement;
-          emit(r, out);
-          run_.clear();
-          run_checked_ = 0;
+          replace_run(out);
           run_invalid_ = true;
           break;
         }

@@ -42,6 +42,8 @@ class Decoder {
    private:
     void emit(std::string_view text, std::string& out);
     void flush_run(std::string& out);
+    // Emits one U+FFFD per byte of the open run (ill-formed UTF-8) and empties it.
+    void replace_run(std::string& out);
 
     const Decoder* d_;
     size_t n_tokens_ = 0;

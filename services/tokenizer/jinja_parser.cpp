@@ -95,9 +95,7 @@ class Parser {
       }
       if (t.kind == Tok::kVarBegin) {
         advance();
-        auto s = std::make_unique<Stmt>();
-        s->kind = StmtKind::kPrint;
-        s->line = t.line;
+        auto s = new_stmt(StmtKind::kPrint, t.line);
         s->expr = parse_expr();
         if (peek().kind != Tok::kVarEnd) {
           fail(fmt::format("line {}: expected '}}}}' but found '{}'", peek().line,
@@ -124,9 +122,7 @@ class Parser {
       } else if (name == "break" || name == "continue") {
         if (loop_depth_ == 0) fail(fmt::format("line {}: '{}' outside of a loop", line, name));
         expect_block_end();
-        auto s = std::make_unique<Stmt>();
-        s->kind = name == "break" ? StmtKind::kBreak : StmtKind::kContinue;
-        s->line = line;
+        auto s = new_stmt(name == "break" ? StmtKind::kBreak : StmtKind::kContinue, line);
         body.push_back(std::move(s));
       } else if (name == "generation") {
         // transformers' assistant-mask marker: renders its body unchanged.
@@ -149,9 +145,7 @@ class Parser {
   }
 
   std::unique_ptr<Stmt> parse_if(int line) {
-    auto s = std::make_unique<Stmt>();
-    s->kind = StmtKind::kIf;
-    s->line = line;
+    auto s = new_stmt(StmtKind::kIf, line);
     ExprPtr cond = parse_expr();
     expect_block_end();
     while (true) {
@@ -174,15 +168,25 @@ class Parser {
     }
   }
 
-  std::unique_ptr<Stmt> parse_for(int line) {
+  static std::unique_ptr<Stmt> new_stmt(StmtKind kind, int line) {
     auto s = std::make_unique<Stmt>();
-    s->kind = StmtKind::kFor;
+    s->kind = kind;
     s->line = line;
-    s->targets.push_back(expect_name());
+    return s;
+  }
+
+  // `(',' name)*` after a first name: for-loop and set targets.
+  void parse_more_names(std::vector<std::string>* names) {
     while (at_op(",")) {
       advance();
-      s->targets.push_back(expect_name());
+      names->push_back(expect_name());
     }
+  }
+
+  std::unique_ptr<Stmt> parse_for(int line) {
+    auto s = new_stmt(StmtKind::kFor, line);
+    s->targets.push_back(expect_name());
+    parse_more_names(&s->targets);
     if (!at_name("in")) fail(fmt::format("line {}: expected 'in' in a for loop", line));
     advance();
     s->expr = parse_cond_free_expr();
@@ -210,18 +214,13 @@ class Parser {
   }
 
   std::unique_ptr<Stmt> parse_set(int line) {
-    auto s = std::make_unique<Stmt>();
-    s->kind = StmtKind::kSet;
-    s->line = line;
+    auto s = new_stmt(StmtKind::kSet, line);
     s->targets.push_back(expect_name());
     if (at_op(".")) {
       advance();
       s->attr = expect_name();
     } else {
-      while (at_op(",")) {
-        advance();
-        s->targets.push_back(expect_name());
-      }
+      parse_more_names(&s->targets);
     }
     if (peek().kind == Tok::kBlockEnd) {
       // {% set x %}...{% endset %}
@@ -295,26 +294,19 @@ class Parser {
   // For-loop iterables stop at a trailing `if` (the loop filter).
   ExprPtr parse_cond_free_expr() { return parse_or(); }
 
-  ExprPtr parse_or() {
-    ExprPtr e = parse_and();
-    while (at_name("or")) {
-      auto o = make(ExprKind::kOr, advance().line);
+  // `operand (keyword operand)*`, grouped to the left: a or b or c is (a or b) or c.
+  ExprPtr parse_left_assoc(const char* keyword, ExprKind kind, ExprPtr (Parser::*operand)()) {
+    ExprPtr e = (this->*operand)();
+    while (at_name(keyword)) {
+      auto o = make(kind, advance().line);
       attach(*o, std::move(e));
-      attach(*o, parse_and());
+      attach(*o, (this->*operand)());
       e = std::move(o);
     }
     return e;
   }
-  ExprPtr parse_and() {
-    ExprPtr e = parse_not();
-    while (at_name("and")) {
-      auto o = make(ExprKind::kAnd, advance().line);
-      attach(*o, std::move(e));
-      attach(*o, parse_not());
-      e = std::move(o);
-    }
-    return e;
-  }
+  ExprPtr parse_or() { return parse_left_assoc("or", ExprKind::kOr, &Parser::parse_and); }
+  ExprPtr parse_and() { return parse_left_assoc("and", ExprKind::kAnd, &Parser::parse_not); }
   ExprPtr parse_not() {
     if (at_name("not")) {
       Nesting nesting(this);

@@ -4,6 +4,7 @@
 
 #include <utf8proc.h>
 
+#include "services/tokenizer/pipeline_util.h"
 #include "services/tokenizer/utf8.h"
 
 namespace litellama {
@@ -28,28 +29,11 @@ void unicode_normalize(std::string& text, int options) {
   std::free(out);
 }
 
-void replace_all(std::string& s, const std::string& from, const std::string& to) {
-  if (from.empty() || s.find(from) == std::string::npos) return;
-  std::string out;
-  out.reserve(s.size());
-  size_t start = 0;
-  for (size_t p = s.find(from); p != std::string::npos; p = s.find(from, start)) {
-    out.append(s, start, p - start);
-    out += to;
-    start = p + from.size();
-  }
-  out.append(s, start, std::string::npos);
-  s = std::move(out);
-}
-
 }  // namespace
 
-Status Normalizer::add(const nlohmann::json& j, std::vector<Step>& steps) {
-  if (j.is_null()) return Status::ok();
-  const std::string type = j.value("type", "");
-  if (type == "Sequence") {
-    for (const auto& n : j.at("normalizers")) LITELLAMA_RETURN_IF_ERROR(add(n, steps));
-  } else if (type == "NFC") {
+Status Normalizer::add_one(const nlohmann::json& j, const std::string& type,
+                           std::vector<Step>& steps) {
+  if (type == "NFC") {
     steps.push_back({Kind::kNfc, "", ""});
   } else if (type == "NFD") {
     steps.push_back({Kind::kNfd, "", ""});
@@ -78,11 +62,8 @@ Status Normalizer::add(const nlohmann::json& j, std::vector<Step>& steps) {
 
 Result<Normalizer> Normalizer::from_json(const nlohmann::json& j) {
   Normalizer n;
-  try {
-    LITELLAMA_RETURN_IF_ERROR(add(j, n.steps_));
-  } catch (const nlohmann::json::exception& e) {
-    return make_error(StatusCode::kInvalidArgument, "malformed normalizer: {}", e.what());
-  }
+  LITELLAMA_ASSIGN_OR_RETURN(n.steps_,
+                             read_section_steps<Step>(j, "normalizer", "normalizers", add_one));
   return n;
 }
 
@@ -118,7 +99,7 @@ void Normalizer::normalize(std::string& text) const {
         if (!text.empty()) text.insert(0, s.a);
         break;
       case Kind::kReplace:
-        replace_all(text, s.a, s.b);
+        replace_all_in_place(text, s.a, s.b);
         break;
     }
   }

@@ -28,7 +28,8 @@ class Normalizer {
     std::string a;  // Prepend: prefix; Replace: pattern
     std::string b;  // Replace: content
   };
-  static Status add(const nlohmann::json& j, std::vector<Step>& steps);
+  // One step of the section (not null, not a Sequence), of tokenizer.json type `type`.
+  static Status add_one(const nlohmann::json& j, const std::string& type, std::vector<Step>& steps);
   std::vector<Step> steps_;
 };
 

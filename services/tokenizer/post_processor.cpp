@@ -1,6 +1,7 @@
 #include "services/tokenizer/post_processor.h"
 
 #include "services/tokenizer/json_token_id.h"
+#include "services/tokenizer/pipeline_util.h"
 
 namespace litellama {
 
@@ -46,11 +47,7 @@ Status PostProcessor::add(const nlohmann::json& j) {
 
 Result<PostProcessor> PostProcessor::from_json(const nlohmann::json& j) {
   PostProcessor p;
-  try {
-    LITELLAMA_RETURN_IF_ERROR(p.add(j));
-  } catch (const nlohmann::json::exception& e) {
-    return make_error(StatusCode::kInvalidArgument, "malformed post_processor: {}", e.what());
-  }
+  LITELLAMA_RETURN_IF_ERROR(read_pipeline_section("post_processor", [&] { return p.add(j); }));
   return p;
 }
 

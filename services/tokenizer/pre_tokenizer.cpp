@@ -1,6 +1,12 @@
 #include "services/tokenizer/pre_tokenizer.h"
 
+#include <algorithm>
+#include <iterator>
+#include <string_view>
+#include <utility>
+
 #include "services/tokenizer/byte_level.h"
+#include "services/tokenizer/pipeline_util.h"
 
 namespace litellama {
 namespace {
@@ -25,13 +31,8 @@ void replace_spaces(std::string& s, const std::string& replacement) {
 
 }  // namespace
 
-Status PreTokenizer::add(const nlohmann::json& j, std::vector<Step>& steps) {
-  if (j.is_null()) return Status::ok();
-  const std::string type = j.value("type", "");
-  if (type == "Sequence") {
-    for (const auto& p : j.at("pretokenizers")) LITELLAMA_RETURN_IF_ERROR(add(p, steps));
-    return Status::ok();
-  }
+Status PreTokenizer::add_one(const nlohmann::json& j, const std::string& type,
+                             std::vector<Step>& steps) {
   Step step;
   if (type == "Split") {
     step.kind = Kind::kSplit;
@@ -45,18 +46,19 @@ Status PreTokenizer::add(const nlohmann::json& j, std::vector<Step>& steps) {
       return make_error(StatusCode::kUnsupported, "unsupported Split pattern: {}", pattern.dump());
     }
     LITELLAMA_ASSIGN_OR_RETURN(step.regex, UnicodeRegex::compile(regex));
+    // tokenizer.json's names of the Split behaviors.
+    static constexpr std::pair<std::string_view, Behavior> kBehaviors[] = {
+        {"Isolated", Behavior::kIsolated},
+        {"Removed", Behavior::kRemoved},
+        {"MergedWithPrevious", Behavior::kMergedWithPrevious},
+        {"MergedWithNext", Behavior::kMergedWithNext}};
     const std::string behavior = j.value("behavior", "Isolated");
-    if (behavior == "Isolated") {
-      step.behavior = Behavior::kIsolated;
-    } else if (behavior == "Removed") {
-      step.behavior = Behavior::kRemoved;
-    } else if (behavior == "MergedWithPrevious") {
-      step.behavior = Behavior::kMergedWithPrevious;
-    } else if (behavior == "MergedWithNext") {
-      step.behavior = Behavior::kMergedWithNext;
-    } else {
+    const auto* named = std::find_if(std::begin(kBehaviors), std::end(kBehaviors),
+                                     [&](const auto& b) { return b.first == behavior; });
+    if (named == std::end(kBehaviors)) {
       return make_error(StatusCode::kUnsupported, "unsupported Split behavior '{}'", behavior);
     }
+    step.behavior = named->second;
     step.invert = j.value("invert", false);
   } else if (type == "ByteLevel") {
     step.kind = Kind::kByteLevel;
@@ -109,11 +111,8 @@ void PreTokenizer::find_byte_level_split() {
 
 Result<PreTokenizer> PreTokenizer::from_json(const nlohmann::json& j) {
   PreTokenizer p;
-  try {
-    LITELLAMA_RETURN_IF_ERROR(add(j, p.steps_));
-  } catch (const nlohmann::json::exception& e) {
-    return make_error(StatusCode::kInvalidArgument, "malformed pre_tokenizer: {}", e.what());
-  }
+  LITELLAMA_ASSIGN_OR_RETURN(
+      p.steps_, read_section_steps<Step>(j, "pre_tokenizer", "pretokenizers", add_one));
   p.find_byte_level_split();
   return p;
 }

@@ -57,7 +57,8 @@ class PreTokenizer {
     std::string text;
     bool at_origin;
   };
-  static Status add(const nlohmann::json& j, std::vector<Step>& steps);
+  // One step of the section (not null, not a Sequence), of tokenizer.json type `type`.
+  static Status add_one(const nlohmann::json& j, const std::string& type, std::vector<Step>& steps);
   static void split_pieces(const UnicodeRegex& regex, Behavior behavior, bool invert,
                            std::vector<Piece>& pieces);
   void find_byte_level_split();

@@ -369,6 +369,18 @@ bool Tokenizer::is_special(int32_t id) const {
   return t != nullptr && t->special;
 }
 
+nlohmann::ordered_json Tokenizer::chat_context(const std::vector<ChatMessage>& messages,
+                                               bool add_generation_prompt) const {
+  nlohmann::ordered_json context = special_tokens_map_;
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  for (const ChatMessage& m : messages) list.push_back({{"role", m.role}, {"content", m.content}});
+  context["messages"] = std::move(list);
+  context["tools"] = nullptr;
+  context["documents"] = nullptr;
+  context["add_generation_prompt"] = add_generation_prompt;
+  return context;
+}
+
 Result<std::string> Tokenizer::apply_chat_template(const std::vector<ChatMessage>& messages,
                                                    bool add_generation_prompt) const {
   if (!chat_template_) {
@@ -377,28 +389,14 @@ Result<std::string> Tokenizer::apply_chat_template(const std::vector<ChatMessage
                   "chat_template)");
   }
   if (!chat_template_->is_ok()) return chat_template_->status();
-  nlohmann::ordered_json context = special_tokens_map_;
-  nlohmann::ordered_json list = nlohmann::ordered_json::array();
-  for (const ChatMessage& m : messages) list.push_back({{"role", m.role}, {"content", m.content}});
-  context["messages"] = std::move(list);
-  context["tools"] = nullptr;
-  context["documents"] = nullptr;
-  context["add_generation_prompt"] = add_generation_prompt;
-  return chat_template_->value().render(context);
+  return chat_template_->value().render(chat_context(messages, add_generation_prompt));
 }
 
 Result<std::string> Tokenizer::apply_chat_template(const std::string& chat_template,
                                                    const std::vector<ChatMessage>& messages,
                                                    bool add_generation_prompt) const {
   LITELLAMA_ASSIGN_OR_RETURN(ChatTemplate parsed, ChatTemplate::parse(chat_template));
-  nlohmann::ordered_json context = special_tokens_map_;
-  nlohmann::ordered_json list = nlohmann::ordered_json::array();
-  for (const ChatMessage& m : messages) list.push_back({{"role", m.role}, {"content", m.content}});
-  context["messages"] = std::move(list);
-  context["tools"] = nullptr;
-  context["documents"] = nullptr;
-  context["add_generation_prompt"] = add_generation_prompt;
-  return parsed.render(context);
+  return parsed.render(chat_context(messages, add_generation_prompt));
 }
 
 }  // namespace litellama

@@ -89,6 +89,10 @@ class Tokenizer {
   // The byte-level fast path: pre_tokenizer_.byte_level_split()'s matches go to
   // model_.tokenize_bytes() without building the byte-level strings.
   void encode_byte_level(std::string_view text, std::vector<int32_t>& ids) const;
+  // What a chat template renders: the special tokens, the messages, no tools or documents, and
+  // whether to open the assistant's turn.
+  nlohmann::ordered_json chat_context(const std::vector<ChatMessage>& messages,
+                                      bool add_generation_prompt) const;
 
   BpeModel model_;
   Normalizer normalizer_;
