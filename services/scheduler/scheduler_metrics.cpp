@@ -1,6 +1,15 @@
 #include "services/scheduler/scheduler_metrics.h"
 
+#include "common/net/metric_families.h"
+
 namespace litellama {
+
+using net::counter;
+using net::counter_family;
+using net::gauge;
+using net::gauge_family;
+using net::histogram;
+using net::histogram_family;
 
 namespace {
 
@@ -13,23 +22,6 @@ prometheus::Histogram::BucketBoundaries latency_buckets() {
 prometheus::Histogram::BucketBoundaries hop_buckets() {
   return {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
           0.05,    0.1,    0.25,    0.5,    1.0,   2.5,    5.0,   10.0};
-}
-
-prometheus::Histogram* histogram(prometheus::Registry& r, const std::string& name,
-                                 const std::string& help,
-                                 const prometheus::Histogram::BucketBoundaries& buckets,
-                                 const prometheus::Labels& labels = {}) {
-  return &prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add(labels, buckets);
-}
-
-prometheus::Gauge* gauge(prometheus::Registry& r, const std::string& name,
-                         const std::string& help) {
-  return &prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
-}
-
-prometheus::Counter* counter(prometheus::Registry& r, const std::string& name,
-                             const std::string& help) {
-  return &prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
 }
 
 }  // namespace
@@ -47,10 +39,8 @@ SchedulerMetrics::SchedulerMetrics(std::shared_ptr<prometheus::Registry> reg)
                                   "Arrival of a request to its last chunk", latency_buckets());
   queue_time = histogram(r, "litellama_scheduler_queue_time_seconds",
                          "Arrival of a request to its first scheduled step", latency_buckets());
-  auto& hop = prometheus::BuildHistogram()
-                  .Name("litellama_scheduler_hop_duration_seconds")
-                  .Help("Round trip of one process hop as seen by the scheduler")
-                  .Register(r);
+  auto& hop = histogram_family(r, "litellama_scheduler_hop_duration_seconds",
+                               "Round trip of one process hop as seen by the scheduler");
   hop_worker_step = &hop.Add({{"hop", "worker_step"}}, hop_buckets());
   hop_tokenizer_encode = &hop.Add({{"hop", "tokenizer_encode"}}, hop_buckets());
   hop_tokenizer_detokenize = &hop.Add({{"hop", "tokenizer_detokenize"}}, hop_buckets());
@@ -95,19 +85,13 @@ SchedulerMetrics::SchedulerMetrics(std::shared_ptr<prometheus::Registry> reg)
   requests_overloaded = counter(r, "litellama_scheduler_requests_overloaded_total",
                                 "Requests refused at once because the waiting queue was full");
   requests_waiting_by_priority_family =
-      &prometheus::BuildGauge()
-           .Name("litellama_scheduler_requests_waiting_by_priority")
-           .Help("Requests waiting for admission, by priority")
-           .Register(r);
+      &gauge_family(r, "litellama_scheduler_requests_waiting_by_priority",
+                    "Requests waiting for admission, by priority");
   requests_waiting_by_priority(0);
-  requests_finished_family = &prometheus::BuildCounter()
-                                  .Name("litellama_scheduler_requests_finished_total")
-                                  .Help("Finished requests by finish reason")
-                                  .Register(r);
-  protocol_errors_family = &prometheus::BuildCounter()
-                                .Name("litellama_scheduler_protocol_errors_total")
-                                .Help("Unknown or malformed messages, by socket")
-                                .Register(r);
+  requests_finished_family = &counter_family(r, "litellama_scheduler_requests_finished_total",
+                                             "Finished requests by finish reason");
+  protocol_errors_family = &counter_family(r, "litellama_scheduler_protocol_errors_total",
+                                           "Unknown or malformed messages, by socket");
   for (const char* reason : {"stop", "length", "abort", "error"}) requests_finished(reason);
   for (const char* socket : {"client", "worker", "tokenizer"}) protocol_errors(socket);
 }

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/net/metric_families.h"
 #include "common/net/zmq_util.h"
 #include "common/proto/heartbeat.h"
 #include "services/tokenizer/service/detokenize_window.h"
@@ -38,32 +39,19 @@ TokenizerService::TokenizerService(TokenizerOptions options)
       registry_(std::make_shared<prometheus::Registry>()) {
   incarnation_ = net::random_id();
   auto& r = *registry_;
-  auto& duration = prometheus::BuildHistogram()
-                       .Name("litellama_tokenizer_op_duration_seconds")
-                       .Help("Time to serve one encode or detokenize message")
-                       .Register(r);
+  auto& duration = net::histogram_family(r, "litellama_tokenizer_op_duration_seconds",
+                                         "Time to serve one encode or detokenize message");
   encode_duration_ = &duration.Add({{"op", "encode"}}, op_buckets());
   detokenize_duration_ = &duration.Add({{"op", "detokenize"}}, op_buckets());
-  request_latency_ = &prometheus::BuildHistogram()
-                          .Name("litellama_tokenizer_hop_latency_seconds")
-                          .Help("Scheduler sending a message to the tokenizer receiving it")
-                          .Register(r)
-                          .Add({}, op_buckets());
-  encode_requests_ = &prometheus::BuildCounter()
-                          .Name("litellama_tokenizer_encode_requests_total")
-                          .Help("Encode requests served")
-                          .Register(r)
-                          .Add({});
-  detokenize_items_ = &prometheus::BuildCounter()
-                           .Name("litellama_tokenizer_detokenize_items_total")
-                           .Help("Detokenization windows served")
-                           .Register(r)
-                           .Add({});
-  protocol_errors_ = &prometheus::BuildCounter()
-                          .Name("litellama_tokenizer_protocol_errors_total")
-                          .Help("Unknown or malformed messages")
-                          .Register(r)
-                          .Add({});
+  request_latency_ =
+      net::histogram(r, "litellama_tokenizer_hop_latency_seconds",
+                     "Scheduler sending a message to the tokenizer receiving it", op_buckets());
+  encode_requests_ =
+      net::counter(r, "litellama_tokenizer_encode_requests_total", "Encode requests served");
+  detokenize_items_ = net::counter(r, "litellama_tokenizer_detokenize_items_total",
+                                   "Detokenization windows served");
+  protocol_errors_ =
+      net::counter(r, "litellama_tokenizer_protocol_errors_total", "Unknown or malformed messages");
 }
 
 TokenizerService::~TokenizerService() {
@@ -195,28 +183,35 @@ std::string TokenizerService::handle(const std::string& bytes) {
       request_latency_->Observe(std::max<int64_t>(0, net::unix_now_ns() - sent_unix_ns) * 1e-9);
     }
   };
-  if (envelope->type() == proto::MessageType::kEncodeRequest) {
-    auto request = envelope->as<proto::EncodeRequest>();
+  // Serves a decoded request and times it; a malformed one is a protocol error, unanswered.
+  auto reply_to = [&](auto request, auto&& serve, prometheus::Histogram* duration) -> std::string {
     if (!request) {
       protocol_errors_->Increment();
       return "";
     }
     observe_hop(request->sent_unix_ns);
-    std::string reply = proto::encode(encode(*request));
-    encode_requests_->Increment();
-    encode_duration_->Observe(monotonic_seconds() - start);
+    std::string reply = proto::encode(serve(*request));
+    duration->Observe(monotonic_seconds() - start);
     return reply;
+  };
+  if (envelope->type() == proto::MessageType::kEncodeRequest) {
+    return reply_to(
+        envelope->as<proto::EncodeRequest>(),
+        [&](const proto::EncodeRequest& r) {
+          proto::EncodeReply reply = encode(r);
+          encode_requests_->Increment();
+          return reply;
+        },
+        encode_duration_);
   }
-  auto request = envelope->as<proto::DetokenizeRequest>();
-  if (!request) {
-    protocol_errors_->Increment();
-    return "";
-  }
-  observe_hop(request->sent_unix_ns);
-  std::string reply = proto::encode(detokenize(*request));
-  detokenize_items_->Increment(static_cast<double>(request->items.size()));
-  detokenize_duration_->Observe(monotonic_seconds() - start);
-  return reply;
+  return reply_to(
+      envelope->as<proto::DetokenizeRequest>(),
+      [&](const proto::DetokenizeRequest& r) {
+        proto::DetokenizeReply reply = detokenize(r);
+        detokenize_items_->Increment(static_cast<double>(r.items.size()));
+        return reply;
+      },
+      detokenize_duration_);
 }
 
 void TokenizerService::work_main() {
