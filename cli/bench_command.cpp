@@ -21,6 +21,7 @@
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/generate_remote.h"
+#include "common/cli_option.h"
 #include "common/net/scheduler_client.h"
 #include "common/net/zmq_util.h"
 
@@ -30,20 +31,15 @@ namespace {
 
 struct BenchArgs {
   std::string server;
-  int32_t n_requests = 64;
   int32_t concurrency = 8;    // 0: no limit
   double request_rate = 0.0;  // requests/s, Poisson; 0: all at once (bounded by concurrency)
-  int32_t input_len = 128;
-  int32_t output_len = 64;
-  double range_ratio = 1.0;  // lengths uniform in [ratio * len, len]; 1: fixed
-  uint64_t seed = 0;
   bool json = false;
   int32_t timeout_ms = 300000;
-  std::string sweep;         // "C:N,...": one run per (concurrency C, N requests), one table
-  SamplingParams sampling;   // of every request; greedy by default
-  WorkloadOptions workload;  // kind and the shared-prefix / multi-turn sizes
-  int32_t priority = 0;      // of every request
-  std::string base_url;      // an OpenAI-compatible server instead of the scheduler
+  std::string sweep;  // "C:N,...": one run per (concurrency C, N requests), one table
+  // Sizes, seed and sampling of the requests; the kind and the shared-prefix / multi-turn sizes.
+  WorkloadOptions workload;
+  int32_t priority = 0;  // of every request
+  std::string base_url;  // an OpenAI-compatible server instead of the scheduler
   std::string api_key;
   std::string model;           // --base-url: the model to name ("" : the first /models lists)
   int32_t vocab_size = 32000;  // --base-url: prompt ids are drawn below this
@@ -99,17 +95,10 @@ struct BenchResult {
 Result<Workload> make_workload(const BenchArgs& a, int32_t vocab,
                                std::vector<proto::GenerateRequest>* requests,
                                std::vector<double>* arrivals) {
-  WorkloadOptions wo = a.workload;
-  wo.n_requests = a.n_requests;
-  wo.input_len = a.input_len;
-  wo.output_len = a.output_len;
-  wo.range_ratio = a.range_ratio;
-  wo.seed = a.seed;
-  wo.sampling = a.sampling;
-  LITELLAMA_ASSIGN_OR_RETURN(Workload workload, Workload::create(wo, vocab));
+  LITELLAMA_ASSIGN_OR_RETURN(Workload workload, Workload::create(a.workload, vocab));
   *requests = std::move(workload.initial());
   for (auto& r : *requests) r.priority = a.priority;
-  std::mt19937_64 rng(a.seed ^ 0xa7717a1ull);
+  std::mt19937_64 rng(a.workload.seed ^ 0xa7717a1ull);
   arrivals->assign(requests->size(), 0.0);
   if (a.request_rate > 0) {
     std::exponential_distribution<double> gap(a.request_rate);
@@ -283,9 +272,9 @@ nlohmann::json to_json(const BenchArgs& a, const BenchResult& r) {
   j["n_completed"] = r.n_ok;
   j["concurrency"] = a.concurrency;
   j["request_rate"] = a.request_rate;
-  j["temperature"] = a.sampling.temperature;
-  j["top_k"] = a.sampling.top_k;
-  j["top_p"] = a.sampling.top_p;
+  j["temperature"] = a.workload.sampling.temperature;
+  j["top_k"] = a.workload.sampling.top_k;
+  j["top_p"] = a.workload.sampling.top_p;
   j["duration_seconds"] = r.duration;
   j["input_tokens"] = r.n_in;
   j["output_tokens"] = r.n_out;
@@ -356,7 +345,7 @@ Result<std::vector<std::pair<int32_t, int32_t>>> parse_sweep(const std::string& 
 
 int run_bench(const BenchArgs& a) {
   const char* cmd = "bench";
-  std::vector<std::pair<int32_t, int32_t>> runs = {{a.concurrency, a.n_requests}};
+  std::vector<std::pair<int32_t, int32_t>> runs = {{a.concurrency, a.workload.n_requests}};
   if (!a.sweep.empty()) {
     auto parsed = parse_sweep(a.sweep);
     if (!parsed.is_ok()) return fail(cmd, parsed.status());
@@ -375,7 +364,7 @@ int run_bench(const BenchArgs& a) {
     for (const auto& [concurrency, n_requests] : runs) {
       BenchArgs one = a;
       one.concurrency = concurrency;
-      one.n_requests = n_requests;
+      one.workload.n_requests = n_requests;
       auto r = run_load_http(one, model, a.vocab_size);
       if (!r.is_ok()) return fail(cmd, r.status());
       complete = complete && r->n_ok == n_requests;
@@ -417,8 +406,8 @@ int run_bench(const BenchArgs& a) {
   if (!a.json) {
     std::printf(
         "Server: %s on %s in %s; prompts of %d tokens, outputs of %d (random range %.2f)\n\n",
-        info->model.c_str(), info->device.c_str(), info->dtype.c_str(), a.input_len, a.output_len,
-        a.range_ratio);
+        info->model.c_str(), info->device.c_str(), info->dtype.c_str(), a.workload.input_len,
+        a.workload.output_len, a.workload.range_ratio);
     std::printf(
         "| concurrency | requests | completed | output tok/s | total tok/s | TTFT p50 ms | TTFT "
         "p99 ms | TPOT p50 ms | TPOT p99 ms | ITL p99 ms |\n");
@@ -427,7 +416,7 @@ int run_bench(const BenchArgs& a) {
   for (const auto& [concurrency, n_requests] : runs) {
     BenchArgs one = a;
     one.concurrency = concurrency;
-    one.n_requests = n_requests;
+    one.workload.n_requests = n_requests;
     auto r = run_load(c, one, vocab);
     if (!r.is_ok()) return fail(cmd, r.status());
     complete = complete && r->n_ok == r->n_requests;
@@ -456,45 +445,37 @@ CommandMain register_bench_command(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* sub = app.add_subcommand("bench", "serving benchmark against a running scheduler");
   sub->add_option("--server", a->server, "scheduler address (default: litellama serve's)");
-  sub->add_option("--num-requests,-n", a->n_requests, "requests to send")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1000000));
+  add_bounded_option(*sub, "--num-requests,-n", a->workload.n_requests, "requests to send", 1,
+                     1000000);
   sub->add_option("--concurrency,-c", a->concurrency, "requests in flight at most (0: no limit)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--request-rate", a->request_rate, "Poisson arrivals per second (0: all at once)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  sub->add_option("--input-len", a->input_len, "prompt tokens")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  CLI::Option* output_len =
-      sub->add_option("--output-len", a->output_len,
-                      "generated tokens (shared-prefix and multi-turn: 256 by default)")
-          ->capture_default_str()
-          ->check(CLI::Range(1, 1 << 20));
-  sub->add_option("--random-range-ratio", a->range_ratio,
-                  "lengths uniform in [ratio * len, len] (1: fixed)")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
-  sub->add_option("--seed", a->seed, "seed of the random prompts, lengths and sampling seeds");
-  sub->add_option("--temperature", a->sampling.temperature, "of every request (0: greedy)")
+  add_bounded_option(*sub, "--input-len", a->workload.input_len, "prompt tokens", 1, 1 << 20);
+  CLI::Option* output_len = add_bounded_option(
+      *sub, "--output-len", a->workload.output_len,
+      "generated tokens (shared-prefix and multi-turn: 256 by default)", 1, 1 << 20);
+  add_bounded_option(*sub, "--random-range-ratio", a->workload.range_ratio,
+                     "lengths uniform in [ratio * len, len] (1: fixed)", 0.0, 1.0);
+  sub->add_option("--seed", a->workload.seed,
+                  "seed of the random prompts, lengths and sampling seeds");
+  sub->add_option("--temperature", a->workload.sampling.temperature, "of every request (0: greedy)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  sub->add_option("--top-k", a->sampling.top_k, "of every request (0: off)")
+  sub->add_option("--top-k", a->workload.sampling.top_k, "of every request (0: off)")
       ->capture_default_str()
       ->check(non_negative("off"));
-  sub->add_option("--top-p", a->sampling.top_p, "of every request (1: off)")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
+  add_bounded_option(*sub, "--top-p", a->workload.sampling.top_p, "of every request (1: off)", 0.0,
+                     1.0);
   sub->add_option("--base-url", a->base_url,
                   "an OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1) instead of the "
                   "scheduler: streaming /completions with token-id prompts and ignore_eos");
   sub->add_option("--api-key", a->api_key, "--base-url: sent as 'Authorization: Bearer KEY'");
   sub->add_option("--model", a->model, "--base-url: model to name (default: the first listed)");
-  sub->add_option("--vocab-size", a->vocab_size, "--base-url: prompt ids are drawn below this")
-      ->capture_default_str()
-      ->check(CLI::Range(2, 1 << 24));
+  add_bounded_option(*sub, "--vocab-size", a->vocab_size,
+                     "--base-url: prompt ids are drawn below this", 2, 1 << 24);
   sub->add_flag("--json", a->json, "print one JSON object (with --sweep: an array of them)");
   sub->add_option("--sweep", a->sweep,
                   "runs CONCURRENCY:REQUESTS,... one after the other against the same server and "
@@ -505,29 +486,21 @@ CommandMain register_bench_command(CLI::App& app) {
                   "multi-turn (each turn sends the whole conversation so far)")
       ->capture_default_str()
       ->check(CLI::IsMember({"random", "shared-prefix", "multi-turn"}));
-  sub->add_option("--groups", w.groups, "shared-prefix: groups (system prompts)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 16));
-  sub->add_option("--prompts-per-group", w.prompts_per_group, "shared-prefix: requests per group")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 16));
-  sub->add_option("--system-len", w.system_len, "shared-prefix: system prompt tokens")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  sub->add_option("--question-len", w.question_len,
-                  "shared-prefix and multi-turn: tokens of each question")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  sub->add_option("--conversations", w.conversations, "multi-turn: conversations")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 16));
-  sub->add_option("--turns", w.turns, "multi-turn: turns per conversation")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1024));
+  add_bounded_option(*sub, "--groups", w.groups, "shared-prefix: groups (system prompts)", 1,
+                     1 << 16);
+  add_bounded_option(*sub, "--prompts-per-group", w.prompts_per_group,
+                     "shared-prefix: requests per group", 1, 1 << 16);
+  add_bounded_option(*sub, "--system-len", w.system_len, "shared-prefix: system prompt tokens", 1,
+                     1 << 20);
+  add_bounded_option(*sub, "--question-len", w.question_len,
+                     "shared-prefix and multi-turn: tokens of each question", 1, 1 << 20);
+  add_bounded_option(*sub, "--conversations", w.conversations, "multi-turn: conversations", 1,
+                     1 << 16);
+  add_bounded_option(*sub, "--turns", w.turns, "multi-turn: turns per conversation", 1, 1024);
   sub->add_option("--priority", a->priority, "scheduling priority of every request (larger first)")
       ->capture_default_str();
   return [a, output_len] {
-    if (a->workload.kind != "random" && output_len->count() == 0) a->output_len = 256;
+    if (a->workload.kind != "random" && output_len->count() == 0) a->workload.output_len = 256;
     return run_bench(*a);
   };
 }

@@ -16,6 +16,7 @@
 #include "cli/commands.h"
 #include "cli/generate_remote.h"
 #include "cli/service_launcher.h"
+#include "common/cli_option.h"
 #include "common/net/scheduler_client.h"
 #include "common/net/stop_signal.h"
 
@@ -148,9 +149,7 @@ CommandMain register_chat_command(CLI::App& app) {
   sub->add_option("--system", a->system, "system prompt");
   sub->add_option("--message,-m", a->messages,
                   "send this user message and print the answer (repeatable; no prompt)");
-  sub->add_option("--max-new-tokens", a->max_new_tokens, "tokens per answer")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
+  add_bounded_option(*sub, "--max-new-tokens", a->max_new_tokens, "tokens per answer", 1, 1 << 20);
   sub->add_option("--temperature", a->sampling.temperature, "0 = greedy")->capture_default_str();
   sub->add_option("--top-p", a->sampling.top_p, "1 = off")->capture_default_str();
   sub->add_option("--seed", a->sampling.seed, "sampling seed");

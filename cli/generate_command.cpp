@@ -11,6 +11,7 @@
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/generate_remote.h"
+#include "common/cli_option.h"
 #include "services/worker/checkpoint.h"
 #include "services/worker/offline_engine.h"
 #ifdef LITELLAMA_WITH_TOKENIZER
@@ -21,42 +22,16 @@ namespace litellama::cli {
 
 namespace {
 
-struct GenerateArgs {
+// The request's fields are those of the served path (--server), which gets them as they are.
+struct GenerateArgs : RemoteGenerateArgs {
   std::string model;
   std::string device = "cpu";
   std::string dtype;
-  std::string input_ids;
-  std::string prompt;
   bool prompt_given = false;  // --prompt appeared, possibly empty
-  bool chat = false;
-  int32_t max_new_tokens = 16;
-  SamplingParams sampling;
-  std::string stop_token_ids;
-  bool ignore_eos = false;
-  int32_t top_logits = 0;
-  int32_t priority = 0;  // --server only
-  bool json = false;
   int32_t kv_slots = 0;
   double kv_memory_fraction = 0.85;
   int32_t threads = 0;
-  std::string server;  // non-empty: send the request to a running scheduler
 };
-
-RemoteGenerateArgs remote_args(const GenerateArgs& a) {
-  RemoteGenerateArgs r;
-  r.server = a.server;
-  r.input_ids = a.input_ids;
-  r.prompt = a.prompt;
-  r.chat = a.chat;
-  r.max_new_tokens = a.max_new_tokens;
-  r.sampling = a.sampling;
-  r.stop_token_ids = a.stop_token_ids;
-  r.ignore_eos = a.ignore_eos;
-  r.top_logits = a.top_logits;
-  r.priority = a.priority;
-  r.json = a.json;
-  return r;
-}
 
 int run_generate(const GenerateArgs& a) {
   const char* cmd = "generate";
@@ -218,12 +193,9 @@ CommandMain register_generate_command(CLI::App& app) {
   CLI::Option* prompt_option =
       sub->add_option("--prompt", args->prompt, "prompt text (encoded with the model's tokenizer)");
   sub->add_flag("--chat", args->chat, "wrap --prompt in the model's chat template as a user turn");
-  sub->add_option("--max-new-tokens", args->max_new_tokens, "tokens to generate")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  sub->add_option("--temperature", args->sampling.temperature, "0 = greedy")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0f, 100.0f));
+  add_bounded_option(*sub, "--max-new-tokens", args->max_new_tokens, "tokens to generate", 1,
+                     1 << 20);
+  add_bounded_option(*sub, "--temperature", args->sampling.temperature, "0 = greedy", 0.0f, 100.0f);
   sub->add_option("--top-k", args->sampling.top_k, "0 = off")->check(non_negative("off"));
   sub->add_option("--top-p", args->sampling.top_p, "1 = off")
       ->check(CLI::Range(0.0f, 1.0f) & CLI::PositiveNumber);
@@ -250,7 +222,7 @@ CommandMain register_generate_command(CLI::App& app) {
                   "with --server: scheduling priority (larger is served first; default 0)");
   return [args, prompt_option]() {
     args->prompt_given = prompt_option->count() > 0;
-    if (!args->server.empty()) return run_generate_remote(remote_args(*args));
+    if (!args->server.empty()) return run_generate_remote(*args);
     return run_generate(*args);
   };
 }

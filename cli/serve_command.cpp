@@ -7,6 +7,7 @@
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/service_launcher.h"
+#include "common/cli_option.h"
 #include "common/net/stop_signal.h"
 
 namespace litellama::cli {
@@ -72,9 +73,7 @@ void add_launch_options(CLI::App* sub, LaunchOptions* o) {
   sub->add_flag("--insecure-tcp", o->insecure_tcp,
                 "allow a --listen tcp:// address off loopback: tcp is not authenticated, anyone "
                 "who reaches the port can send requests (only on a network you trust)");
-  sub->add_option("--tokenizers", o->n_tokenizers, "tokenizer processes")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 64));
+  add_bounded_option(*sub, "--tokenizers", o->n_tokenizers, "tokenizer processes", 1, 64);
   sub->add_option("--kv-slots", o->kv_slots, "KV pool size in tokens (0: the worker's default)")
       ->capture_default_str();
   sub->add_option("--threads", o->threads, "cpu: worker threads (0: all)")->capture_default_str();
@@ -84,10 +83,10 @@ void add_launch_options(CLI::App* sub, LaunchOptions* o) {
       ->capture_default_str();
   sub->add_flag("--no-prefix-cache", o->no_prefix_cache,
                 "scheduler: no prefix cache (every request computes its whole prompt)");
-  sub->add_option("--max-waiting-requests", o->max_waiting_requests,
-                  "scheduler: refuse new requests as overloaded while this many wait (0: no bound)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 24));
+  add_bounded_option(
+      *sub, "--max-waiting-requests", o->max_waiting_requests,
+      "scheduler: refuse new requests as overloaded while this many wait (0: no bound)", 0,
+      1 << 24);
   sub->add_option("--metrics-port", o->metrics_port,
                   "scheduler metrics port; worker +1, tokenizers +2.. (0: off)")
       ->capture_default_str()
@@ -111,9 +110,7 @@ static void add_api_options(CLI::App* sub, LaunchOptions* o) {
   sub->add_option("MODEL_DIR", o->model_dir, "model directory (same as --model)");
   sub->add_option("--host", o->api_host, "address the HTTP API binds (0.0.0.0 for all)")
       ->capture_default_str();
-  sub->add_option("--port", o->api_port, "port of the HTTP API (0: off)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 65535));
+  add_bounded_option(*sub, "--port", o->api_port, "port of the HTTP API (0: off)", 0, 65535);
   auto* key = sub->add_option("--api-key", o->api_key,
                               "clients must send 'Authorization: Bearer KEY' (not /health)");
   sub->add_option("--api-key-file", o->api_key_file, "read the API key from this file's first line")
@@ -121,11 +118,10 @@ static void add_api_options(CLI::App* sub, LaunchOptions* o) {
       ->excludes(key);
   sub->add_option("--served-model-name", o->served_model_name,
                   "model name /v1/models lists and requests must name (default: the model's)");
-  sub->add_option("--max-model-len", o->max_model_len,
-                  "refuse requests whose prompt + completion exceed this many tokens (0: the "
-                  "model's context)")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  add_bounded_option(*sub, "--max-model-len", o->max_model_len,
+                     "refuse requests whose prompt + completion exceed this many tokens (0: the "
+                     "model's context)",
+                     int64_t{0}, int64_t{1} << 30);
   sub->add_option("--kv-cache-bytes", o->kv_cache_bytes,
                   "cpu: the most memory the KV pool takes (default 1 GiB; --kv-slots wins)")
       ->check(CLI::Range(int64_t{1} << 20, int64_t{1} << 40));
@@ -138,10 +134,8 @@ static void add_api_options(CLI::App* sub, LaunchOptions* o) {
   sub->add_option("--chat-template", o->chat_template_file,
                   "Jinja chat template file used instead of the model's own")
       ->check(CLI::ExistingFile);
-  sub->add_option("--max-request-bytes", o->max_request_bytes,
-                  "largest HTTP request body (larger gets 413)")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  add_bounded_option(*sub, "--max-request-bytes", o->max_request_bytes,
+                     "largest HTTP request body (larger gets 413)", int64_t{1}, int64_t{1} << 30);
 }
 
 CommandMain register_serve_command(CLI::App& app) {

@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/cli_option.h"
 #include "common/log.h"
 #include "common/net/child_process.h"
 #include "common/net/run_dir.h"
@@ -48,13 +49,11 @@ void add_common_service_flags(CLI::App& app, Options& options, std::string& run_
   app.add_flag("--insecure-tcp", options.allow_insecure_tcp,
                "Allow tcp:// endpoints on addresses other than loopback (ZeroMQ tcp is not "
                "authenticated: only on a network you trust)");
-  app.add_option("--heartbeat-ms", options.heartbeat_interval_ms, "Heartbeat interval")
-      ->capture_default_str()
-      ->check(CLI::Range(10, 60000));
-  app.add_option("--peer-timeout-ms", options.peer_timeout_ms,
-                 std::string(peer_timeout_help) + " (at least twice --heartbeat-ms)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 3600000));
+  add_bounded_option(app, "--heartbeat-ms", options.heartbeat_interval_ms, "Heartbeat interval", 10,
+                     60000);
+  add_bounded_option(app, "--peer-timeout-ms", options.peer_timeout_ms,
+                     std::string(peer_timeout_help) + " (at least twice --heartbeat-ms)", 1,
+                     3600000);
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
       ->capture_default_str();
 }

@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/cli_option.h"
 #include "common/log.h"
 #include "common/net/service_main.h"
 #include "common/net/zmq_util.h"
@@ -51,43 +52,34 @@ int main(int argc, char** argv) {
                  "Worker endpoint (default ipc://RUN_DIR/worker.sock)");
   app.add_option("--tokenizer-endpoint", options.tokenizer_endpoint,
                  "Tokenizer endpoint (default ipc://RUN_DIR/tokenizer.sock)");
-  app.add_option("--peer-wait-ms", options.peer_wait_ms,
-                 "How long a request waits for a missing worker or tokenizer")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 3600000));
-  app.add_option("--max-batch-tokens", options.batcher.max_batch_tokens, "Tokens per step")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  app.add_option("--max-batch-seqs", options.batcher.max_batch_seqs, "Sequences per step")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 16));
-  app.add_option("--max-prefill-chunk", options.batcher.max_prefill_chunk,
-                 "Prompt tokens of one request per step")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  app.add_option("--max-prompt-bytes", options.max_prompt_bytes,
-                 "Largest text prompt (prompt + chat messages) in bytes; larger is refused")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{15} << 20));
-  app.add_option("--encode-timeout-ms", options.encode_timeout_ms,
-                 "A prompt not tokenized in this long fails its request")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 3600000));
-  app.add_option("--max-tokenizer-retries", options.max_tokenizer_retries,
-                 "Times a request's work is re-sent after the tokenizer holding it died")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 100));
+  litellama::add_bounded_option(app, "--peer-wait-ms", options.peer_wait_ms,
+                                "How long a request waits for a missing worker or tokenizer", 0,
+                                3600000);
+  litellama::add_bounded_option(app, "--max-batch-tokens", options.batcher.max_batch_tokens,
+                                "Tokens per step", 1, 1 << 20);
+  litellama::add_bounded_option(app, "--max-batch-seqs", options.batcher.max_batch_seqs,
+                                "Sequences per step", 1, 1 << 16);
+  litellama::add_bounded_option(app, "--max-prefill-chunk", options.batcher.max_prefill_chunk,
+                                "Prompt tokens of one request per step", 1, 1 << 20);
+  litellama::add_bounded_option(
+      app, "--max-prompt-bytes", options.max_prompt_bytes,
+      "Largest text prompt (prompt + chat messages) in bytes; larger is refused", int64_t{1},
+      int64_t{15} << 20);
+  litellama::add_bounded_option(app, "--encode-timeout-ms", options.encode_timeout_ms,
+                                "A prompt not tokenized in this long fails its request", 1,
+                                3600000);
+  litellama::add_bounded_option(
+      app, "--max-tokenizer-retries", options.max_tokenizer_retries,
+      "Times a request's work is re-sent after the tokenizer holding it died", 0, 100);
   bool no_prefix_cache = false;
   app.add_flag("--no-prefix-cache", no_prefix_cache,
                "Turn the prefix cache off (every request computes its whole prompt)");
-  app.add_option("--max-waiting-requests", options.max_waiting_requests,
-                 "Waiting requests beyond which new ones are refused as overloaded (0: no bound)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 24));
-  app.add_option("--max-model-len", options.max_model_len,
-                 "Longest prompt + completion in tokens (0: the model's context)")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  litellama::add_bounded_option(
+      app, "--max-waiting-requests", options.max_waiting_requests,
+      "Waiting requests beyond which new ones are refused as overloaded (0: no bound)", 0, 1 << 24);
+  litellama::add_bounded_option(app, "--max-model-len", options.max_model_len,
+                                "Longest prompt + completion in tokens (0: the model's context)",
+                                int64_t{0}, int64_t{1} << 30);
   litellama::api::ApiOptions api;
   std::string api_listen;
   std::string api_key_file;
@@ -98,10 +90,9 @@ int main(int argc, char** argv) {
                  "Bearer KEY'");
   app.add_option("--served-model-name", api.served_model_name,
                  "Model name the API lists and requests must name (default: the worker's)");
-  app.add_option("--max-request-bytes", api.max_request_bytes,
-                 "Largest HTTP request body; larger gets 413")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  litellama::add_bounded_option(app, "--max-request-bytes", api.max_request_bytes,
+                                "Largest HTTP request body; larger gets 413", int64_t{1},
+                                int64_t{1} << 30);
   litellama::net::add_common_service_flags(app, options, run_dir, log_level, "127.0.0.1:9400",
                                            "A peer silent this long is down");
   CLI11_PARSE(app, argc, argv);

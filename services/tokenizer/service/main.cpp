@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/cli_option.h"
 #include "common/log.h"
 #include "common/net/service_main.h"
 #include "common/net/zmq_util.h"
@@ -19,10 +20,10 @@ int main(int argc, char** argv) {
       ->required();
   app.add_option("--scheduler", options.scheduler_endpoint,
                  "The scheduler's tokenizer endpoint (default ipc://RUN_DIR/tokenizer.sock)");
-  app.add_option("--max-prompt-bytes", options.max_prompt_bytes,
-                 "Largest text to encode in bytes (after the chat template); larger is refused")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{15} << 20));
+  litellama::add_bounded_option(
+      app, "--max-prompt-bytes", options.max_prompt_bytes,
+      "Largest text to encode in bytes (after the chat template); larger is refused", int64_t{1},
+      int64_t{15} << 20);
   std::string chat_template_file;
   app.add_option("--chat-template", chat_template_file,
                  "Jinja chat template file used instead of the tokenizer's own")

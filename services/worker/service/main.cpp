@@ -1,6 +1,7 @@
 // litellama-worker: parses flags and runs the WorkerService.
 #include <CLI/CLI.hpp>
 
+#include "common/cli_option.h"
 #include "common/log.h"
 #include "common/net/service_main.h"
 #include "common/net/zmq_util.h"
@@ -23,32 +24,29 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "float32", "bfloat16", "float16"}));
   app.add_option("--scheduler", options.scheduler_endpoint,
                  "The scheduler's worker endpoint (default ipc://RUN_DIR/worker.sock)");
-  app.add_option("--kv-slots", options.runner.n_kv_slots,
-                 "KV pool size in tokens (0: cuda: from free memory; cpu: four of the model's "
-                 "contexts, at most 1 GiB, mapped on first use)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 28));
-  app.add_option("--kv-cache-bytes", options.runner.kv_memory_bytes,
-                 "cpu, --kv-slots 0: the most memory the KV pool takes")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1} << 20, int64_t{1} << 40));
-  app.add_option("--gpu-memory-utilization", options.runner.gpu_memory_utilization,
-                 "cuda, --kv-slots 0: share of the device's total memory for weights, KV and "
-                 "workspaces, as vLLM's (0: 85% of the memory free after loading)")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
-  app.add_option("--max-model-len", options.runner.max_model_len,
-                 "longest sequence served; sizes the cpu's default KV pool (0: the model's)")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  litellama::add_bounded_option(
+      app, "--kv-slots", options.runner.n_kv_slots,
+      "KV pool size in tokens (0: cuda: from free memory; cpu: four of the model's "
+      "contexts, at most 1 GiB, mapped on first use)",
+      0, 1 << 28);
+  litellama::add_bounded_option(app, "--kv-cache-bytes", options.runner.kv_memory_bytes,
+                                "cpu, --kv-slots 0: the most memory the KV pool takes",
+                                int64_t{1} << 20, int64_t{1} << 40);
+  litellama::add_bounded_option(
+      app, "--gpu-memory-utilization", options.runner.gpu_memory_utilization,
+      "cuda, --kv-slots 0: share of the device's total memory for weights, KV and "
+      "workspaces, as vLLM's (0: 85% of the memory free after loading)",
+      0.0, 1.0);
+  litellama::add_bounded_option(
+      app, "--max-model-len", options.runner.max_model_len,
+      "longest sequence served; sizes the cpu's default KV pool (0: the model's)", int64_t{0},
+      int64_t{1} << 30);
   app.add_option("--threads", options.runner.n_threads, "CPU threads (0: all)")
       ->capture_default_str();
-  app.add_option("--max-batch-tokens", options.runner.max_batch_tokens, "Tokens per step")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  app.add_option("--max-batch-seqs", options.runner.max_batch_seqs, "Sequences per step")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 16));
+  litellama::add_bounded_option(app, "--max-batch-tokens", options.runner.max_batch_tokens,
+                                "Tokens per step", 1, 1 << 20);
+  litellama::add_bounded_option(app, "--max-batch-seqs", options.runner.max_batch_seqs,
+                                "Sequences per step", 1, 1 << 16);
   app.add_option("--step-ring", options.step_ring_name,
                  "Shared-memory name of the step ring (default litellama-step-PID-RANDOM)");
   litellama::net::add_common_service_flags(app, options, run_dir, log_level, "127.0.0.1:9401",
