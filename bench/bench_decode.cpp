@@ -130,6 +130,20 @@ std::vector<int32_t> parse_ints(const std::string& s, char sep) {
   return v;
 }
 
+// The fields of every printed result line that say what ran: the kind of step, the model, the
+// runner's configuration and the shape. (nlohmann::json orders keys, so lines print the same
+// however they are built.)
+nlohmann::json result_line(const Args& a, const char* kind, int32_t batch, int32_t context) {
+  return {{"kind", kind},
+          {"preset", a.preset},
+          {"graphs", a.graphs},
+          {"gemv", a.gemv},
+          {"gemv_gate_up", a.gemv_gate_up},
+          {"pdl", a.pdl},
+          {"batch", batch},
+          {"context", context}};
+}
+
 int run(const Args& a) {
   auto preset = find_random_checkpoint_preset(a.preset);
   if (!preset.is_ok()) {
@@ -256,17 +270,10 @@ int run(const Args& a) {
       }
     }
     const double m = median(times);
-    nlohmann::json j{{"kind", "prefill"},
-                     {"preset", a.preset},
-                     {"graphs", a.graphs},
-                     {"gemv", a.gemv},
-                     {"gemv_gate_up", a.gemv_gate_up},
-                     {"pdl", a.pdl},
-                     {"batch", n},
-                     {"context", len},
-                     {"ms", m},
-                     {"device_ms", median(device_times)},
-                     {"tokens_per_s", n * len / (m * 1e-3)}};
+    nlohmann::json j = result_line(a, "prefill", n, len);
+    j["ms"] = m;
+    j["device_ms"] = median(device_times);
+    j["tokens_per_s"] = n * len / (m * 1e-3);
     std::printf("%s\n", j.dump().c_str());
     std::fflush(stdout);
   }
@@ -352,23 +359,16 @@ int run(const Args& a) {
     const double m = median(times);
     const double kv_mean = a.context + 1 + a.n_warmup + a.n_steps / 2.0;
     const double bytes = decode_bytes(c, 2, b, kv_mean);
-    nlohmann::json j{{"kind", "decode"},
-                     {"preset", a.preset},
-                     {"after_prefills", !prefills.empty()},
-                     {"graphs", a.graphs},
-                     {"gemv", a.gemv},
-                     {"gemv_gate_up", a.gemv_gate_up},
-                     {"pdl", a.pdl},
-                     {"kernel_repeats", a.kernel_repeats},
-                     {"batch", b},
-                     {"context", a.context},
-                     {"ms", m},
-                     {"min_ms", *std::min_element(times.begin(), times.end())},
-                     {"device_ms", median(device_times)},
-                     {"tokens_per_s", b / (m * 1e-3)},
-                     {"bytes", bytes},
-                     {"floor_ms", bw > 0 ? bytes / (bw * 1e9) * 1e3 : 0.0},
-                     {"bandwidth_fraction", bw > 0 ? bytes / (m * 1e-3) / (bw * 1e9) : 0.0}};
+    nlohmann::json j = result_line(a, "decode", b, a.context);
+    j["after_prefills"] = !prefills.empty();
+    j["kernel_repeats"] = a.kernel_repeats;
+    j["ms"] = m;
+    j["min_ms"] = *std::min_element(times.begin(), times.end());
+    j["device_ms"] = median(device_times);
+    j["tokens_per_s"] = b / (m * 1e-3);
+    j["bytes"] = bytes;
+    j["floor_ms"] = bw > 0 ? bytes / (bw * 1e9) * 1e3 : 0.0;
+    j["bandwidth_fraction"] = bw > 0 ? bytes / (m * 1e-3) / (bw * 1e9) : 0.0;
     std::printf("%s\n", j.dump().c_str());
     std::fflush(stdout);
   }

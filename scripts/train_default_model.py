@@ -479,11 +479,13 @@ def lr_at(step, total, hp):
 # Reference continuations.
 
 @torch.no_grad()
-def greedy_mine(model, ids, n):
+def greedy(last_logits, ids, n):
+    """n greedy ids after `ids` by repeated full forwards (last_logits(ids) gives the last
+    position's logits), with the first position's top logits and the largest |logit| there."""
     ids = list(ids)
     out, top, scale = [], None, None
     for step in range(n):
-        logits = model(torch.tensor([ids]))[0, -1].float()
+        logits = last_logits(ids).float()
         if step == 0:
             v, i = torch.topk(logits, N_TOP)
             top = [[int(a), float(b)] for a, b in zip(i, v)]
@@ -494,6 +496,10 @@ def greedy_mine(model, ids, n):
     return out, top, scale
 
 
+def greedy_mine(model, ids, n):
+    return greedy(lambda x: model(torch.tensor([x]))[0, -1], ids, n)
+
+
 @torch.no_grad()
 def greedy_transformers(out_dir, prompts_ids, n):
     """Greedy ids of LlamaForCausalLM loading the written checkpoint in float32 on the CPU (no TF32,
@@ -501,20 +507,8 @@ def greedy_transformers(out_dir, prompts_ids, n):
     import transformers
     model = transformers.AutoModelForCausalLM.from_pretrained(
         out_dir, dtype=torch.float32, attn_implementation="eager").eval()
-    results = []
-    for ids in prompts_ids:
-        ids = list(ids)
-        out, top, scale = [], None, None
-        for step in range(n):
-            logits = model(input_ids=torch.tensor([ids])).logits[0, -1].float()
-            if step == 0:
-                v, i = torch.topk(logits, N_TOP)
-                top = [[int(a), float(b)] for a, b in zip(i, v)]
-                scale = float(logits.abs().max())
-            nxt = int(torch.argmax(logits))
-            out.append(nxt)
-            ids.append(nxt)
-        results.append((out, top, scale))
+    results = [greedy(lambda x: model(input_ids=torch.tensor([x])).logits[0, -1], ids, n)
+               for ids in prompts_ids]
     return transformers.__version__, results
 
 

@@ -138,21 +138,18 @@ Result<bool> SchedulerClient::receive(int timeout_ms, std::optional<proto::Serve
     case proto::MessageType::kGenerateChunk: {
       auto chunk = envelope->as<proto::GenerateChunk>();
       if (!chunk) break;
-      ClientEvent event;
-      event.kind = ClientEvent::Kind::kChunk;
+      ClientEvent& event = events_.emplace_back();
       event.chunk = std::move(chunk).value();
       if (event.chunk.finished) open_.erase(event.chunk.request_id);
-      events_.push_back(std::move(event));
       return true;
     }
     case proto::MessageType::kRequestError: {
       auto error = envelope->as<proto::RequestError>();
       if (!error) break;
-      ClientEvent event;
+      ClientEvent& event = events_.emplace_back();
       event.kind = ClientEvent::Kind::kError;
       event.error = std::move(error).value();
       open_.erase(event.error.request_id);
-      events_.push_back(std::move(event));
       return true;
     }
     case proto::MessageType::kServerInfoReply: {

@@ -4,6 +4,7 @@
 #include <limits>
 #include <random>
 #include <regex>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -38,17 +39,25 @@ bool asks_for(const json& v) {
   return true;
 }
 
-// Reads an optional number field within [lo, hi].
-bool read_number(const json& body, const char* name, double lo, double hi, double* out,
-                 ApiError* error) {
+// Reads an optional numeric field within [lo, hi]: any finite number for double, an integer for
+// int64_t (unsigned values above int64 read as the largest int64: out of range either way).
+template <typename T>
+bool read_in_range(const json& body, const char* name, T lo, T hi, T* out, ApiError* error) {
+  constexpr bool kInteger = std::is_integral_v<T>;
   auto it = body.find(name);
   if (it == body.end() || it->is_null()) return true;
-  if (!it->is_number()) {
-    *error = bad(name, fmt::format("'{}' must be a number", name));
+  if (kInteger ? !it->is_number_integer() : !it->is_number()) {
+    *error = bad(name, fmt::format("'{}' must be {}", name, kInteger ? "an integer" : "a number"));
     return false;
   }
-  const double v = it->get<double>();
-  if (!std::isfinite(v) || v < lo || v > hi) {
+  T v;
+  if constexpr (kInteger) {
+    v = it->is_number_unsigned() && it->get<uint64_t>() > uint64_t(INT64_MAX) ? INT64_MAX
+                                                                              : it->get<int64_t>();
+  } else {
+    v = it->get<double>();
+  }
+  if ((!kInteger && !std::isfinite(static_cast<double>(v))) || v < lo || v > hi) {
     *error = bad(name, fmt::format("'{}' must be in [{}, {}], got {}", name, lo, hi, v));
     return false;
   }
@@ -56,24 +65,14 @@ bool read_number(const json& body, const char* name, double lo, double hi, doubl
   return true;
 }
 
+bool read_number(const json& body, const char* name, double lo, double hi, double* out,
+                 ApiError* error) {
+  return read_in_range(body, name, lo, hi, out, error);
+}
+
 bool read_int(const json& body, const char* name, int64_t lo, int64_t hi, int64_t* out,
               ApiError* error) {
-  auto it = body.find(name);
-  if (it == body.end() || it->is_null()) return true;
-  if (!it->is_number_integer()) {
-    *error = bad(name, fmt::format("'{}' must be an integer", name));
-    return false;
-  }
-  // Unsigned values above int64 read as the largest int64: out of range below either way.
-  const int64_t v = it->is_number_unsigned() && it->get<uint64_t>() > uint64_t(INT64_MAX)
-                        ? INT64_MAX
-                        : it->get<int64_t>();
-  if (v < lo || v > hi) {
-    *error = bad(name, fmt::format("'{}' must be in [{}, {}], got {}", name, lo, hi, v));
-    return false;
-  }
-  *out = v;
-  return true;
+  return read_in_range(body, name, lo, hi, out, error);
 }
 
 bool read_bool(const json& body, const char* name, bool* out, ApiError* error) {

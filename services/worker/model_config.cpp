@@ -1,6 +1,8 @@
 #include "services/worker/model_config.h"
 
 #include <cmath>
+#include <optional>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -78,33 +80,30 @@ class ConfigReader {
   }
 
   Status get_double_or(const char* key, double fallback, double* out) const {
-    const json* v = find(key);
-    if (!v) {
-      *out = fallback;
-      return Status::ok();
-    }
-    if (!v->is_number()) {
-      return make_error(StatusCode::kInvalidArgument, "config.json: '{}' must be a number", key);
-    }
-    *out = v->get<double>();
-    return Status::ok();
+    return get_or(key, fallback, out);
   }
-
   Status get_bool_or(const char* key, bool fallback, bool* out) const {
-    const json* v = find(key);
-    if (!v) {
-      *out = fallback;
-      return Status::ok();
-    }
-    if (!v->is_boolean()) {
-      return make_error(StatusCode::kInvalidArgument, "config.json: '{}' must be true or false",
-                        key);
-    }
-    *out = v->get<bool>();
-    return Status::ok();
+    return get_or(key, fallback, out);
   }
 
  private:
+  // An optional key: a number for double, true or false for bool; `fallback` when absent.
+  template <typename T>
+  Status get_or(const char* key, T fallback, T* out) const {
+    constexpr bool kBool = std::is_same_v<T, bool>;
+    const json* v = find(key);
+    if (!v) {
+      *out = fallback;
+      return Status::ok();
+    }
+    if (kBool ? !v->is_boolean() : !v->is_number()) {
+      return make_error(StatusCode::kInvalidArgument, "config.json: '{}' must be {}", key,
+                        kBool ? "true or false" : "a number");
+    }
+    *out = v->get<T>();
+    return Status::ok();
+  }
+
   const json& j_;
 };
 
@@ -349,16 +348,13 @@ Result<ModelConfig> parse_model_config(const json& j) {
     }
   }
   const std::string& name = config.arch_name;
-  if (name == "LlamaForCausalLM") {
-    config.arch = Architecture::kLlama;
-  } else if (name == "MistralForCausalLM") {
-    config.arch = Architecture::kMistral;
-  } else if (name == "Qwen2ForCausalLM") {
-    config.arch = Architecture::kQwen2;
-  } else if (name == "Qwen3ForCausalLM") {
-    config.arch = Architecture::kQwen3;
-  } else if (name == "LlavaForConditionalGeneration") {
-    config.arch = Architecture::kLlava;
+  std::optional<Architecture> arch;
+  for (Architecture a : {Architecture::kLlama, Architecture::kMistral, Architecture::kQwen2,
+                         Architecture::kQwen3, Architecture::kLlava}) {
+    if (name == architecture_name(a)) arch = a;
+  }
+  if (arch) {
+    config.arch = *arch;
   } else {
     return make_error(StatusCode::kUnsupported,
                       "config.json: architecture '{}' is not supported (supported: "

@@ -85,7 +85,21 @@ json qwen_config(const char* arch, const char* type, int64_t hidden, int64_t int
               {"bos_token_id", 151643},       {"eos_token_id", 151645}};
 }
 
+// CLIPVisionConfig of a LLaVA-1.5 tower (RGB input, quick_gelu, layer norm eps 1e-5).
+json clip_vision_config(int64_t hidden, int64_t intermediate, int64_t n_layers, int64_t n_heads,
+                        int64_t image_size, int64_t patch_size, int64_t projection_dim) {
+  return json{{"model_type", "clip_vision_model"}, {"hidden_size", hidden},
+              {"intermediate_size", intermediate}, {"num_hidden_layers", n_layers},
+              {"num_attention_heads", n_heads},    {"num_channels", 3},
+              {"image_size", image_size},          {"patch_size", patch_size},
+              {"hidden_act", "quick_gelu"},        {"layer_norm_eps", 1e-5},
+              {"projection_dim", projection_dim}};
+}
+
+// A LLaVA-1.5 config around a Llama text config (whose own class name and embedding tying give
+// way to the outer config's).
 json llava_config(json text, json vision, int64_t image_seq_length) {
+  for (const char* k : {"architectures", "tie_word_embeddings"}) text.erase(k);
   return json{{"architectures", {"LlavaForConditionalGeneration"}},
               {"model_type", "llava"},
               {"text_config", std::move(text)},
@@ -187,41 +201,20 @@ std::vector<RandomCheckpointPreset> make_presets() {
   // LLaVA-1.5: a CLIP vision tower and projector in front of a Llama text model, tensors under
   // LLaVA-1.5's published names (vision_tower., multi_modal_projector., language_model.).
   {
-    json text = with_llama2_ids(llama_config(32064, 64, 128, 2, 4, 2, 4096, 10000.0, false, 16));
-    for (const char* k : {"architectures", "tie_word_embeddings"}) text.erase(k);
+    const json text =
+        with_llama2_ids(llama_config(32064, 64, 128, 2, 4, 2, 4096, 10000.0, false, 16));
     // 30 px images in 6 px patches: 25 patches (CLS dropped), three 16-wide heads, 3 layers of
     // which the features take the output of the second (vision_feature_layer -2).
-    json vision = {{"model_type", "clip_vision_model"},
-                   {"hidden_size", 48},
-                   {"intermediate_size", 96},
-                   {"num_hidden_layers", 3},
-                   {"num_attention_heads", 3},
-                   {"num_channels", 3},
-                   {"image_size", 30},
-                   {"patch_size", 6},
-                   {"hidden_act", "quick_gelu"},
-                   {"layer_norm_eps", 1e-5},
-                   {"projection_dim", 32}};
     p.push_back({"llava-tiny",
                  "LLaVA-1.5 graph: CLIP ViT 30 px / 6 px patches, 3 layers; Llama text",
-                 llava_config(text, vision, 25), "llama2"});
+                 llava_config(text, clip_vision_config(48, 96, 3, 3, 30, 6, 32), 25), "llama2"});
   }
   {
-    json text = with_llama2_ids(llama_config(32064, 4096, 11008, 32, 32, 32, 4096, 10000.0, false));
-    for (const char* k : {"architectures", "tie_word_embeddings"}) text.erase(k);
-    json vision = {{"model_type", "clip_vision_model"},
-                   {"hidden_size", 1024},
-                   {"intermediate_size", 4096},
-                   {"num_hidden_layers", 24},
-                   {"num_attention_heads", 16},
-                   {"num_channels", 3},
-                   {"image_size", 336},
-                   {"patch_size", 14},
-                   {"hidden_act", "quick_gelu"},
-                   {"layer_norm_eps", 1e-5},
-                   {"projection_dim", 768}};
+    const json text =
+        with_llama2_ids(llama_config(32064, 4096, 11008, 32, 32, 32, 4096, 10000.0, false));
     p.push_back({"llava1.5-7b", "LLaVA-1.5-7B shape (CLIP ViT-L/14 336 px, Llama 2 7B)",
-                 llava_config(text, vision, 576), "llama2"});
+                 llava_config(text, clip_vision_config(1024, 4096, 24, 16, 336, 14, 768), 576),
+                 "llama2"});
   }
   // Benchmark shapes (published architectures, random weights).
   {
