@@ -247,22 +247,6 @@ TEST(CheckpointTest, LlavaTextModelUnderItsPublishedNames) {
                        {"num_attention_heads", 2},
                        {"image_size", 4},
                        {"patch_size", 2}};
-  LlavaConfig vision_half;
-  vision_half.vision.hidden_size = 8;
-  vision_half.vision.intermediate_size = 16;
-  vision_half.vision.n_layers = 1;
-  vision_half.vision.n_heads = 2;
-  vision_half.vision.image_size = 4;
-  vision_half.vision.patch_size = 2;
-  vision_half.text_hidden_size = 64;
-  for (const auto& [name, shape] : llava_vision_tensor_specs(vision_half, LlavaTensorNames{})) {
-    int64_t n = 4;
-    for (int64_t d : shape) n *= d;
-    tensors.push_back({name, DType::kF32, shape, std::vector<uint8_t>(static_cast<size_t>(n), 0)});
-  }
-  const std::string llava = tmp.sub("llava");
-  fs::create_directories(llava);
-  ASSERT_TRUE(write_safetensors(llava + "/model.safetensors", tensors).is_ok());
   json text = json::parse(read_bytes(tmp.path() + "/config.json"));
   text["model_type"] = "llama";
   text.erase("architectures");
@@ -273,6 +257,16 @@ TEST(CheckpointTest, LlavaTextModelUnderItsPublishedNames) {
                  {"vision_config", vision},
                  {"vision_feature_layer", -1},
                  {"image_token_index", 31999}};
+  auto parsed = parse_llava_config(config);
+  ASSERT_TRUE(parsed.is_ok()) << parsed.status().to_string();
+  for (const auto& [name, shape] : llava_vision_tensor_specs(*parsed, LlavaTensorNames{})) {
+    int64_t n = 4;
+    for (int64_t d : shape) n *= d;
+    tensors.push_back({name, DType::kF32, shape, std::vector<uint8_t>(static_cast<size_t>(n), 0)});
+  }
+  const std::string llava = tmp.sub("llava");
+  fs::create_directories(llava);
+  ASSERT_TRUE(write_safetensors(llava + "/model.safetensors", tensors).is_ok());
   write_text(llava + "/config.json", config.dump());
   auto ckpt = Checkpoint::open(llava);
   ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
