@@ -134,28 +134,53 @@ Result<std::vector<SafetensorsTensor>> gptq_rtn(const std::string& module,
   return out;
 }
 
-// fp8 of one projection: e4m3 codes and a float32 scale per output channel.
-std::vector<SafetensorsTensor> fp8_channel(const std::string& module, const std::vector<float>& w,
-                                           int64_t n, int64_t k, double* max_error) {
+// One byte per weight with one float32 scale per output channel (the channel's largest |w| over
+// `top`), the codec's `encode` of w / scale stored as `dtype`, `decode` giving back what a reader
+// multiplies by the scale.
+//   fp8:  e4m3 codes, top 448 (the largest finite e4m3).
+//   int8: symmetric codes in [-128, 127], top 127.5: compressed-tensors' symmetric parameters
+//         (largest |w| over half the 255 steps, zero point 0).
+template <typename Encode, typename Decode>
+std::vector<SafetensorsTensor> per_channel_bytes(const std::string& module,
+                                                 const std::vector<float>& w, int64_t n, int64_t k,
+                                                 DType dtype, float top, Encode encode,
+                                                 Decode decode, double* max_error) {
   std::vector<uint8_t> codes(static_cast<size_t>(n * k));
   std::vector<float> scales(static_cast<size_t>(n));
   for (int64_t row = 0; row < n; ++row) {
     const float* v = w.data() + row * k;
     float amax = 0.0f;
     for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(v[c]));
-    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+    const float scale = amax > 0.0f ? amax / top : 1.0f;
     scales[static_cast<size_t>(row)] = scale;
     for (int64_t c = 0; c < k; ++c) {
-      const uint8_t code = f32_to_fp8e4m3(v[c] / scale);
+      const uint8_t code = encode(v[c] / scale);
       codes[static_cast<size_t>(row * k + c)] = code;
       *max_error =
-          std::max(*max_error, std::fabs(static_cast<double>(fp8e4m3_to_f32(code) * scale) - v[c]));
+          std::max(*max_error, std::fabs(static_cast<double>(decode(code) * scale) - v[c]));
     }
   }
   std::vector<SafetensorsTensor> out;
-  out.push_back({module + ".weight", DType::kF8E4M3, {n, k}, std::move(codes)});
+  out.push_back({module + ".weight", dtype, {n, k}, std::move(codes)});
   out.push_back({module + ".weight_scale", DType::kF32, {n, 1}, bytes_of(scales)});
   return out;
+}
+
+std::vector<SafetensorsTensor> fp8_channel(const std::string& module, const std::vector<float>& w,
+                                           int64_t n, int64_t k, double* max_error) {
+  return per_channel_bytes(module, w, n, k, DType::kF8E4M3, 448.0f, f32_to_fp8e4m3, fp8e4m3_to_f32,
+                           max_error);
+}
+
+std::vector<SafetensorsTensor> int8_channel(const std::string& module, const std::vector<float>& w,
+                                            int64_t n, int64_t k, double* max_error) {
+  return per_channel_bytes(
+      module, w, n, k, DType::kI8, 127.5f,
+      [](float x) {
+        const auto q = std::clamp(static_cast<int32_t>(std::nearbyint(x)), -128, 127);
+        return static_cast<uint8_t>(static_cast<int8_t>(q));
+      },
+      [](uint8_t code) { return static_cast<float>(static_cast<int8_t>(code)); }, max_error);
 }
 
 // AutoAWQ's quantizer on row-major w [n, k] in groups of g input columns: each group's own min
@@ -233,31 +258,6 @@ Result<std::vector<SafetensorsTensor>> awq_pack(const std::string& module,
   out.push_back({module + ".qweight", DType::kI32, {k, n / 8}, bytes_of(qweight)});
   out.push_back({module + ".qzeros", DType::kI32, {groups, n / 8}, bytes_of(qzeros)});
   out.push_back({module + ".scales", DType::kF16, {groups, n}, bytes_of(scales)});
-  return out;
-}
-
-// int8 of one projection: symmetric, one float32 scale per output channel, codes in [-128, 127]:
-// compressed-tensors' symmetric parameters (largest |w| over half the 255 steps, zero point 0).
-std::vector<SafetensorsTensor> int8_channel(const std::string& module, const std::vector<float>& w,
-                                            int64_t n, int64_t k, double* max_error) {
-  std::vector<int8_t> codes(static_cast<size_t>(n * k));
-  std::vector<float> scales(static_cast<size_t>(n));
-  for (int64_t row = 0; row < n; ++row) {
-    const float* v = w.data() + row * k;
-    float amax = 0.0f;
-    for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(v[c]));
-    const float scale = amax > 0.0f ? amax / 127.5f : 1.0f;
-    scales[static_cast<size_t>(row)] = scale;
-    for (int64_t c = 0; c < k; ++c) {
-      const auto q = static_cast<int8_t>(
-          std::clamp(static_cast<int32_t>(std::nearbyint(v[c] / scale)), -128, 127));
-      codes[static_cast<size_t>(row * k + c)] = q;
-      *max_error = std::max(*max_error, std::fabs(static_cast<double>(q * scale) - v[c]));
-    }
-  }
-  std::vector<SafetensorsTensor> out;
-  out.push_back({module + ".weight", DType::kI8, {n, k}, bytes_of(codes)});
-  out.push_back({module + ".weight_scale", DType::kF32, {n, 1}, bytes_of(scales)});
   return out;
 }
 
