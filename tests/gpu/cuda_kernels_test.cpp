@@ -28,14 +28,8 @@
 namespace litellama {
 namespace {
 
-using gpu_test::all_close;
-using gpu_test::DevBuf;
-using gpu_test::download;
-using gpu_test::download_as_f32;
-using gpu_test::random_floats;
-using gpu_test::random_tensor;
-using gpu_test::Tensor;
-using gpu_test::upload;
+// The GPU tests' shared helpers (device buffers, random tensors, tolerances).
+using namespace gpu_test;  // NOLINT(google-build-using-namespace)
 
 constexpr DType kDtypes[] = {DType::kF32, DType::kBF16, DType::kF16};
 constexpr int32_t kTokenCounts[] = {1, 3, 7, 19, 733};

@@ -14,6 +14,7 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -267,6 +268,63 @@ double max_rel_diff(const Trace& a, const Trace& b) {
   return worst;
 }
 
+// A CUDA runner with direct launches and one with CUDA graphs over the same checkpoint, for
+// tests that the graph runner returns what direct launches return.
+struct DirectAndGraphRunners {
+  std::unique_ptr<ModelRunner> direct;
+  std::unique_ptr<ModelRunner> graphs;
+};
+
+void make_direct_and_graph_runners(const Checkpoint& ckpt, DType dtype,
+                                   DirectAndGraphRunners* out) {
+  RunnerOptions direct_options = runner_options(Device::kCuda, dtype);
+  direct_options.use_cuda_graphs = false;
+  auto direct = create_cuda_model_runner(ckpt, direct_options);
+  LITELLAMA_ASSERT_OK(direct.status());
+  auto graphs = create_cuda_model_runner(ckpt, runner_options(Device::kCuda, dtype));
+  LITELLAMA_ASSERT_OK(graphs.status());
+  out->direct = std::move(direct).value();
+  out->graphs = std::move(graphs).value();
+}
+
+// Sequences a test drives step by step: sequence s starts with n_prompt ids
+// (mul_seq * s + mul_pos * i + add) % vocab in slots 64 * s + i, and each id it is given next
+// takes the next slot.
+struct SteppedSequences {
+  SteppedSequences(int32_t n_seqs, int32_t n_prompt, int32_t vocab, int32_t mul_seq,
+                   int32_t mul_pos, int32_t add)
+      : n_prompt(n_prompt), tokens(n_seqs), slots(n_seqs) {
+    for (int32_t s = 0; s < n_seqs; ++s) {
+      for (int32_t i = 0; i < n_prompt; ++i) {
+        tokens[s].push_back((mul_seq * s + mul_pos * i + add) % vocab);
+        slots[s].push_back(64 * s + i);
+      }
+    }
+  }
+  // Adds sequence s's ids of step `step` to batch: the prompt at step 0, then its last id; with
+  // `history`, its penalty history too (the prompt, then what came after).
+  void add(StepBatch& batch, int32_t s, int32_t step, const SamplingParams& params,
+           bool history) const {
+    const std::span<const int32_t> fresh =
+        step == 0 ? std::span<const int32_t>(tokens[s]) : std::span(&tokens[s].back(), 1);
+    batch.add_sequence(fresh, slots[s], true, params, step);
+    if (history) {
+      const std::span<const int32_t> all(tokens[s]);
+      batch.set_history(all.first(n_prompt), all.subspan(n_prompt));
+    }
+  }
+  // Gives every sequence its next id.
+  void append(const std::vector<int32_t>& next_ids) {
+    for (size_t s = 0; s < tokens.size(); ++s) {
+      tokens[s].push_back(next_ids[s]);
+      slots[s].push_back(64 * static_cast<int32_t>(s) + static_cast<int32_t>(slots[s].size()));
+    }
+  }
+
+  int32_t n_prompt;
+  std::vector<std::vector<int32_t>> tokens, slots;
+};
+
 class CudaModelRunnerTest : public ::testing::TestWithParam<ModelCase> {};
 
 TEST_P(CudaModelRunnerTest, Float32MatchesCpuRunner) {
@@ -366,22 +424,20 @@ TEST_P(CudaModelRunnerTest, CudaGraphsMatchDirectLaunches) {
   TempDir dir(m.preset + "_graphs");
   auto ckpt = make_checkpoint(dir, m, DType::kF32, 9);
   LITELLAMA_ASSERT_OK(ckpt.status());
-  RunnerOptions direct_options = runner_options(Device::kCuda, DType::kF32);
-  direct_options.use_cuda_graphs = false;
-  auto direct = create_cuda_model_runner(*ckpt, direct_options);
-  LITELLAMA_ASSERT_OK(direct.status());
-  auto graphs = create_cuda_model_runner(*ckpt, runner_options(Device::kCuda, DType::kF32));
-  LITELLAMA_ASSERT_OK(graphs.status());
+  DirectAndGraphRunners runners;
+  ASSERT_NO_FATAL_FAILURE(make_direct_and_graph_runners(*ckpt, DType::kF32, &runners));
+  ModelRunner* direct = runners.direct.get();
+  ModelRunner* graphs = runners.graphs.get();
   std::mt19937 rng(23);
   const int32_t n_new = 30;
   for (int pass = 0; pass < 2; ++pass) {
     const auto requests = make_requests({3, 1, 45, 9, 17}, n_new, ckpt->config().vocab_size,
-                                        (*direct)->n_kv_slots(), rng);
+                                        direct->n_kv_slots(), rng);
     const std::vector<int32_t> starts =
         pass == 0 ? std::vector<int32_t>{0, 0, 2, 5, 11} : std::vector<int32_t>{0, 3, 0, 0, 7};
-    auto want = generate(**direct, requests, n_new, starts);
+    auto want = generate(*direct, requests, n_new, starts);
     LITELLAMA_ASSERT_OK(want.status());
-    auto got = generate(**graphs, requests, n_new, starts);
+    auto got = generate(*graphs, requests, n_new, starts);
     LITELLAMA_ASSERT_OK(got.status());
     for (size_t i = 0; i < requests.size(); ++i) {
       EXPECT_EQ(got->ids[i], want->ids[i]) << "pass " << pass << " request " << i;
@@ -637,30 +693,15 @@ TEST(CudaModelRunner, GraphsServeGreedySampledAndPenalizedSteps) {
   TempDir dir("graphs_sampled");
   auto ckpt = make_checkpoint(dir, kModels[0], DType::kBF16, 12);
   LITELLAMA_ASSERT_OK(ckpt.status());
-  RunnerOptions direct_options = runner_options(Device::kCuda, DType::kBF16);
-  direct_options.use_cuda_graphs = false;
-  auto direct = create_cuda_model_runner(*ckpt, direct_options);
-  LITELLAMA_ASSERT_OK(direct.status());
-  auto graphs = create_cuda_model_runner(*ckpt, runner_options(Device::kCuda, DType::kBF16));
-  LITELLAMA_ASSERT_OK(graphs.status());
-  const int32_t vocab = ckpt->config().vocab_size;
+  DirectAndGraphRunners runners;
+  ASSERT_NO_FATAL_FAILURE(make_direct_and_graph_runners(*ckpt, DType::kBF16, &runners));
+  ModelRunner& direct = *runners.direct;
+  ModelRunner& graphs = *runners.graphs;
   constexpr int32_t kSeqs = 3;
-  constexpr int32_t kPrompt = 5;
-  std::vector<std::vector<int32_t>> tokens(kSeqs), slots(kSeqs);
-  for (int32_t s = 0; s < kSeqs; ++s) {
-    for (int32_t i = 0; i < kPrompt; ++i) {
-      tokens[s].push_back((17 * s + 5 * i + 1) % vocab);
-      slots[s].push_back(64 * s + i);
-    }
-  }
-  SamplingParams sampled;
-  sampled.temperature = 1.0f;
-  sampled.top_p = 0.9f;
-  sampled.seed = 7;
-  SamplingParams penalized;
-  penalized.repetition_penalty = 1.3f;
-  penalized.frequency_penalty = 0.5f;
-  penalized.presence_penalty = 0.2f;
+  SteppedSequences seqs(kSeqs, 5, ckpt->config().vocab_size, 17, 5, 1);
+  const SamplingParams sampled{.temperature = 1.0f, .top_p = 0.9f, .seed = 7};
+  const SamplingParams penalized{
+      .repetition_penalty = 1.3f, .frequency_penalty = 0.5f, .presence_penalty = 0.2f};
   StepBatch batch;
   StepOutput want, got;
   for (int32_t step = 0; step <= 12; ++step) {  // step 0: the prefills
@@ -669,26 +710,17 @@ TEST(CudaModelRunner, GraphsServeGreedySampledAndPenalizedSteps) {
       const bool penalize = s == 2 && step % 3 == 2;
       const SamplingParams params =
           s == 1 && step % 2 == 1 ? sampled : (penalize ? penalized : SamplingParams{});
-      const std::span<const int32_t> fresh =
-          step == 0 ? std::span<const int32_t>(tokens[s]) : std::span(&tokens[s].back(), 1);
-      batch.add_sequence(fresh, slots[s], true, params, step);
-      if (penalize) {
-        const std::span<const int32_t> all(tokens[s]);
-        batch.set_history(all.first(kPrompt), all.subspan(kPrompt));
-      }
+      seqs.add(batch, s, step, params, penalize);
     }
-    LITELLAMA_ASSERT_OK((*direct)->step(batch, &want));
-    LITELLAMA_ASSERT_OK((*graphs)->step(batch, &got));
+    LITELLAMA_ASSERT_OK(direct.step(batch, &want));
+    LITELLAMA_ASSERT_OK(graphs.step(batch, &got));
     EXPECT_EQ(got.sampled_ids, want.sampled_ids) << "step " << step;
-    for (int32_t s = 0; s < kSeqs; ++s) {  // the same next input for both runners
-      tokens[s].push_back(want.sampled_ids[s]);
-      slots[s].push_back(64 * s + static_cast<int32_t>(slots[s].size()));
-    }
+    seqs.append(want.sampled_ids);  // the same next input for both runners
   }
   // Two kinds of 3-sequence decode step (8 non-greedy, 4 greedy): eager at first sight, captured,
   // then replayed.
-  EXPECT_EQ((*graphs)->graph_captures(), 2);
-  EXPECT_EQ((*graphs)->graph_replays(), 8);
+  EXPECT_EQ(graphs.graph_captures(), 2);
+  EXPECT_EQ(graphs.graph_replays(), 8);
 }
 
 // Logprobs through the CUDA runner, fp32 and bf16, greedy, sampled and penalized rows in one
@@ -702,35 +734,20 @@ TEST(CudaModelRunner, LogprobsMatchInAndOutOfGraphsAndTheCpuRunner) {
     TempDir dir(dtype == DType::kF32 ? "logprobs_f32" : "logprobs_bf16");
     auto ckpt = make_checkpoint(dir, kModels[0], dtype, 13);
     LITELLAMA_ASSERT_OK(ckpt.status());
-    RunnerOptions direct_options = runner_options(Device::kCuda, dtype);
-    direct_options.use_cuda_graphs = false;
-    auto direct = create_cuda_model_runner(*ckpt, direct_options);
-    LITELLAMA_ASSERT_OK(direct.status());
-    auto graphs = create_cuda_model_runner(*ckpt, runner_options(Device::kCuda, dtype));
-    LITELLAMA_ASSERT_OK(graphs.status());
+    DirectAndGraphRunners runners;
+    ASSERT_NO_FATAL_FAILURE(make_direct_and_graph_runners(*ckpt, dtype, &runners));
+    ModelRunner& direct = *runners.direct;
+    ModelRunner& graphs = *runners.graphs;
     std::unique_ptr<ModelRunner> cpu;
     if (dtype == DType::kF32) {
       auto made = create_model_runner(*ckpt, runner_options(Device::kCpu, DType::kF32));
       LITELLAMA_ASSERT_OK(made.status());
       cpu = std::move(made).value();
     }
-    const int32_t vocab = ckpt->config().vocab_size;
     constexpr int32_t kSeqs = 3;
-    constexpr int32_t kPrompt = 4;
-    std::vector<std::vector<int32_t>> tokens(kSeqs), slots(kSeqs);
-    for (int32_t s = 0; s < kSeqs; ++s) {
-      for (int32_t i = 0; i < kPrompt; ++i) {
-        tokens[s].push_back((13 * s + 7 * i + 3) % vocab);
-        slots[s].push_back(64 * s + i);
-      }
-    }
-    SamplingParams sampled;
-    sampled.temperature = 1.2f;
-    sampled.top_k = 20;
-    sampled.seed = 3;
-    SamplingParams penalized;
-    penalized.repetition_penalty = 1.4f;
-    penalized.presence_penalty = 0.3f;
+    SteppedSequences seqs(kSeqs, 4, ckpt->config().vocab_size, 13, 7, 3);
+    const SamplingParams sampled{.temperature = 1.2f, .top_k = 20, .seed = 3};
+    const SamplingParams penalized{.repetition_penalty = 1.4f, .presence_penalty = 0.3f};
     StepBatch batch;
     StepOutput want, got, ref;
     for (int32_t step = 0; step <= 6; ++step) {
@@ -739,14 +756,10 @@ TEST(CudaModelRunner, LogprobsMatchInAndOutOfGraphsAndTheCpuRunner) {
       batch.n_top_logits = 4;
       for (int32_t s = 0; s < kSeqs; ++s) {
         const SamplingParams params = s == 1 ? sampled : (s == 2 ? penalized : SamplingParams{});
-        const std::span<const int32_t> fresh =
-            step == 0 ? std::span<const int32_t>(tokens[s]) : std::span(&tokens[s].back(), 1);
-        batch.add_sequence(fresh, slots[s], true, params, step);
-        const std::span<const int32_t> all(tokens[s]);
-        batch.set_history(all.first(kPrompt), all.subspan(kPrompt));
+        seqs.add(batch, s, step, params, true);
       }
-      LITELLAMA_ASSERT_OK((*direct)->step(batch, &want));
-      LITELLAMA_ASSERT_OK((*graphs)->step(batch, &got));
+      LITELLAMA_ASSERT_OK(direct.step(batch, &want));
+      LITELLAMA_ASSERT_OK(graphs.step(batch, &got));
       ASSERT_EQ(want.logprobs.size(), static_cast<size_t>(kSeqs));
       ASSERT_EQ(got.logprobs.size(), static_cast<size_t>(kSeqs));
       EXPECT_EQ(got.sampled_ids, want.sampled_ids) << "step " << step;
@@ -767,12 +780,9 @@ TEST(CudaModelRunner, LogprobsMatchInAndOutOfGraphsAndTheCpuRunner) {
         }
         EXPECT_NEAR(want.logprobs[0], ref.logprobs[0], 2e-3) << "step " << step;
       }
-      for (int32_t s = 0; s < kSeqs; ++s) {
-        tokens[s].push_back(want.sampled_ids[s]);
-        slots[s].push_back(64 * s + static_cast<int32_t>(slots[s].size()));
-      }
+      seqs.append(want.sampled_ids);
     }
-    EXPECT_GT((*graphs)->graph_replays(), 0);
+    EXPECT_GT(graphs.graph_replays(), 0);
   }
 }
 

@@ -34,7 +34,33 @@ struct DeviceResult {
   std::vector<int32_t> sampled, top_ids;
   std::vector<float> top_values, logits_after;
   std::vector<int32_t> marks_after;
+  // The sampler leaves its marks workspace zero for the next launch.
+  bool marks_left_zero() const {
+    return std::all_of(marks_after.begin(), marks_after.end(), [](int32_t m) { return m == 0; });
+  }
 };
+
+// Row r of a [rows, vocab] block of logits.
+std::vector<float> logits_row(const std::vector<float>& logits, size_t r, int32_t vocab) {
+  return std::vector<float>(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab);
+}
+
+// The sampler's row descriptors for `cases` and the penalty history they index (each row's
+// prompt, then its generated ids).
+void pack_rows(const std::vector<RowCase>& cases, std::vector<SamplingRow>* rows,
+               std::vector<int32_t>* history) {
+  for (const RowCase& c : cases) {
+    SamplingRow r;
+    r.params = c.params;
+    r.n_generated = static_cast<int32_t>(c.n_generated);
+    r.history_begin = static_cast<int32_t>(history->size());
+    history->insert(history->end(), c.prompt.begin(), c.prompt.end());
+    history->insert(history->end(), c.generated.begin(), c.generated.end());
+    r.history_end = static_cast<int32_t>(history->size());
+    r.n_prompt = static_cast<int32_t>(c.prompt.size());
+    rows->push_back(r);
+  }
+}
 
 // Runs the device sampler over rows of `logits` ([n_rows, vocab]), with at most max_ctas CTAs per
 // row (0: the launcher's choice).
@@ -44,17 +70,7 @@ DeviceResult run_device(const std::vector<float>& logits, const std::vector<RowC
   const auto n_rows = static_cast<int32_t>(cases.size());
   std::vector<SamplingRow> rows;
   std::vector<int32_t> history;
-  for (const RowCase& c : cases) {
-    SamplingRow r;
-    r.params = c.params;
-    r.n_generated = static_cast<int32_t>(c.n_generated);
-    r.history_begin = static_cast<int32_t>(history.size());
-    history.insert(history.end(), c.prompt.begin(), c.prompt.end());
-    history.insert(history.end(), c.generated.begin(), c.generated.end());
-    r.history_end = static_cast<int32_t>(history.size());
-    r.n_prompt = static_cast<int32_t>(c.prompt.size());
-    rows.push_back(r);
-  }
+  pack_rows(cases, &rows, &history);
   DevBuf d_logits = upload(logits), d_rows = upload(rows), d_hist = upload(history);
   DevBuf d_sampled(static_cast<size_t>(n_rows) * 4);
   DevBuf d_top_ids(static_cast<size_t>(n_rows) * std::max(n_top, 1) * 4);
@@ -79,6 +95,17 @@ DeviceResult run_device(const std::vector<float>& logits, const std::vector<RowC
 
 // One CTA per row, two, a cluster of 8, and the launcher's choice.
 constexpr int32_t kCtaLimits[] = {1, 2, 8, 0};
+
+// Runs the cases on the device at each CTA limit of kCtaLimits (n_top top logits per row) and
+// calls check(result) for each run.
+template <typename Check>
+void at_every_cta_limit(const std::vector<float>& logits, const std::vector<RowCase>& cases,
+                        int32_t vocab, int32_t n_top, Check&& check) {
+  for (int32_t max_ctas : kCtaLimits) {
+    SCOPED_TRACE(testing::Message() << "CTAs per row at most " << max_ctas);
+    check(run_device(logits, cases, vocab, n_top, max_ctas));
+  }
+}
 
 std::vector<float> normal_logits(size_t n, float sigma, std::mt19937& rng) {
   std::normal_distribution<float> dist(0.0f, sigma);
@@ -108,7 +135,7 @@ TEST(CudaSampling, GreedyAndTopLogitsMatchCpu) {
                        << "CTAs per row at most " << max_ctas << ", greedy only " << greedy_only);
           const DeviceResult got = run_device(logits, cases, vocab, n_top, max_ctas, greedy_only);
           for (int32_t r = 0; r < n_rows; ++r) {
-            std::vector<float> row(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab);
+            std::vector<float> row = logits_row(logits, r, vocab);
             if (n_top > 0) {
               const auto want = top_logits(row, n_top);
               for (int32_t i = 0; i < n_top; ++i) {
@@ -120,9 +147,7 @@ TEST(CudaSampling, GreedyAndTopLogitsMatchCpu) {
             EXPECT_EQ(got.sampled[r], sample_token(row, SamplingParams{}, {})) << "row " << r;
           }
           EXPECT_EQ(got.sampled[1], 5);
-          EXPECT_TRUE(std::all_of(got.marks_after.begin(), got.marks_after.end(), [](int32_t m) {
-            return m == 0;
-          })) << "the workspace must be left zero";
+          EXPECT_TRUE(got.marks_left_zero()) << "the workspace must be left zero";
         }
       }
     }
@@ -151,22 +176,17 @@ TEST(CudaSampling, PenaltiesMatchCpuBitForBit) {
   }
   // Positive and negative logits near the penalized ids.
   const std::vector<float> logits = normal_logits(cases.size() * vocab, 3.0f, rng);
-  for (int32_t max_ctas : kCtaLimits) {
-    SCOPED_TRACE(testing::Message() << "CTAs per row at most " << max_ctas);
-    const DeviceResult got = run_device(logits, cases, vocab, 0, max_ctas);
+  at_every_cta_limit(logits, cases, vocab, 0, [&](const DeviceResult& got) {
     for (size_t r = 0; r < cases.size(); ++r) {
-      std::vector<float> row(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab);
+      std::vector<float> row = logits_row(logits, r, vocab);
       SamplingInput in{cases[r].prompt, cases[r].generated, cases[r].n_generated};
       const int32_t want = sample_token(row, cases[r].params, in);
-      const std::vector<float> got_row(got.logits_after.begin() + r * vocab,
-                                       got.logits_after.begin() + (r + 1) * vocab);
+      const std::vector<float> got_row = logits_row(got.logits_after, r, vocab);
       EXPECT_EQ(got_row, row) << "penalized logits of row " << r;
       EXPECT_EQ(got.sampled[r], want) << "row " << r;
     }
-    EXPECT_TRUE(std::all_of(got.marks_after.begin(), got.marks_after.end(), [](int32_t m) {
-      return m == 0;
-    })) << "the marks workspace must be left zero";
-  }
+    EXPECT_TRUE(got.marks_left_zero()) << "the marks workspace must be left zero";
+  });
 }
 
 TEST(CudaSampling, SeededDrawsMatchCpu) {
@@ -193,11 +213,9 @@ TEST(CudaSampling, SeededDrawsMatchCpu) {
     }
     SCOPED_TRACE(testing::Message() << "vocab " << vocab);
     const std::vector<float> logits = normal_logits(cases.size() * vocab, 2.5f, rng);
-    for (int32_t max_ctas : kCtaLimits) {
-      SCOPED_TRACE(testing::Message() << "CTAs per row at most " << max_ctas);
-      const DeviceResult got = run_device(logits, cases, vocab, 0, max_ctas);
+    at_every_cta_limit(logits, cases, vocab, 0, [&](const DeviceResult& got) {
       for (size_t r = 0; r < cases.size(); ++r) {
-        std::vector<float> row(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab);
+        std::vector<float> row = logits_row(logits, r, vocab);
         const int32_t greedy = sample_token(row, SamplingParams{}, {});
         SamplingInput in;
         in.n_generated = cases[r].n_generated;
@@ -208,7 +226,7 @@ TEST(CudaSampling, SeededDrawsMatchCpu) {
         ++n_checked;
         n_distinct_from_greedy += want != greedy ? 1 : 0;
       }
-    }
+    });
   }
   // The cases must exercise real draws, not only the argmax.
   EXPECT_GT(n_distinct_from_greedy, n_checked / 4);
@@ -233,18 +251,16 @@ TEST(CudaSampling, DrawsAmongTiedLogitsMatchCpu) {
   }
   std::vector<float> logits = normal_logits(cases.size() * vocab, 1.5f, rng);
   for (float& l : logits) l = std::round(l * 2.0f) / 2.0f;
-  for (int32_t max_ctas : kCtaLimits) {
-    SCOPED_TRACE(testing::Message() << "CTAs per row at most " << max_ctas);
-    const DeviceResult got = run_device(logits, cases, vocab, 4, max_ctas);
+  at_every_cta_limit(logits, cases, vocab, 4, [&](const DeviceResult& got) {
     for (size_t r = 0; r < cases.size(); ++r) {
-      std::vector<float> row(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab);
+      std::vector<float> row = logits_row(logits, r, vocab);
       const auto want_top = top_logits(row, 4);
       for (int i = 0; i < 4; ++i) EXPECT_EQ(got.top_ids[r * 4 + i], want_top[i].first);
       SamplingInput in;
       in.n_generated = cases[r].n_generated;
       EXPECT_EQ(got.sampled[r], sample_token(row, cases[r].params, in)) << "row " << r;
     }
-  }
+  });
 }
 
 // Time of one launch (CUDA events, median of 50 after warm-up) for 1 to 256 rows of a 128256
@@ -466,17 +482,7 @@ TEST(CudaSampling, LogprobsMatchCpuLogSoftmaxInAndOutOfGraphs) {
 
     std::vector<SamplingRow> rows;
     std::vector<int32_t> history;
-    for (const RowCase& c : cases) {
-      SamplingRow row;
-      row.params = c.params;
-      row.n_generated = static_cast<int32_t>(c.n_generated);
-      row.history_begin = static_cast<int32_t>(history.size());
-      history.insert(history.end(), c.prompt.begin(), c.prompt.end());
-      history.insert(history.end(), c.generated.begin(), c.generated.end());
-      row.history_end = static_cast<int32_t>(history.size());
-      row.n_prompt = static_cast<int32_t>(c.prompt.size());
-      rows.push_back(row);
-    }
+    pack_rows(cases, &rows, &history);
     DevBuf d_logits = upload(logits), d_rows = upload(rows), d_hist = upload(history);
     DevBuf d_sampled(static_cast<size_t>(n_rows) * 4);
     DevBuf d_top_ids(static_cast<size_t>(n_rows) * n_top * 4);

@@ -48,6 +48,22 @@ class GoldenGpuTest : public ::testing::TestWithParam<std::string> {
     return runner.is_ok() ? std::move(runner).value() : nullptr;
   }
 
+  // Runs each case alone for one generated token on a runner of `dtype`, then
+  // check(case, request, result). A failed check skips the rest of that case only.
+  template <typename Check>
+  void check_first_steps(DType dtype, const json& cases, Check&& check) {
+    auto runner = make_runner(dtype);
+    ASSERT_TRUE(runner);
+    OfflineEngine engine(*runner);
+    for (const json& c : cases) {
+      GenerationRequest req = test::request_for(c);
+      req.max_new_tokens = 1;
+      auto res = engine.generate({req});
+      ASSERT_TRUE(res.is_ok()) << res.status().to_string();
+      check(c, req, res->front());
+    }
+  }
+
   test::TempDir tmp_;
   json golden_;
   std::unique_ptr<Checkpoint> ckpt_;
@@ -90,28 +106,24 @@ TEST_P(GoldenGpuTest, HalfPrecisionTopLogitsWithinTolerance) {
   for (DType dtype : {DType::kBF16, DType::kF16}) {
     // Relative to the logit scale: bf16 keeps 8 mantissa bits, fp16 11.
     const double tolerance = dtype == DType::kBF16 ? 3e-2 : 5e-3;
-    auto runner = make_runner(dtype);
-    ASSERT_TRUE(runner);
-    OfflineEngine engine(*runner);
-    for (const json& c : golden_["cases"]) {
-      GenerationRequest req = test::request_for(c);
-      req.max_new_tokens = 1;
-      auto res = engine.generate({req});
-      ASSERT_TRUE(res.is_ok()) << res.status().to_string();
-      const auto& top = res->front().top_logits;
-      ASSERT_FALSE(top.empty());
-      const double scale = c["logit_scale"].get<double>();
-      EXPECT_NEAR(top[0].second, c["top_logits"][0][1].get<double>(), tolerance * scale)
-          << GetParam() << " " << dtype_torch_name(dtype);
-      const int32_t ref_top = c["top_logits"][0][0].get<int32_t>();
-      bool found = false;
-      for (const auto& [id, value] : top) {
-        found = found || id == ref_top;
-        EXPECT_TRUE(std::isfinite(value));
-      }
-      EXPECT_TRUE(found) << GetParam() << " " << dtype_torch_name(dtype) << ": reference top id "
-                         << ref_top << " not in our top " << top.size();
-    }
+    check_first_steps(
+        dtype, golden_["cases"],
+        [&](const json& c, const GenerationRequest&, const GenerationResult& result) {
+          const auto& top = result.top_logits;
+          ASSERT_FALSE(top.empty());
+          const double scale = c["logit_scale"].get<double>();
+          EXPECT_NEAR(top[0].second, c["top_logits"][0][1].get<double>(), tolerance * scale)
+              << GetParam() << " " << dtype_torch_name(dtype);
+          const int32_t ref_top = c["top_logits"][0][0].get<int32_t>();
+          bool found = false;
+          for (const auto& [id, value] : top) {
+            found = found || id == ref_top;
+            EXPECT_TRUE(std::isfinite(value));
+          }
+          EXPECT_TRUE(found) << GetParam() << " " << dtype_torch_name(dtype)
+                             << ": reference top id " << ref_top << " not in our top "
+                             << top.size();
+        });
   }
 }
 
@@ -126,31 +138,26 @@ TEST_P(GoldenGpuTest, HalfPrecisionMatchesTransformersInThatDtype) {
     ASSERT_TRUE(golden.contains("cases")) << GetParam() << " " << name;
     ASSERT_EQ(golden["cases"].size(), golden_["cases"].size());
     const double tolerance = test::half_precision_tolerance(name);
-    auto runner = make_runner(dtype);
-    ASSERT_TRUE(runner);
-    OfflineEngine engine(*runner);
     double worst = 0;
     int n_decisive = 0;
-    for (const json& c : golden["cases"]) {
-      GenerationRequest req = test::request_for(c);
-      req.max_new_tokens = 1;
-      auto res = engine.generate({req});
-      ASSERT_TRUE(res.is_ok()) << res.status().to_string();
-      const auto& top = res->front().top_logits;
-      ASSERT_EQ(top.size(), c["top_logits"].size());
-      const double scale = c["logit_scale"].get<double>();
-      for (size_t i = 0; i < top.size(); ++i) {
-        const double diff = std::fabs(top[i].second - c["top_logits"][i][1].get<double>());
-        worst = std::max(worst, diff / scale);
-        EXPECT_LE(diff, tolerance * scale) << GetParam() << " " << name << " rank " << i;
-      }
-      if (test::decisive(c, tolerance)) {
-        ++n_decisive;
-        EXPECT_EQ(res->front().output_ids.at(0), c["greedy_ids"][0].get<int32_t>())
-            << GetParam() << " " << name << ": decisive case, prompt of " << req.prompt_ids.size()
-            << " tokens";
-      }
-    }
+    check_first_steps(
+        dtype, golden["cases"],
+        [&](const json& c, const GenerationRequest& req, const GenerationResult& result) {
+          const auto& top = result.top_logits;
+          ASSERT_EQ(top.size(), c["top_logits"].size());
+          const double scale = c["logit_scale"].get<double>();
+          for (size_t i = 0; i < top.size(); ++i) {
+            const double diff = std::fabs(top[i].second - c["top_logits"][i][1].get<double>());
+            worst = std::max(worst, diff / scale);
+            EXPECT_LE(diff, tolerance * scale) << GetParam() << " " << name << " rank " << i;
+          }
+          if (test::decisive(c, tolerance)) {
+            ++n_decisive;
+            EXPECT_EQ(result.output_ids.at(0), c["greedy_ids"][0].get<int32_t>())
+                << GetParam() << " " << name << ": decisive case, prompt of "
+                << req.prompt_ids.size() << " tokens";
+          }
+        });
     std::printf(
         "[ %s ] %s vs transformers %s: largest top-logit error %.4f of the scale "
         "(tolerance %.4f), %d of %zu cases decisive\n",
