@@ -233,34 +233,30 @@ __device__ ArgMax block_argmax(ArgMax x, Shared& sh) {
   return best;
 }
 
-__device__ double block_sum(double x, Shared& sh) {
-  x = warp_sum(x);
+// Reduces x over the block with op: each warp by shuffles, then the warps' values in warp order
+// starting from `identity`, so the order of floating-point operations is fixed. Every thread
+// gets the result.
+template <typename T, typename Op>
+__device__ T block_allreduce(T x, T identity, T (&scratch)[kWarps], Op op) {
+  x = warp_allreduce(x, op);
   __syncthreads();
-  if ((threadIdx.x & 31) == 0) sh.sum_d[threadIdx.x >> 5] = x;
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = x;
   __syncthreads();
-  double total = 0;
-  for (int w = 0; w < kWarps; ++w) total += sh.sum_d[w];
+  T total = identity;
+  for (int w = 0; w < kWarps; ++w) total = op(total, scratch[w]);
   return total;
+}
+
+__device__ double block_sum(double x, Shared& sh) {
+  return block_allreduce(x, 0.0, sh.sum_d, SumOp{});
 }
 
 __device__ int32_t block_count(int32_t x, Shared& sh) {
-  x = warp_sum(x);
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) sh.count_i[threadIdx.x >> 5] = x;
-  __syncthreads();
-  int32_t total = 0;
-  for (int w = 0; w < kWarps; ++w) total += sh.count_i[w];
-  return total;
+  return block_allreduce(x, int32_t{0}, sh.count_i, SumOp{});
 }
 
 __device__ uint32_t block_min(uint32_t x, Shared& sh) {
-  x = warp_min(x);
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) sh.min_u[threadIdx.x >> 5] = x;
-  __syncthreads();
-  uint32_t m = sh.min_u[0];
-  for (int w = 1; w < kWarps; ++w) m = min(m, sh.min_u[w]);
-  return m;
+  return block_allreduce(x, UINT32_MAX, sh.min_u, MinOp{});
 }
 
 template <bool kCluster>
