@@ -77,6 +77,32 @@ struct DecodeParams : AttentionTensors<T> {
   float scale;
 };
 
+// What one CTA of a decode grid (split, work item, block of query heads) covers: query heads
+// head0 .. head0 + n_rows - 1 of KV head kvh for sequence seq, whose query is token `token`, and
+// its keys key_begin .. key_end - 1 (none when the sequence is shorter than the splits).
+struct DecodeCta {
+  int split, work, kvh, head0, n_rows, seq;
+  int64_t token;
+  int kv_len, key_begin, key_end;
+};
+
+template <typename T>
+__device__ __forceinline__ DecodeCta decode_cta(const DecodeParams<T>& p) {
+  DecodeCta c;
+  c.split = blockIdx.x;
+  c.work = blockIdx.y;
+  c.kvh = blockIdx.z / p.n_head_blocks;
+  c.head0 = c.kvh * p.group + (blockIdx.z % p.n_head_blocks) * kHeadsPerCta;
+  c.n_rows = min(kHeadsPerCta, c.kvh * p.group + p.group - c.head0);
+  c.seq = p.seq_ids[c.work];
+  c.token = p.token_start[c.seq];
+  c.kv_len = p.kv_len[c.seq];
+  const int chunk = split_chunk(c.kv_len, gridDim.x);
+  c.key_begin = c.split * chunk;
+  c.key_end = min(c.kv_len, c.key_begin + chunk);
+  return c;
+}
+
 // Where a CTA's result goes: directly to out (one split) or to the workspace.
 template <typename T, int D>
 __device__ __forceinline__ void store_result(const DecodeParams<T>& p, int work, int split,
@@ -135,19 +161,15 @@ __device__ __forceinline__ void copy_kv_stage(
     const int32_t (&slot)[TcLayout<T, D>::kChunksPerThread], int key0, int key_end, int kvh,
     int skip = -1) {
   using L = TcLayout<T, D>;
-#pragma unroll
-  for (int i = 0; i < L::kChunksPerThread; ++i) {
-    const int c = threadIdx.x + i * kThreads;
-    const int row = c / L::kChunksPerRow;
-    const int col = (c % L::kChunksPerRow) * L::kElemsPerChunk;
+  for_each_tile_chunk<L, kThreads>([&](int i, int row, int col) {
     const int pos = key0 + row;
     if constexpr (kSkip) {
-      if (pos == skip) continue;
+      if (pos == skip) return;
     }
     const int64_t off = (static_cast<int64_t>(slot[i]) * p.n_kv_heads + kvh) * D + col;
     cp_async_16(s_k + row * L::kStride + col, p.k_pool + off, pos < key_end);
     cp_async_16(s_v + row * L::kStride + col, p.v_pool + off, pos < key_end);
-  }
+  });
 }
 
 template <typename T, int D>
@@ -237,23 +259,14 @@ __global__ void __launch_bounds__(kThreads) attention_decode_tc_kernel(const Dec
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* s_stage = reinterpret_cast<T*>(smem_raw);
 
-  const int split = blockIdx.x;
-  const int work = blockIdx.y;
-  const int kvh = blockIdx.z / p.n_head_blocks;
-  const int head0 = kvh * p.group + (blockIdx.z % p.n_head_blocks) * kHeadsPerCta;
-  const int n_rows = min(kHeadsPerCta, kvh * p.group + p.group - head0);
-  const int seq = p.seq_ids[work];
-  const int64_t token = p.token_start[seq];
-  const int kv_len = p.kv_len[seq];
-  const int chunk = split_chunk(kv_len, gridDim.x);
-  const int key_begin = split * chunk;
+  const auto [split, work, kvh, head0, n_rows, seq, token, kv_len, key_begin, key_end] =
+      decode_cta(p);
   // A sequence shorter than the grid's splits leaves the last ones empty: the merge kernel skips
   // them; in a cluster they still take part in the merge, with no keys (log-sum-exp -inf).
   if (!kCluster && key_begin >= kv_len) {
     pdl_wait();  // launch.h: no block leaves before the previous grid is complete
     return;
   }
-  const int key_end = min(kv_len, key_begin + chunk);
   const int n_tiles = max(0, ceil_div(key_end - key_begin, kBlockN));
   const int32_t* slots = p.slot_table + p.slot_start[seq];
   const int warp = threadIdx.x / 32;
@@ -454,18 +467,9 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float s_l[kHeadsPerCta];
   __shared__ float s_corr[kHeadsPerCta];
 
-  const int split = blockIdx.x;
-  const int work = blockIdx.y;
-  const int kvh = blockIdx.z / p.n_head_blocks;
-  const int head0 = kvh * p.group + (blockIdx.z % p.n_head_blocks) * kHeadsPerCta;
-  const int n_rows = min(kHeadsPerCta, kvh * p.group + p.group - head0);
-  const int seq = p.seq_ids[work];
-  const int64_t token = p.token_start[seq];
-  const int kv_len = p.kv_len[seq];
-  const int chunk = split_chunk(kv_len, gridDim.x);
-  const int key_begin = split * chunk;
+  const auto [split, work, kvh, head0, n_rows, seq, token, kv_len, key_begin, key_end] =
+      decode_cta(p);
   if (key_begin >= kv_len) return;
-  const int key_end = min(kv_len, key_begin + chunk);
   const int32_t* slots = p.slot_table + p.slot_start[seq];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -495,35 +499,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int rr = 0; rr < kHeadsPerCta / 4; ++rr) {
       const int r = warp * (kHeadsPerCta / 4) + rr;
-      float dot = 0.0f;
-#pragma unroll 16
-      for (int d = 0; d < D; ++d) dot = fmaf(s_q[r][d], s_k[lane][d], dot);
-      const float x = key0 + lane < key_end ? dot * p.scale : -INFINITY;
-      const float mx = warp_max(x);
-      const float m_old = s_m[r];
-      const float m_new = fmaxf(m_old, mx);  // finite: key0 < key_end
-      const float e = expf(x - m_new);
-      const float sum = warp_sum(e);
-      s_p[r][lane] = e;
-      __syncwarp();
-      if (lane == 0) {
-        const float corr = expf(m_old - m_new);
-        s_corr[r] = corr;
-        s_m[r] = m_new;
-        s_l[r] = s_l[r] * corr + sum;
-      }
+      const float x = key0 + lane < key_end ? score_f32<D>(s_q, s_k, r, lane) * p.scale : -INFINITY;
+      // Every row has a key in every step (key0 < key_end): its max is finite.
+      online_softmax_step_f32<false>(x, lane, s_p[r], &s_corr[r], &s_m[r], &s_l[r]);
     }
     __syncthreads();
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) {
-      const int idx = threadIdx.x + i * kThreads;
-      const int r = idx / D;
-      const int d = idx % D;
-      float a = acc[i] * s_corr[r];
-#pragma unroll 8
-      for (int n = 0; n < kF32Keys; ++n) a = fmaf(s_p[r][n], s_v[n][d], a);
-      acc[i] = a;
-    }
+    accumulate_pv_f32<D, kThreads, kF32Keys>(acc, s_p, s_v, s_corr);
   }
   __syncthreads();  // s_m, s_l final
   constexpr float kLog2e = 1.4426950408889634f;
@@ -797,38 +778,24 @@ size_t attention_decode_workspace_size_bytes(int32_t max_n_work, int32_t n_heads
   return bytes;
 }
 
-Status launch_attention_decode(void* out, const void* q, const void* k_pool, const void* v_pool,
-                               const int32_t* token_start, const int32_t* kv_len,
-                               const int32_t* slot_start, const int32_t* slot_table,
-                               const int32_t* seq_ids, int32_t n_work, int32_t max_kv_len,
-                               int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, DType dtype,
-                               float scale, int32_t n_sms, void* workspace, size_t workspace_bytes,
-                               KernelStream stream) {
-  if (!attention_decode_supports(dtype, head_dim, n_heads, n_kv_heads)) {
-    return make_error(StatusCode::kUnsupported,
-                      "attention_decode: unsupported dtype {}, head_dim {} or heads {}/{}",
-                      dtype_torch_name(dtype), head_dim, n_heads, n_kv_heads);
-  }
-  const int64_t grid_z = static_cast<int64_t>(n_kv_heads) * n_head_blocks(n_heads, n_kv_heads);
-  if (n_work < 0 || n_work > 65535 || grid_z > 65535) {
-    return make_error(StatusCode::kInvalidArgument,
-                      "attention_decode: n_work {} or heads {}/{} out of range", n_work, n_heads,
-                      n_kv_heads);
-  }
+Status launch_attention_decode(const AttentionTensors<void>& tensors, int32_t n_work,
+                               int32_t max_kv_len, int32_t n_heads, int32_t n_kv_heads,
+                               int32_t head_dim, DType dtype, float scale, int32_t n_sms,
+                               void* workspace, size_t workspace_bytes, KernelStream stream) {
+  const bool supported = attention_decode_supports(dtype, head_dim, n_heads, n_kv_heads);
+  const int64_t grid_z =
+      supported ? static_cast<int64_t>(n_kv_heads) * n_head_blocks(n_heads, n_kv_heads) : 0;
+  LITELLAMA_RETURN_IF_ERROR(check_attention_launch("attention_decode", supported, dtype, head_dim,
+                                                   n_heads, n_kv_heads, n_work, grid_z,
+                                                   "heads {}/{}", n_heads, n_kv_heads));
   if (n_work == 0) return Status::ok();
   if (!attention_decode_tuned(head_dim)) {
-    return launch_attention_general(out, q, k_pool, v_pool, token_start, kv_len, slot_start,
-                                    slot_table, seq_ids, n_work, /*max_n_new=*/1, n_heads,
-                                    n_kv_heads, head_dim, dtype, scale, stream);
+    return launch_attention_general(tensors, n_work, /*max_n_new=*/1, n_heads, n_kv_heads, head_dim,
+                                    dtype, scale, stream);
   }
   const int32_t n_splits = attention_decode_launch_splits(
       attention_decode_n_splits(n_work, n_heads, n_kv_heads, head_dim, max_kv_len, n_sms), dtype);
-  LaunchArgs args{{{out, q, k_pool, v_pool, token_start, kv_len, slot_start, slot_table, seq_ids},
-                   n_work,
-                   n_heads,
-                   n_kv_heads,
-                   scale,
-                   stream},
+  LaunchArgs args{{tensors, n_work, n_heads, n_kv_heads, scale, stream},
                   n_splits,
                   workspace,
                   cluster_merges(n_splits, dtype_size_bytes(dtype))};

@@ -22,6 +22,7 @@
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "kernels/attention_tensors.h"
 #include "kernels/kernel_stream.h"
 
 namespace litellama {
@@ -56,12 +57,12 @@ size_t attention_decode_workspace_size_bytes(int32_t max_n_work, int32_t n_heads
                                              int32_t n_kv_heads, int32_t head_dim,
                                              int32_t max_kv_len, int32_t n_sms);
 
-// Processes the sequences listed in seq_ids (each must have n_new == 1) and writes exactly their
-// rows of `out`; rows of other sequences are untouched. workspace: 16-byte aligned device memory,
-// attention_decode_workspace_size_bytes(n_work, ...) bytes for the full split plan; with less (or
-// none) a plan that merges through the workspace uses as many splits as fit, down to one, which
-// needs no workspace: slower, same result. Returns kUnsupported when attention_decode_supports() is
-// false.
+// Processes the n_work sequences listed in tensors.seq_ids (each must have n_new == 1) and writes
+// exactly their rows of `out`; rows of other sequences are untouched. workspace: 16-byte aligned
+// device memory, attention_decode_workspace_size_bytes(n_work, ...) bytes for the full split plan;
+// with less (or none) a plan that merges through the workspace uses as many splits as fit, down to
+// one, which needs no workspace: slower, same result. Returns kUnsupported when
+// attention_decode_supports() is false.
 //
 // With programmatic dependent launch (kernels/launch.h) and up to 8 sequences, the bf16/fp16
 // kernel starts loading its first K/V tiles before it waits for the previous kernel, so that the
@@ -71,18 +72,9 @@ size_t attention_decode_workspace_size_bytes(int32_t max_n_work, int32_t n_heads
 // attribute, such as a copy), and the sequence metadata and the slot table must be written before
 // that operation. In a model step: slots hold one token each, and the step's arrays arrive by a
 // copy before its first kernel.
-Status launch_attention_decode(void* out,                   // [n_tokens, n_heads, head_dim]
-                               const void* q,               // [n_tokens, n_heads, head_dim]
-                               const void* k_pool,          // [n_slots, n_kv_heads, head_dim]
-                               const void* v_pool,          // [n_slots, n_kv_heads, head_dim]
-                               const int32_t* token_start,  // [n_seqs + 1]
-                               const int32_t* kv_len,       // [n_seqs]
-                               const int32_t* slot_start,   // [n_seqs + 1]
-                               const int32_t* slot_table,   // [sum kv_len]
-                               const int32_t* seq_ids,      // [n_work]
-                               int32_t n_work, int32_t max_kv_len, int32_t n_heads,
-                               int32_t n_kv_heads, int32_t head_dim, DType dtype, float scale,
-                               int32_t n_sms, void* workspace, size_t workspace_bytes,
-                               KernelStream stream);
+Status launch_attention_decode(const AttentionTensors<void>& tensors, int32_t n_work,
+                               int32_t max_kv_len, int32_t n_heads, int32_t n_kv_heads,
+                               int32_t head_dim, DType dtype, float scale, int32_t n_sms,
+                               void* workspace, size_t workspace_bytes, KernelStream stream);
 
 }  // namespace litellama

@@ -163,27 +163,14 @@ bool attention_general_supports(DType dtype, int32_t head_dim, int32_t n_heads,
          head_dim <= kAttentionGeneralMaxHeadDim;
 }
 
-Status launch_attention_general(void* out, const void* q, const void* k_pool, const void* v_pool,
-                                const int32_t* token_start, const int32_t* kv_len,
-                                const int32_t* slot_start, const int32_t* slot_table,
-                                const int32_t* seq_ids, int32_t n_work, int32_t max_n_new,
-                                int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, DType dtype,
-                                float scale, KernelStream stream) {
-  if (!attention_general_supports(dtype, head_dim, n_heads, n_kv_heads)) {
-    return make_error(StatusCode::kUnsupported,
-                      "attention_general: unsupported dtype {}, head_dim {} or heads {}/{}",
-                      dtype_torch_name(dtype), head_dim, n_heads, n_kv_heads);
-  }
-  if (n_work < 0 || n_work > 65535 || n_heads > 65535) {
-    return make_error(StatusCode::kInvalidArgument,
-                      "attention_general: n_work {} or n_heads {} out of range", n_work, n_heads);
-  }
+Status launch_attention_general(const AttentionTensors<void>& tensors, int32_t n_work,
+                                int32_t max_n_new, int32_t n_heads, int32_t n_kv_heads,
+                                int32_t head_dim, DType dtype, float scale, KernelStream stream) {
+  LITELLAMA_RETURN_IF_ERROR(check_attention_launch(
+      "attention_general", attention_general_supports(dtype, head_dim, n_heads, n_kv_heads), dtype,
+      head_dim, n_heads, n_kv_heads, n_work, n_heads, "n_heads {}", n_heads));
   if (n_work == 0) return Status::ok();
-  const Params p{{out, q, k_pool, v_pool, token_start, kv_len, slot_start, slot_table, seq_ids},
-                 n_heads,
-                 n_kv_heads,
-                 head_dim,
-                 scale};
+  const Params p{tensors, n_heads, n_kv_heads, head_dim, scale};
   return dispatch_float_dtype(dtype, "attention_general", [&](auto type) {
     return dispatch_vpl<typename decltype(type)::type>(p, n_work, max_n_new, stream);
   });

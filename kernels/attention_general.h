@@ -18,6 +18,7 @@
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "kernels/attention_tensors.h"
 #include "kernels/kernel_stream.h"
 
 namespace litellama {
@@ -29,20 +30,12 @@ inline constexpr int32_t kAttentionGeneralMaxHeadDim = 256;
 // n_kv_heads.
 bool attention_general_supports(DType dtype, int32_t head_dim, int32_t n_heads, int32_t n_kv_heads);
 
-// Processes the sequences listed in seq_ids and writes exactly their rows of `out`. max_n_new only
-// sizes the grid (CTAs loop over the new tokens they are given): any value >= 1 is correct.
-// Launched with programmatic dependent launch where enabled; it waits before reading anything.
-Status launch_attention_general(void* out,                   // [n_tokens, n_heads, head_dim]
-                                const void* q,               // [n_tokens, n_heads, head_dim]
-                                const void* k_pool,          // [n_slots, n_kv_heads, head_dim]
-                                const void* v_pool,          // [n_slots, n_kv_heads, head_dim]
-                                const int32_t* token_start,  // [n_seqs + 1]
-                                const int32_t* kv_len,       // [n_seqs]
-                                const int32_t* slot_start,   // [n_seqs + 1]
-                                const int32_t* slot_table,   // [sum kv_len]
-                                const int32_t* seq_ids,      // [n_work]
-                                int32_t n_work, int32_t max_n_new, int32_t n_heads,
-                                int32_t n_kv_heads, int32_t head_dim, DType dtype, float scale,
-                                KernelStream stream);
+// Processes the n_work sequences listed in tensors.seq_ids and writes exactly their rows of `out`.
+// max_n_new only sizes the grid (CTAs loop over the new tokens they are given): any value >= 1 is
+// correct. Launched with programmatic dependent launch where enabled; it waits before reading
+// anything.
+Status launch_attention_general(const AttentionTensors<void>& tensors, int32_t n_work,
+                                int32_t max_n_new, int32_t n_heads, int32_t n_kv_heads,
+                                int32_t head_dim, DType dtype, float scale, KernelStream stream);
 
 }  // namespace litellama

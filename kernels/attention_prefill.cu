@@ -43,6 +43,30 @@ struct PrefillParams : AttentionTensors<T> {
   float scale;  // softmax scale (natural base)
 };
 
+// What one CTA of a prefill grid covers: the new tokens of sequence seq_ids[blockIdx.y] (the first
+// is token tok0, at position pos0 of kv_len) against KV head kvh = blockIdx.z, as n_rows packed
+// rows (token, query head of the group); slots is the sequence's slot table.
+struct PrefillCta {
+  int kvh, tok0, kv_len, pos0;
+  const int32_t* slots;
+  int group, n_rows;
+};
+
+template <typename T>
+__device__ __forceinline__ PrefillCta prefill_cta(const PrefillParams<T>& p) {
+  const int seq = p.seq_ids[blockIdx.y];
+  PrefillCta c;
+  c.kvh = blockIdx.z;
+  c.tok0 = p.token_start[seq];
+  const int n_new = p.token_start[seq + 1] - c.tok0;
+  c.kv_len = p.kv_len[seq];
+  c.pos0 = c.kv_len - n_new;
+  c.slots = p.slot_table + p.slot_start[seq];
+  c.group = p.group;
+  c.n_rows = n_new * c.group;
+  return c;
+}
+
 // ---- tensor-core kernel (bf16 / fp16) ----------------------------------------------------------
 
 constexpr int kBlockM = 64;  // packed rows per tile (16 per warp)
@@ -66,17 +90,13 @@ template <typename T, int D>
 __device__ __forceinline__ void load_kv_tile(T* dst, const T* pool, const int32_t* slots, int key0,
                                              int n_keys, int n_kv_heads, int kvh) {
   using L = TcLayout<T, D>;
-#pragma unroll
-  for (int i = 0; i < L::kChunksPerThread; ++i) {
-    const int c = threadIdx.x + i * kThreads;
-    const int row = c / L::kChunksPerRow;
-    const int col = (c % L::kChunksPerRow) * L::kElemsPerChunk;
+  for_each_tile_chunk<L, kThreads>([&](int, int row, int col) {
     const int pos = key0 + row;
     const bool valid = pos < n_keys;
     const T* src = pool;
     if (valid) src = pool + (static_cast<int64_t>(slots[pos]) * n_kv_heads + kvh) * D + col;
     cp_async_16(dst + row * L::kStride + col, src, valid);
-  }
+  });
 }
 
 template <typename T, int D>
@@ -88,15 +108,7 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_tc_kernel(const Pr
   T* s_k = s_q + L::kTileElems;
   T* s_v = s_k + L::kTileElems;
 
-  const int seq = p.seq_ids[blockIdx.y];
-  const int kvh = blockIdx.z;
-  const int tok0 = p.token_start[seq];
-  const int n_new = p.token_start[seq + 1] - tok0;
-  const int kv_len = p.kv_len[seq];
-  const int pos0 = kv_len - n_new;
-  const int32_t* slots = p.slot_table + p.slot_start[seq];
-  const int group = p.group;
-  const int n_rows = n_new * group;
+  const auto [kvh, tok0, kv_len, pos0, slots, group, n_rows] = prefill_cta(p);
   const int n_q_tiles = ceil_div(n_rows, kBlockM);
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -110,21 +122,20 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_tc_kernel(const Pr
     const int n_key_tiles = max_pos / kBlockN + 1;  // keys 0..max_pos
 
     __syncthreads();  // the previous tile's shared reads are done
-#pragma unroll
-    for (int i = 0; i < L::kChunksPerThread; ++i) {
-      const int c = threadIdx.x + i * kThreads;
-      const int r = c / L::kChunksPerRow;
-      const int col = (c % L::kChunksPerRow) * L::kElemsPerChunk;
-      const int row = row0 + r;
-      const bool valid = row < n_rows;
-      const T* src = p.q;
-      if (valid) {
-        const int64_t token = tok0 + row / group;
-        const int head = kvh * group + row % group;
-        src = p.q + (token * p.n_heads + head) * D + col;
-      }
-      cp_async_16(s_q + r * kStride + col, src, valid);
-    }
+    // The structured bindings are captured as copies: the kernels build as C++17, where a lambda
+    // cannot capture a binding itself.
+    for_each_tile_chunk<L, kThreads>(
+        [&, tok0 = tok0, kvh = kvh, group = group, n_rows = n_rows](int, int r, int col) {
+          const int row = row0 + r;
+          const bool valid = row < n_rows;
+          const T* src = p.q;
+          if (valid) {
+            const int64_t token = tok0 + row / group;
+            const int head = kvh * group + row % group;
+            src = p.q + (token * p.n_heads + head) * D + col;
+          }
+          cp_async_16(s_q + r * kStride + col, src, valid);
+        });
     load_kv_tile<T, D>(s_k, p.k_pool, slots, 0, kv_len, p.n_kv_heads, kvh);
     cp_async_commit();
     cp_async_wait<0>();
@@ -271,15 +282,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float s_corr[kF32Rows];
   __shared__ int s_pos[kF32Rows];
 
-  const int seq = p.seq_ids[blockIdx.y];
-  const int kvh = blockIdx.z;
-  const int tok0 = p.token_start[seq];
-  const int n_new = p.token_start[seq + 1] - tok0;
-  const int kv_len = p.kv_len[seq];
-  const int pos0 = kv_len - n_new;
-  const int32_t* slots = p.slot_table + p.slot_start[seq];
-  const int group = p.group;
-  const int n_rows = n_new * group;
+  const auto [kvh, tok0, kv_len, pos0, slots, group, n_rows] = prefill_cta(p);
   const int n_q_tiles = ceil_div(n_rows, kF32Rows);
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -323,37 +326,13 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int rr = 0; rr < kF32Rows / 4; ++rr) {
         const int r = warp * (kF32Rows / 4) + rr;
-        float dot = 0.0f;
-#pragma unroll 16
-        for (int d = 0; d < D; ++d) dot = fmaf(s_q[r][d], s_k[lane][d], dot);
         const int key = key0 + lane;
-        const float x = key <= s_pos[r] ? dot * p.scale : -INFINITY;
-        const float mx = warp_max(x);
-        const float m_old = s_m[r];
-        const float m_new = fmaxf(m_old, mx);
-        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-        const float e = expf(x - m_use);
-        const float sum = warp_sum(e);
-        s_p[r][lane] = e;
-        __syncwarp();
-        if (lane == 0) {
-          const float corr = expf(m_old - m_use);
-          s_corr[r] = corr;
-          s_m[r] = m_new;
-          s_l[r] = s_l[r] * corr + sum;
-        }
+        const float x = key <= s_pos[r] ? score_f32<D>(s_q, s_k, r, lane) * p.scale : -INFINITY;
+        // A row's first keys may all be in its future (masked): guard its max.
+        online_softmax_step_f32<true>(x, lane, s_p[r], &s_corr[r], &s_m[r], &s_l[r]);
       }
       __syncthreads();
-#pragma unroll
-      for (int i = 0; i < kAcc; ++i) {
-        const int idx = threadIdx.x + i * kThreads;
-        const int r = idx / D;
-        const int d = idx % D;
-        float a = acc[i] * s_corr[r];
-#pragma unroll 8
-        for (int n = 0; n < kF32Keys; ++n) a = fmaf(s_p[r][n], s_v[n][d], a);
-        acc[i] = a;
-      }
+      accumulate_pv_f32<D, kThreads, kF32Keys>(acc, s_p, s_v, s_corr);
     }
     __syncthreads();  // s_l final
 #pragma unroll
@@ -428,36 +407,18 @@ bool attention_prefill_tuned(int32_t head_dim) {
   return head_dim == 64 || head_dim == 128;
 }
 
-Status launch_attention_prefill(void* out, const void* q, const void* k_pool, const void* v_pool,
-                                const int32_t* token_start, const int32_t* kv_len,
-                                const int32_t* slot_start, const int32_t* slot_table,
-                                const int32_t* seq_ids, int32_t n_work, int32_t max_n_new,
-                                int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, DType dtype,
-                                float scale, KernelStream stream) {
-  if (!attention_prefill_supports(dtype, head_dim, n_heads, n_kv_heads)) {
-    return make_error(StatusCode::kUnsupported,
-                      "attention_prefill: unsupported dtype {}, head_dim {} or heads {}/{}",
-                      dtype_torch_name(dtype), head_dim, n_heads, n_kv_heads);
-  }
-  if (n_work < 0 || n_work > 65535 || n_kv_heads > 65535) {
-    return make_error(StatusCode::kInvalidArgument,
-                      "attention_prefill: n_work {} or n_kv_heads {} out of range", n_work,
-                      n_kv_heads);
-  }
+Status launch_attention_prefill(const AttentionTensors<void>& tensors, int32_t n_work,
+                                int32_t max_n_new, int32_t n_heads, int32_t n_kv_heads,
+                                int32_t head_dim, DType dtype, float scale, KernelStream stream) {
+  LITELLAMA_RETURN_IF_ERROR(check_attention_launch(
+      "attention_prefill", attention_prefill_supports(dtype, head_dim, n_heads, n_kv_heads), dtype,
+      head_dim, n_heads, n_kv_heads, n_work, n_kv_heads, "n_kv_heads {}", n_kv_heads));
   if (n_work == 0) return Status::ok();
   if (!attention_prefill_tuned(head_dim)) {
-    return launch_attention_general(out, q, k_pool, v_pool, token_start, kv_len, slot_start,
-                                    slot_table, seq_ids, n_work, max_n_new, n_heads, n_kv_heads,
-                                    head_dim, dtype, scale, stream);
+    return launch_attention_general(tensors, n_work, max_n_new, n_heads, n_kv_heads, head_dim,
+                                    dtype, scale, stream);
   }
-  const LaunchArgs args{
-      {{out, q, k_pool, v_pool, token_start, kv_len, slot_start, slot_table, seq_ids},
-       n_work,
-       n_heads,
-       n_kv_heads,
-       scale,
-       stream},
-      max_n_new};
+  const LaunchArgs args{{tensors, n_work, n_heads, n_kv_heads, scale, stream}, max_n_new};
   return dispatch(args, dtype, head_dim);
 }
 

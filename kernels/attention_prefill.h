@@ -16,6 +16,7 @@
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "kernels/attention_tensors.h"
 #include "kernels/kernel_stream.h"
 
 namespace litellama {
@@ -27,22 +28,14 @@ bool attention_prefill_supports(DType dtype, int32_t head_dim, int32_t n_heads, 
 // Whether head_dim takes the tuned kernels of this file (64 and 128).
 bool attention_prefill_tuned(int32_t head_dim);
 
-// Processes the sequences listed in seq_ids (any order, each at most once) and writes exactly their
-// rows of `out`; rows of other sequences are untouched. max_n_new only sizes the grid: any value
+// Processes the n_work sequences listed in tensors.seq_ids (any order, each at most once) and
+// writes exactly their rows of `out`; rows of other sequences are untouched. max_n_new only sizes
+// the grid: any value
 // >= 1 is correct (CTAs loop over the query tiles they are given); the largest n_new of the listed
 // sequences makes the most parallel launch. All pointers are device pointers; the int32 arrays are
 // those of StepBatch. Returns kUnsupported when attention_prefill_supports() is false.
-Status launch_attention_prefill(void* out,                   // [n_tokens, n_heads, head_dim]
-                                const void* q,               // [n_tokens, n_heads, head_dim]
-                                const void* k_pool,          // [n_slots, n_kv_heads, head_dim]
-                                const void* v_pool,          // [n_slots, n_kv_heads, head_dim]
-                                const int32_t* token_start,  // [n_seqs + 1]
-                                const int32_t* kv_len,       // [n_seqs]
-                                const int32_t* slot_start,   // [n_seqs + 1]
-                                const int32_t* slot_table,   // [sum kv_len]
-                                const int32_t* seq_ids,      // [n_work]
-                                int32_t n_work, int32_t max_n_new, int32_t n_heads,
-                                int32_t n_kv_heads, int32_t head_dim, DType dtype, float scale,
-                                KernelStream stream);
+Status launch_attention_prefill(const AttentionTensors<void>& tensors, int32_t n_work,
+                                int32_t max_n_new, int32_t n_heads, int32_t n_kv_heads,
+                                int32_t head_dim, DType dtype, float scale, KernelStream stream);
 
 }  // namespace litellama

@@ -28,13 +28,8 @@
 namespace litellama {
 namespace {
 
-using gpu_test::DevBuf;
-using gpu_test::download;
-using gpu_test::download_as_f32;
-using gpu_test::random_floats;
-using gpu_test::random_tensor;
-using gpu_test::Tensor;
-using gpu_test::upload;
+// The GPU tests' shared helpers (device buffers, random tensors, tolerances).
+using namespace gpu_test;  // NOLINT(google-build-using-namespace)
 
 constexpr DType kHalfDtypes[] = {DType::kBF16, DType::kF16};
 
@@ -189,6 +184,24 @@ TEST(CudaGemv, ResidualAddMatchesGemvThenAdd) {
   }
 }
 
+// The RoPE epilogue of a QKV GEMV writing q, k and v from the tests' device buffers.
+GemvRope rope_into(DevBuf& q, DevBuf& k, DevBuf& v, const float* bias, const DevBuf& inv_freq,
+                   const DevBuf& positions, const DevBuf& slots, const int32_t* freq_row,
+                   int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, float scaling) {
+  return GemvRope{q.get(),
+                  k.get(),
+                  v.get(),
+                  bias,
+                  inv_freq.as<float>(),
+                  positions.as<int32_t>(),
+                  slots.as<int32_t>(),
+                  freq_row,
+                  n_heads,
+                  n_kv_heads,
+                  head_dim,
+                  scaling};
+}
+
 // The QKV projection with the RoPE epilogue against the plain GEMV then qkv_rope: Q and the
 // written K/V slots agree within the dtype's tolerance (the two GEMVs tile differently), and no
 // other slot is written.
@@ -255,18 +268,8 @@ TEST(CudaGemv, QkvRopeMatchesGemvThenQkvRope) {
             want_q.get(), want_k.get(), want_v.get(), d_qkv.get(), bias_ptr, nullptr, nullptr,
             d_freq.as<float>(), d_pos.as<int32_t>(), d_slots.as<int32_t>(), freq_row_ptr, m,
             c.n_heads, c.n_kv_heads, c.head_dim, 0.9f, 1e-6f, dtype, nullptr));
-        const GemvRope rope{got_q.get(),
-                            got_k.get(),
-                            got_v.get(),
-                            bias_ptr,
-                            d_freq.as<float>(),
-                            d_pos.as<int32_t>(),
-                            d_slots.as<int32_t>(),
-                            freq_row_ptr,
-                            c.n_heads,
-                            c.n_kv_heads,
-                            c.head_dim,
-                            0.9f};
+        const GemvRope rope = rope_into(got_q, got_k, got_v, bias_ptr, d_freq, d_pos, d_slots,
+                                        freq_row_ptr, c.n_heads, c.n_kv_heads, c.head_dim, 0.9f);
         LITELLAMA_ASSERT_OK(
             launch_gemv_qkv_rope(rope, d_x.get(), d_w.get(), m, c.k, dtype, nullptr));
         LITELLAMA_ASSERT_CUDA(cudaDeviceSynchronize());
@@ -375,18 +378,8 @@ TEST(CudaGemv, FoldedRmsNormMatchesNormThenGemv) {
         DevBuf got_q(q_numel * e), got_k(kv_numel * e), got_v(kv_numel * e);
         const float* bias_ptr = c.bias ? d_bias.as<float>() : nullptr;
         auto rope = [&](DevBuf& q, DevBuf& k, DevBuf& v) {
-          return GemvRope{q.get(),
-                          k.get(),
-                          v.get(),
-                          bias_ptr,
-                          d_freq.as<float>(),
-                          d_pos.as<int32_t>(),
-                          d_slots.as<int32_t>(),
-                          nullptr,
-                          c.n_heads,
-                          c.n_kv_heads,
-                          c.head_dim,
-                          1.0f};
+          return rope_into(q, k, v, bias_ptr, d_freq, d_pos, d_slots, nullptr, c.n_heads,
+                           c.n_kv_heads, c.head_dim, 1.0f);
         };
         LITELLAMA_ASSERT_OK(launch_add_rmsnorm(d_normed.get(), d_res.get(), nullptr,
                                                d_gamma.as<float>(), m, c.k, kEps, dtype, nullptr));
@@ -662,9 +655,11 @@ TEST(CudaPdl, DecodeAttentionSeesTheNewestKeyItsProducerWrites) {
               d_inv_freq.as<float>(), d_positions.as<int32_t>(), d_token_slot.as<int32_t>(),
               nullptr, n, kHeads, kKvHeads, head_dim, 1.0f, 1e-6f, dtype, ks));
           return launch_attention_decode(
-              d_out.get(), d_q.get(), d_k.get(), d_v.get(), d_token_start.as<int32_t>(),
-              d_kv_len.as<int32_t>(), d_slot_start.as<int32_t>(), d_slot_table.as<int32_t>(),
-              d_seq_ids.as<int32_t>(), n, max_kv_len, kHeads, kKvHeads, head_dim, dtype,
+              AttentionTensors<void>{d_out.get(), d_q.get(), d_k.get(), d_v.get(),
+                                     d_token_start.as<int32_t>(), d_kv_len.as<int32_t>(),
+                                     d_slot_start.as<int32_t>(), d_slot_table.as<int32_t>(),
+                                     d_seq_ids.as<int32_t>()},
+              n, max_kv_len, kHeads, kKvHeads, head_dim, dtype,
               1.0f / std::sqrt(static_cast<float>(head_dim)), n_sms, d_ws.get(), ws_bytes, ks);
         };
         LITELLAMA_ASSERT_OK(step(false, /*pdl=*/false));

@@ -22,66 +22,16 @@
 #include "kernels/attention_decode.h"
 #include "kernels/attention_prefill.h"
 #include "kernels/reference/attention.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace litellama {
 namespace {
 
-bool cuda_device_present() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+using gpu_test::DevBuf;
+using gpu_test::Tensor;
+using gpu_test::upload;
 
-#define SKIP_WITHOUT_CUDA_DEVICE()                                \
-  do {                                                            \
-    if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device"; \
-  } while (0)
-
-#define ASSERT_CUDA(expr)                                                      \
-  do {                                                                         \
-    const cudaError_t _err = (expr);                                           \
-    ASSERT_EQ(_err, cudaSuccess) << #expr << ": " << cudaGetErrorString(_err); \
-  } while (0)
-
-#define ASSERT_OK(expr)                                           \
-  do {                                                            \
-    const ::litellama::Status _st = (expr);                       \
-    ASSERT_TRUE(_st.is_ok()) << #expr << ": " << _st.to_string(); \
-  } while (0)
-
-// Owns one device allocation.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
-    if (bytes > 0 && cudaMalloc(&ptr_, bytes) != cudaSuccess) ptr_ = nullptr;
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; }
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-  }
-  void* get() const { return ptr_; }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(ptr_);
-  }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-template <typename T>
-DeviceBuffer upload(const std::vector<T>& host) {
-  DeviceBuffer buf(std::max<size_t>(host.size() * sizeof(T), 16));
-  if (buf.get() != nullptr && !host.empty()) {
-    cudaMemcpy(buf.get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  return buf;
-}
-
+// Short dtype names for the test names and the printed lines.
 const char* dtype_label(DType dtype) {
   switch (dtype) {
     case DType::kF32:
@@ -124,22 +74,9 @@ double tolerance(DType dtype) {
 }
 constexpr double kRowToleranceFactor = 4.0;
 
-// Values drawn uniformly, stored in `dtype`, and read back as the float values the kernel sees.
-struct Tensor {
-  std::vector<uint8_t> bytes;
-  std::vector<float> values;
-};
-
+// Values drawn uniformly from [-amplitude, amplitude], stored in `dtype`.
 Tensor random_tensor(size_t n, DType dtype, float amplitude, std::mt19937& rng) {
-  std::uniform_real_distribution<float> dist(-amplitude, amplitude);
-  std::vector<float> raw(n);
-  for (float& x : raw) x = dist(rng);
-  Tensor t;
-  t.bytes.resize(n * dtype_size_bytes(dtype));
-  convert_from_f32(t.bytes.data(), dtype, raw.data(), n);
-  t.values.resize(n);
-  convert_to_f32(t.values.data(), t.bytes.data(), dtype, n);
-  return t;
+  return gpu_test::random_tensor(n, dtype, -amplitude, amplitude, rng);
 }
 
 struct SeqSpec {
@@ -205,31 +142,34 @@ void run_and_check(const Shape& shape, const Batch& batch, const Work& work, flo
   const Tensor v = random_tensor(n_kv, shape.dtype, 1.0f, rng);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
 
-  DeviceBuffer d_q = upload(q.bytes);
-  DeviceBuffer d_k = upload(k.bytes);
-  DeviceBuffer d_v = upload(v.bytes);
-  DeviceBuffer d_token_start = upload(batch.token_start);
-  DeviceBuffer d_kv_len = upload(batch.kv_len);
-  DeviceBuffer d_slot_start = upload(batch.slot_start);
-  DeviceBuffer d_slot_table = upload(batch.slot_table);
-  DeviceBuffer d_prefill_ids = upload(work.prefill_ids);
-  DeviceBuffer d_decode_ids = upload(work.decode_ids);
-  DeviceBuffer d_out(n_q * elem);
+  DevBuf d_q = upload(q.bytes);
+  DevBuf d_k = upload(k.bytes);
+  DevBuf d_v = upload(v.bytes);
+  DevBuf d_token_start = upload(batch.token_start);
+  DevBuf d_kv_len = upload(batch.kv_len);
+  DevBuf d_slot_start = upload(batch.slot_start);
+  DevBuf d_slot_table = upload(batch.slot_table);
+  DevBuf d_prefill_ids = upload(work.prefill_ids);
+  DevBuf d_decode_ids = upload(work.decode_ids);
+  DevBuf d_out(n_q * elem);
   ASSERT_NE(d_out.get(), nullptr);
-  ASSERT_CUDA(cudaMemset(d_out.get(), 0xFF, n_q * elem));  // NaN in every dtype
+  LITELLAMA_ASSERT_CUDA(cudaMemset(d_out.get(), 0xFF, n_q * elem));  // NaN in every dtype
 
   if (!work.prefill_ids.empty()) {
     int32_t max_n_new = 0;
     for (int32_t s : work.prefill_ids) max_n_new = std::max(max_n_new, batch.seqs[s].n_new);
-    ASSERT_OK(launch_attention_prefill(
-        d_out.get(), d_q.get(), d_k.get(), d_v.get(), d_token_start.as<int32_t>(),
-        d_kv_len.as<int32_t>(), d_slot_start.as<int32_t>(), d_slot_table.as<int32_t>(),
-        d_prefill_ids.as<int32_t>(), static_cast<int32_t>(work.prefill_ids.size()), max_n_new,
-        shape.n_heads, shape.n_kv_heads, D, shape.dtype, scale, nullptr));
+    LITELLAMA_ASSERT_OK(launch_attention_prefill(
+        AttentionTensors<void>{d_out.get(), d_q.get(), d_k.get(), d_v.get(),
+                               d_token_start.as<int32_t>(), d_kv_len.as<int32_t>(),
+                               d_slot_start.as<int32_t>(), d_slot_table.as<int32_t>(),
+                               d_prefill_ids.as<int32_t>()},
+        static_cast<int32_t>(work.prefill_ids.size()), max_n_new, shape.n_heads, shape.n_kv_heads,
+        D, shape.dtype, scale, nullptr));
   }
   if (!work.decode_ids.empty()) {
     int32_t n_sms = work.n_sms;
-    if (n_sms == 0) ASSERT_CUDA(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, 0));
+    if (n_sms == 0)
+      LITELLAMA_ASSERT_CUDA(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, 0));
     int32_t max_kv_len = 0;
     for (int32_t s : work.decode_ids) max_kv_len = std::max(max_kv_len, batch.kv_len[s]);
     const int32_t n_work = static_cast<int32_t>(work.decode_ids.size());
@@ -238,19 +178,22 @@ void run_and_check(const Shape& shape, const Batch& batch, const Work& work, flo
             ? work.decode_workspace_bytes
             : attention_decode_workspace_size_bytes(n_work, shape.n_heads, shape.n_kv_heads, D,
                                                     max_kv_len, n_sms);
-    DeviceBuffer ws(ws_bytes);
-    ASSERT_OK(launch_attention_decode(
-        d_out.get(), d_q.get(), d_k.get(), d_v.get(), d_token_start.as<int32_t>(),
-        d_kv_len.as<int32_t>(), d_slot_start.as<int32_t>(), d_slot_table.as<int32_t>(),
-        d_decode_ids.as<int32_t>(), n_work, max_kv_len, shape.n_heads, shape.n_kv_heads, D,
-        shape.dtype, scale, n_sms, ws.get(), ws_bytes, nullptr));
-    ASSERT_CUDA(cudaDeviceSynchronize());  // before ws goes out of scope
+    DevBuf ws(ws_bytes);
+    LITELLAMA_ASSERT_OK(launch_attention_decode(
+        AttentionTensors<void>{d_out.get(), d_q.get(), d_k.get(), d_v.get(),
+                               d_token_start.as<int32_t>(), d_kv_len.as<int32_t>(),
+                               d_slot_start.as<int32_t>(), d_slot_table.as<int32_t>(),
+                               d_decode_ids.as<int32_t>()},
+        n_work, max_kv_len, shape.n_heads, shape.n_kv_heads, D, shape.dtype, scale, n_sms, ws.get(),
+        ws_bytes, nullptr));
+    LITELLAMA_ASSERT_CUDA(cudaDeviceSynchronize());  // before ws goes out of scope
   }
-  ASSERT_CUDA(cudaDeviceSynchronize());
-  ASSERT_CUDA(cudaGetLastError());
+  LITELLAMA_ASSERT_CUDA(cudaDeviceSynchronize());
+  LITELLAMA_ASSERT_CUDA(cudaGetLastError());
 
   std::vector<uint8_t> out_bytes(n_q * elem);
-  ASSERT_CUDA(cudaMemcpy(out_bytes.data(), d_out.get(), out_bytes.size(), cudaMemcpyDeviceToHost));
+  LITELLAMA_ASSERT_CUDA(
+      cudaMemcpy(out_bytes.data(), d_out.get(), out_bytes.size(), cudaMemcpyDeviceToHost));
   std::vector<float> out(n_q);
   convert_to_f32(out.data(), out_bytes.data(), shape.dtype, n_q);
 
@@ -268,7 +211,7 @@ void run_and_check(const Shape& shape, const Batch& batch, const Work& work, flo
                                  shape.n_kv_heads, D, scale);
     }));
   }
-  for (auto& t : tasks) ASSERT_OK(t.get());
+  for (auto& t : tasks) LITELLAMA_ASSERT_OK(t.get());
 
   std::vector<uint8_t> is_processed(batch.seqs.size(), 0);
   for (int32_t s : processed) is_processed[s] = 1;
@@ -340,7 +283,7 @@ class AttentionTest : public ::testing::TestWithParam<std::tuple<DType, int32_t>
 };
 
 TEST_P(AttentionTest, PrefillSmall) {
-  SKIP_WITHOUT_CUDA_DEVICE();
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   std::mt19937 rng(11);
   const Batch batch = make_batch({{1, 0}, {3, 0}, {7, 5}, {19, 1}, {1, 300}, {3, 60}, {2, 0}}, rng);
   Work work;
@@ -351,7 +294,7 @@ TEST_P(AttentionTest, PrefillSmall) {
 }
 
 TEST_P(AttentionTest, DecodeSmall) {
-  SKIP_WITHOUT_CUDA_DEVICE();
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   std::mt19937 rng(12);
   const Batch batch =
       make_batch({{1, 0}, {1, 1}, {1, 4}, {1, 62}, {1, 63}, {1, 64}, {1, 299}, {1, 130}}, rng);
@@ -370,7 +313,7 @@ TEST_P(AttentionTest, DecodeSmall) {
 // (attention_decode.cu, tc_carveout_percent). Its lengths plan one split (1 and 64 keys), one
 // cluster of splits (513) and more splits than a cluster, merged by the separate kernel (4100).
 TEST_P(AttentionTest, DecodeOneSequence) {
-  SKIP_WITHOUT_CUDA_DEVICE();
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   std::mt19937 rng(14);
   for (int32_t len : {1, 64, 513, 4100}) {
     const Batch batch = make_batch({{1, len - 1}}, rng);
@@ -384,7 +327,7 @@ TEST_P(AttentionTest, DecodeOneSequence) {
 }
 
 TEST_P(AttentionTest, DecodeSmallWorkspaceShort) {
-  SKIP_WITHOUT_CUDA_DEVICE();
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   // A workspace sized for a shorter max_kv_len (or none) means fewer splits, never another result.
   std::mt19937 rng(14);
   const Batch batch = make_batch({{1, 2999}, {1, 40}, {1, 700}}, rng);
@@ -401,7 +344,7 @@ TEST_P(AttentionTest, DecodeSmallWorkspaceShort) {
 }
 
 TEST_P(AttentionTest, MixedBatchSmall) {
-  SKIP_WITHOUT_CUDA_DEVICE();
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   std::mt19937 rng(13);
   // Prefill chunks (with and without cached prefix) and decode tokens in one packed step; the
   // sequence at index 4 is in neither list and must stay untouched.
@@ -414,7 +357,7 @@ TEST_P(AttentionTest, MixedBatchSmall) {
 }
 
 TEST_P(AttentionTest, PrefillRealistic) {
-  SKIP_WITHOUT_CUDA_DEVICE();
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   std::mt19937 rng(21);
   const Batch batch = make_batch(
       {{733, 300}, {133, 0}, {19, 1}, {7, 5}, {3, 4097}, {1, 4099}, {1, 0}, {57, 0}}, rng);
@@ -427,7 +370,7 @@ TEST_P(AttentionTest, PrefillRealistic) {
 }
 
 TEST_P(AttentionTest, DecodeRealistic) {
-  SKIP_WITHOUT_CUDA_DEVICE();
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   std::mt19937 rng(22);
   std::vector<SeqSpec> seqs;
   for (int32_t len : {4100, 1, 17, 64, 300, 1000, 2047, 4096, 511, 129})
@@ -437,7 +380,7 @@ TEST_P(AttentionTest, DecodeRealistic) {
   work.decode_ids = all_ids(batch.seqs.size(), rng);
   work.decode_ids.erase(std::find(work.decode_ids.begin(), work.decode_ids.end(), 3));
   int32_t n_sms = 0;
-  ASSERT_CUDA(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, 0));
+  LITELLAMA_ASSERT_CUDA(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, 0));
   const auto n_work = static_cast<int32_t>(work.decode_ids.size());
   int32_t cluster_merges = 0;
   int32_t kernel_merges = 0;
@@ -456,7 +399,7 @@ TEST_P(AttentionTest, DecodeRealistic) {
   }
   // On a device with clusters, half-precision shapes exercise both ways of merging the splits.
   int major = 0;
-  ASSERT_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  LITELLAMA_ASSERT_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
   if (!attention_decode_tuned(head_dim())) {
     // The general path plans no splits.
     EXPECT_EQ(cluster_merges + kernel_merges, 0);
@@ -475,7 +418,7 @@ TEST_P(AttentionTest, DecodeRealistic) {
 }
 
 TEST_P(AttentionTest, DecodeAgreesWithPrefill) {
-  SKIP_WITHOUT_CUDA_DEVICE();
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   // The same decode sequences through the prefill kernel (n_new == 1 is a valid prefill).
   std::mt19937 rng(23);
   const Batch batch = make_batch({{1, 4099}, {1, 0}, {1, 777}, {1, 63}}, rng);
@@ -499,12 +442,10 @@ TEST(AttentionSupport, RefusesUnsupportedShapes) {
   for (int32_t head_dim : {0, 257, 320, 512}) {
     EXPECT_FALSE(attention_prefill_supports(DType::kBF16, head_dim, 32, 8));
     EXPECT_FALSE(attention_decode_supports(DType::kBF16, head_dim, 32, 8));
-    const Status p = launch_attention_prefill(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                                              nullptr, nullptr, nullptr, 1, 1, 32, 8, head_dim,
+    const Status p = launch_attention_prefill(AttentionTensors<void>{}, 1, 1, 32, 8, head_dim,
                                               DType::kBF16, 0.1f, nullptr);
     EXPECT_EQ(p.code(), StatusCode::kUnsupported);
-    const Status d = launch_attention_decode(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                                             nullptr, nullptr, nullptr, 1, 1, 32, 8, head_dim,
+    const Status d = launch_attention_decode(AttentionTensors<void>{}, 1, 1, 32, 8, head_dim,
                                              DType::kBF16, 0.1f, 132, nullptr, 0, nullptr);
     EXPECT_EQ(d.code(), StatusCode::kUnsupported);
   }
@@ -561,8 +502,8 @@ double median(std::vector<double> v) {
 // with.
 double copy_bandwidth_gbs() {
   const size_t bytes = size_t{1} << 30;
-  DeviceBuffer a(bytes);
-  DeviceBuffer b(bytes);
+  DevBuf a(bytes);
+  DevBuf b(bytes);
   if (a.get() == nullptr || b.get() == nullptr) return 0.0;
   cudaEvent_t start;
   cudaEvent_t stop;
@@ -589,29 +530,29 @@ double copy_bandwidth_gbs() {
 void time_calls(const std::function<Status(int32_t, cudaStream_t)>& call, int32_t n_rot,
                 int32_t calls_per_sample, double* us_per_call) {
   cudaStream_t stream;
-  ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  for (int32_t r = 0; r < n_rot; ++r) ASSERT_OK(call(r, stream));
-  ASSERT_CUDA(cudaStreamSynchronize(stream));
+  LITELLAMA_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (int32_t r = 0; r < n_rot; ++r) LITELLAMA_ASSERT_OK(call(r, stream));
+  LITELLAMA_ASSERT_CUDA(cudaStreamSynchronize(stream));
   cudaGraph_t graph;
   cudaGraphExec_t exec;
-  ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-  for (int32_t i = 0; i < calls_per_sample; ++i) ASSERT_OK(call(i % n_rot, stream));
-  ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
-  ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  ASSERT_CUDA(cudaGraphLaunch(exec, stream));
-  ASSERT_CUDA(cudaStreamSynchronize(stream));
+  LITELLAMA_ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  for (int32_t i = 0; i < calls_per_sample; ++i) LITELLAMA_ASSERT_OK(call(i % n_rot, stream));
+  LITELLAMA_ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
+  LITELLAMA_ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  LITELLAMA_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+  LITELLAMA_ASSERT_CUDA(cudaStreamSynchronize(stream));
   cudaEvent_t start;
   cudaEvent_t stop;
-  ASSERT_CUDA(cudaEventCreate(&start));
-  ASSERT_CUDA(cudaEventCreate(&stop));
+  LITELLAMA_ASSERT_CUDA(cudaEventCreate(&start));
+  LITELLAMA_ASSERT_CUDA(cudaEventCreate(&stop));
   std::vector<double> us;
   for (int rep = 0; rep < 15; ++rep) {
-    ASSERT_CUDA(cudaEventRecord(start, stream));
-    ASSERT_CUDA(cudaGraphLaunch(exec, stream));
-    ASSERT_CUDA(cudaEventRecord(stop, stream));
-    ASSERT_CUDA(cudaEventSynchronize(stop));
+    LITELLAMA_ASSERT_CUDA(cudaEventRecord(start, stream));
+    LITELLAMA_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+    LITELLAMA_ASSERT_CUDA(cudaEventRecord(stop, stream));
+    LITELLAMA_ASSERT_CUDA(cudaEventSynchronize(stop));
     float ms = 0.0f;
-    ASSERT_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    LITELLAMA_ASSERT_CUDA(cudaEventElapsedTime(&ms, start, stop));
     us.push_back(1e3 * ms / calls_per_sample);
   }
   cudaEventDestroy(start);
@@ -623,15 +564,15 @@ void time_calls(const std::function<Status(int32_t, cudaStream_t)>& call, int32_
 }
 
 TEST(AttentionTiming, DecodeBf16HeadDim64) {
-  SKIP_WITHOUT_CUDA_DEVICE();
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   const int32_t n_heads = 32;
   const int32_t n_kv_heads = 8;
   const int32_t D = 64;
   const DType dtype = DType::kBF16;
   int32_t n_sms = 0;
-  ASSERT_CUDA(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, 0));
+  LITELLAMA_ASSERT_CUDA(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, 0));
   cudaDeviceProp prop{};
-  ASSERT_CUDA(cudaGetDeviceProperties(&prop, 0));
+  LITELLAMA_ASSERT_CUDA(cudaGetDeviceProperties(&prop, 0));
   const double copy_gbs = copy_bandwidth_gbs();
   std::printf("[ timing ] %s, %d SMs, L2 %d MB; device copy %.0f GB/s (read + write)\n", prop.name,
               n_sms, prop.l2CacheSize >> 20, copy_gbs);
@@ -660,7 +601,7 @@ TEST(AttentionTiming, DecodeBf16HeadDim64) {
           slot_start[s] = s * kv;
         }
         std::iota(seq_ids.begin(), seq_ids.end(), 0);
-        std::vector<DeviceBuffer> tables;
+        std::vector<DevBuf> tables;
         for (int32_t r = 0; r < n_rot; ++r) {
           tables.push_back(upload(std::vector<int32_t>(perm.begin() + r * slots_per_call,
                                                        perm.begin() + (r + 1) * slots_per_call)));
@@ -668,29 +609,29 @@ TEST(AttentionTiming, DecodeBf16HeadDim64) {
         const size_t pool_elems = static_cast<size_t>(n_slots) * n_kv_heads * D;
         const Tensor qt =
             random_tensor(static_cast<size_t>(batch_size) * n_heads * D, dtype, 4.0f, rng);
-        DeviceBuffer d_q = upload(qt.bytes);
-        DeviceBuffer d_k(pool_elems * 2);
-        DeviceBuffer d_v(pool_elems * 2);
+        DevBuf d_q = upload(qt.bytes);
+        DevBuf d_k(pool_elems * 2);
+        DevBuf d_v(pool_elems * 2);
         // Random pool contents (not zeros): one random slice repeated over the pool.
         for (size_t off = 0; off < pool_elems; off += kPoolSliceElems) {
           const size_t n = std::min(kPoolSliceElems, pool_elems - off);
-          ASSERT_CUDA(cudaMemcpy(d_k.as<uint8_t>() + off * 2, pool_slice.bytes.data(), n * 2,
-                                 cudaMemcpyHostToDevice));
-          ASSERT_CUDA(cudaMemcpy(d_v.as<uint8_t>() + off * 2,
-                                 pool_slice.bytes.data() + 2 * kPoolSliceElems - n * 2, n * 2,
-                                 cudaMemcpyHostToDevice));
+          LITELLAMA_ASSERT_CUDA(cudaMemcpy(d_k.as<uint8_t>() + off * 2, pool_slice.bytes.data(),
+                                           n * 2, cudaMemcpyHostToDevice));
+          LITELLAMA_ASSERT_CUDA(cudaMemcpy(d_v.as<uint8_t>() + off * 2,
+                                           pool_slice.bytes.data() + 2 * kPoolSliceElems - n * 2,
+                                           n * 2, cudaMemcpyHostToDevice));
         }
-        DeviceBuffer d_token_start = upload(token_start);
-        DeviceBuffer d_kv_len = upload(kv_len);
-        DeviceBuffer d_slot_start = upload(slot_start);
-        DeviceBuffer d_seq_ids = upload(seq_ids);
-        DeviceBuffer d_out(static_cast<size_t>(batch_size) * n_heads * D * 2);
+        DevBuf d_token_start = upload(token_start);
+        DevBuf d_kv_len = upload(kv_len);
+        DevBuf d_slot_start = upload(slot_start);
+        DevBuf d_seq_ids = upload(seq_ids);
+        DevBuf d_out(static_cast<size_t>(batch_size) * n_heads * D * 2);
         // The split plan for this device first; then, for shuffled slots, larger plans (as for a
         // device with more multiprocessors) to show how the split count moves the time.
         constexpr int32_t kMaxSmFactor = 8;
         const size_t ws_bytes = attention_decode_workspace_size_bytes(
             batch_size, n_heads, n_kv_heads, D, kv, n_sms * kMaxSmFactor);
-        DeviceBuffer ws(ws_bytes);
+        DevBuf ws(ws_bytes);
         const float scale = 1.0f / std::sqrt(static_cast<float>(D));
         int32_t last_splits = 0;
         for (int32_t factor = 1; factor <= (shuffled ? kMaxSmFactor : 1); factor *= 2) {
@@ -701,10 +642,12 @@ TEST(AttentionTiming, DecodeBf16HeadDim64) {
           last_splits = splits;
           auto call = [&](int32_t r, cudaStream_t stream) {
             return launch_attention_decode(
-                d_out.get(), d_q.get(), d_k.get(), d_v.get(), d_token_start.as<int32_t>(),
-                d_kv_len.as<int32_t>(), d_slot_start.as<int32_t>(), tables[r].as<int32_t>(),
-                d_seq_ids.as<int32_t>(), batch_size, kv, n_heads, n_kv_heads, D, dtype, scale,
-                plan_sms, ws.get(), ws_bytes, stream);
+                AttentionTensors<void>{d_out.get(), d_q.get(), d_k.get(), d_v.get(),
+                                       d_token_start.as<int32_t>(), d_kv_len.as<int32_t>(),
+                                       d_slot_start.as<int32_t>(), tables[r].as<int32_t>(),
+                                       d_seq_ids.as<int32_t>()},
+                batch_size, kv, n_heads, n_kv_heads, D, dtype, scale, plan_sms, ws.get(), ws_bytes,
+                stream);
           };
           const int32_t calls_per_sample = std::max(n_rot, 16);
           double t_us = 0.0;
@@ -726,7 +669,7 @@ TEST(AttentionTiming, DecodeBf16HeadDim64) {
 }
 
 TEST(AttentionTiming, PrefillBf16HeadDim128) {
-  SKIP_WITHOUT_CUDA_DEVICE();
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   const int32_t n_heads = 32;
   const int32_t n_kv_heads = 8;
   const int32_t D = 128;
@@ -737,36 +680,37 @@ TEST(AttentionTiming, PrefillBf16HeadDim128) {
   const Tensor q = random_tensor(static_cast<size_t>(n) * n_heads * D, dtype, 4.0f, rng);
   const Tensor kv =
       random_tensor(static_cast<size_t>(batch.n_slots) * n_kv_heads * D, dtype, 1.0f, rng);
-  DeviceBuffer d_q = upload(q.bytes);
-  DeviceBuffer d_k = upload(kv.bytes);
-  DeviceBuffer d_v = upload(kv.bytes);
-  DeviceBuffer d_token_start = upload(batch.token_start);
-  DeviceBuffer d_kv_len = upload(batch.kv_len);
-  DeviceBuffer d_slot_start = upload(batch.slot_start);
-  DeviceBuffer d_slot_table = upload(batch.slot_table);
-  DeviceBuffer d_ids = upload(std::vector<int32_t>{0});
-  DeviceBuffer d_out(q.bytes.size());
+  DevBuf d_q = upload(q.bytes);
+  DevBuf d_k = upload(kv.bytes);
+  DevBuf d_v = upload(kv.bytes);
+  DevBuf d_token_start = upload(batch.token_start);
+  DevBuf d_kv_len = upload(batch.kv_len);
+  DevBuf d_slot_start = upload(batch.slot_start);
+  DevBuf d_slot_table = upload(batch.slot_table);
+  DevBuf d_ids = upload(std::vector<int32_t>{0});
+  DevBuf d_out(q.bytes.size());
   auto call = [&] {
-    return launch_attention_prefill(d_out.get(), d_q.get(), d_k.get(), d_v.get(),
-                                    d_token_start.as<int32_t>(), d_kv_len.as<int32_t>(),
-                                    d_slot_start.as<int32_t>(), d_slot_table.as<int32_t>(),
-                                    d_ids.as<int32_t>(), 1, n, n_heads, n_kv_heads, D, dtype,
-                                    1.0f / std::sqrt(static_cast<float>(D)), nullptr);
+    return launch_attention_prefill(
+        AttentionTensors<void>{d_out.get(), d_q.get(), d_k.get(), d_v.get(),
+                               d_token_start.as<int32_t>(), d_kv_len.as<int32_t>(),
+                               d_slot_start.as<int32_t>(), d_slot_table.as<int32_t>(),
+                               d_ids.as<int32_t>()},
+        1, n, n_heads, n_kv_heads, D, dtype, 1.0f / std::sqrt(static_cast<float>(D)), nullptr);
   };
-  ASSERT_OK(call());
-  ASSERT_CUDA(cudaDeviceSynchronize());
+  LITELLAMA_ASSERT_OK(call());
+  LITELLAMA_ASSERT_CUDA(cudaDeviceSynchronize());
   cudaEvent_t start;
   cudaEvent_t stop;
-  ASSERT_CUDA(cudaEventCreate(&start));
-  ASSERT_CUDA(cudaEventCreate(&stop));
+  LITELLAMA_ASSERT_CUDA(cudaEventCreate(&start));
+  LITELLAMA_ASSERT_CUDA(cudaEventCreate(&stop));
   std::vector<double> ms;
   for (int rep = 0; rep < 9; ++rep) {
-    ASSERT_CUDA(cudaEventRecord(start));
-    ASSERT_OK(call());
-    ASSERT_CUDA(cudaEventRecord(stop));
-    ASSERT_CUDA(cudaEventSynchronize(stop));
+    LITELLAMA_ASSERT_CUDA(cudaEventRecord(start));
+    LITELLAMA_ASSERT_OK(call());
+    LITELLAMA_ASSERT_CUDA(cudaEventRecord(stop));
+    LITELLAMA_ASSERT_CUDA(cudaEventSynchronize(stop));
     float t = 0.0f;
-    ASSERT_CUDA(cudaEventElapsedTime(&t, start, stop));
+    LITELLAMA_ASSERT_CUDA(cudaEventElapsedTime(&t, start, stop));
     ms.push_back(t);
   }
   cudaEventDestroy(start);

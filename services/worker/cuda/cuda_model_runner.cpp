@@ -655,18 +655,22 @@ Status CudaModelRunner::run_attention(const StepPlan& plan, int32_t l) {
   auto i32 = [&](size_t offset) { return staging_device_.as<const int32_t>(offset); };
   const int32_t* decode_seqs = i32(L.work_seqs);
   const int32_t* prefill_seqs = decode_seqs + plan.n_decode;
+  // The step's tensors with the sequences of one kind of work.
+  auto tensors = [&](const int32_t* seq_ids) {
+    return AttentionTensors<void>{attn_.data(),      q_.data(),          k_pool(l),
+                                  v_pool(l),         i32(L.token_start), i32(L.kv_len),
+                                  i32(L.slot_start), i32(L.slot_table),  seq_ids};
+  };
   if (plan.n_decode > 0) {
     LITELLAMA_RETURN_IF_ERROR(launch_attention_decode(
-        attn_.data(), q_.data(), k_pool(l), v_pool(l), i32(L.token_start), i32(L.kv_len),
-        i32(L.slot_start), i32(L.slot_table), decode_seqs, plan.n_decode, plan.max_decode_kv_len,
-        c.n_heads, c.n_kv_heads, c.head_dim, dtype_, attention_scale_, n_sms_,
-        attention_workspace_.data(), attention_workspace_.size_bytes(), stream));
+        tensors(decode_seqs), plan.n_decode, plan.max_decode_kv_len, c.n_heads, c.n_kv_heads,
+        c.head_dim, dtype_, attention_scale_, n_sms_, attention_workspace_.data(),
+        attention_workspace_.size_bytes(), stream));
   }
   if (plan.n_prefill > 0) {
     LITELLAMA_RETURN_IF_ERROR(launch_attention_prefill(
-        attn_.data(), q_.data(), k_pool(l), v_pool(l), i32(L.token_start), i32(L.kv_len),
-        i32(L.slot_start), i32(L.slot_table), prefill_seqs, plan.n_prefill, plan.max_prefill_n_new,
-        c.n_heads, c.n_kv_heads, c.head_dim, dtype_, attention_scale_, stream));
+        tensors(prefill_seqs), plan.n_prefill, plan.max_prefill_n_new, c.n_heads, c.n_kv_heads,
+        c.head_dim, dtype_, attention_scale_, stream));
   }
   return Status::ok();
 }
