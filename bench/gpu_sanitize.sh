@@ -36,7 +36,7 @@ timeout_s="${GPU_SANITIZE_TIMEOUT:-540}"
 # one of them; memcheck covers them). racecheck of cuda_sampling_test: its small-rows test, which
 # takes every path (greedy with ties, top logits, penalties, top-k/top-p/min-p draws, each CTA
 # limit) on vocabularies of 1000 and 5003 (the first full-size test alone ran past 170 s).
-: "${GPU_SANITIZE_FILTER_attention_kernels_test=*Small*/bf16_*:*OneSequence/bf16_*:*AgreesWithPrefill/bf16_*:*Realistic/bf16_d64:*Realistic/bf16_d128:*/f16_d96:*/f32_d48:AttentionSupport.*}"
+: "${GPU_SANITIZE_FILTER_attention_kernels_test=*Small*/bfloat16_*:*OneSequence/bfloat16_*:*AgreesWithPrefill/bfloat16_*:*Realistic/bfloat16_d64:*Realistic/bfloat16_d128:*/float16_d96:*/float32_d48:AttentionSupport.*}"
 : "${GPU_SANITIZE_FILTER_racecheck_cuda_kernels_test=-CudaKernels.Linear}"
 : "${GPU_SANITIZE_FILTER_racecheck_cuda_sampling_test=CudaSampling.EveryPathOnSmallRowsMatchesCpu}"
 cs="${COMPUTE_SANITIZER:-}"

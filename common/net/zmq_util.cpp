@@ -114,4 +114,29 @@ bool recv_frames(zmq::socket_t& socket, std::vector<zmq::message_t>* frames) {
   }
 }
 
+void wait_readable(std::initializer_list<zmq::socket_t*> sockets, int timeout_ms) {
+  std::vector<zmq::pollitem_t> items;
+  items.reserve(sockets.size());
+  for (zmq::socket_t* s : sockets) items.push_back({s->handle(), 0, ZMQ_POLLIN, 0});
+  try {
+    zmq::poll(items, std::chrono::milliseconds(timeout_ms));
+  } catch (const zmq::error_t& e) {
+    if (e.num() != EINTR) throw;
+  }
+}
+
+void forward_waiting(zmq::socket_t& from, zmq::socket_t& to, std::vector<zmq::message_t>* frames) {
+  while (recv_frames(from, frames)) {
+    for (auto& f : *frames) (void)send_one(to, frame_view(f));
+  }
+}
+
+Result<proto::Envelope> parse_one_frame(const std::vector<zmq::message_t>& frames) {
+  if (frames.size() != 1) {
+    return make_error(StatusCode::kInvalidArgument, "a message of {} frames, expected 1",
+                      frames.size());
+  }
+  return proto::Envelope::parse(frame_view(frames[0]));
+}
+
 }  // namespace litellama::net

@@ -3,12 +3,14 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include <zmq.hpp>
 
+#include "common/proto/codec.h"
 #include "common/status.h"
 
 namespace litellama::net {
@@ -52,5 +54,16 @@ bool recv_frames(zmq::socket_t& socket, std::vector<zmq::message_t>* frames);
 inline std::string_view frame_view(const zmq::message_t& m) {
   return std::string_view(static_cast<const char*>(m.data()), m.size());
 }
+
+// Waits up to timeout_ms for a message on any of `sockets`. A wait cut short by a signal returns
+// as a timeout would, so that the caller's loop gets to check its stop flag.
+void wait_readable(std::initializer_list<zmq::socket_t*> sockets, int timeout_ms);
+
+// Sends each message waiting on `from` on to `to`, frame by frame: a service's work thread
+// answers through its loop's socket this way.
+void forward_waiting(zmq::socket_t& from, zmq::socket_t& to, std::vector<zmq::message_t>* frames);
+
+// The envelope of a one-frame message; an error for more frames or a frame that does not parse.
+Result<proto::Envelope> parse_one_frame(const std::vector<zmq::message_t>& frames);
 
 }  // namespace litellama::net

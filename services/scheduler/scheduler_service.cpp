@@ -92,15 +92,8 @@ std::string SchedulerService::ready_reason() const {
 void SchedulerService::run() {
   std::vector<zmq::message_t> frames;
   while (!stop_.load()) {
-    zmq::pollitem_t items[] = {{clients_.handle(), 0, ZMQ_POLLIN, 0},
-                               {workers_.handle(), 0, ZMQ_POLLIN, 0},
-                               {tokenizers_.handle(), 0, ZMQ_POLLIN, 0}};
-    const int wait_ms = std::max(1, options_.heartbeat_interval_ms / 2);
-    try {
-      zmq::poll(items, 3, std::chrono::milliseconds(wait_ms));
-    } catch (const zmq::error_t& e) {
-      if (e.num() != EINTR) throw;
-    }
+    net::wait_readable({&clients_, &workers_, &tokenizers_},
+                       std::max(1, options_.heartbeat_interval_ms / 2));
     // Worker results first: they free the pipeline for the next step.
     while (net::recv_frames(workers_, &frames)) on_worker_frames(frames);
     while (net::recv_frames(tokenizers_, &frames)) on_tokenizer_frames(frames);

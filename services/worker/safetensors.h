@@ -13,10 +13,15 @@
 
 namespace litellama {
 
-struct SafetensorsEntry {
+// What every tensor of a checkpoint has, whether it is read (SafetensorsEntry, TensorView) or
+// written (SafetensorsTensor).
+struct TensorMeta {
   std::string name;
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
+};
+
+struct SafetensorsEntry : TensorMeta {
   size_t offset_bytes = 0;  // from the start of the file
   size_t size_bytes = 0;
 };
@@ -25,10 +30,7 @@ struct SafetensorsEntry {
 Result<std::vector<SafetensorsEntry>> parse_safetensors(const MappedFile& file);
 
 // A tensor to write: `data` holds shape's element count of `dtype`.
-struct SafetensorsTensor {
-  std::string name;
-  DType dtype = DType::kF32;
-  std::vector<int64_t> shape;
+struct SafetensorsTensor : TensorMeta {
   std::vector<uint8_t> data;
 };
 

@@ -7,13 +7,11 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "services/worker/safetensors.h"
 
 namespace litellama {
 
-struct TensorView {
-  std::string name;
-  DType dtype = DType::kF32;
-  std::vector<int64_t> shape;
+struct TensorView : TensorMeta {
   const void* data = nullptr;  // inside the mapping; valid while the Checkpoint lives
   size_t size_bytes = 0;
   int32_t shard = 0;  // index of the file that holds it (Checkpoint::shard_bytes)

@@ -45,24 +45,19 @@ inline const char* dtype_label(DType dtype) {
   return dtype_torch_name(dtype);
 }
 
+// `f32`, `bf16` or `f16` by the compute dtype; 0 for the integer and 8-bit storage types, which
+// are never a kernel's compute dtype.
+inline double per_float_dtype(DType dtype, double f32, double bf16, double f16) {
+  if (dtype == DType::kF32) return f32;
+  if (dtype == DType::kBF16) return bf16;
+  if (dtype == DType::kF16) return f16;
+  return 0.0;
+}
+
 // Largest |out - ref| allowed, relative to max(1, |ref|): float32 rounding, or one or two units
 // in the last place of the 16-bit types after a float32 computation.
 inline double tolerance(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return 2e-5;
-    case DType::kBF16:
-      return 1.6e-2;
-    case DType::kF16:
-      return 2e-3;
-    case DType::kI32:
-    case DType::kI64:
-    case DType::kU8:
-    case DType::kI8:
-    case DType::kF8E4M3:
-      break;
-  }
-  return 0.0;
+  return per_float_dtype(dtype, 2e-5, 1.6e-2, 2e-3);
 }
 
 // One device allocation, filled with NaN bytes (0xff) so unwritten elements show.

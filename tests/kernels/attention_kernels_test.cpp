@@ -28,49 +28,13 @@ namespace litellama {
 namespace {
 
 using gpu_test::DevBuf;
+using gpu_test::dtype_label;
 using gpu_test::Tensor;
 using gpu_test::upload;
 
-// Short dtype names for the test names and the printed lines.
-const char* dtype_label(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return "f32";
-    case DType::kBF16:
-      return "bf16";
-    case DType::kF16:
-      return "f16";
-    case DType::kI32:
-      return "i32";
-    case DType::kI64:
-      return "i64";
-    case DType::kU8:
-      return "u8";
-    case DType::kI8:
-      return "i8";
-    case DType::kF8E4M3:
-      return "f8e4m3";
-  }
-  return "?";
-}
-
 // ||out - ref|| / ||ref|| over all processed rows, and per (token, head) row.
 double tolerance(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return 1e-5;
-    case DType::kBF16:
-      return 1e-2;
-    case DType::kF16:
-      return 3e-3;
-    case DType::kI32:
-    case DType::kI64:
-    case DType::kU8:
-    case DType::kI8:
-    case DType::kF8E4M3:
-      break;
-  }
-  return 0.0;
+  return gpu_test::per_float_dtype(dtype, 1e-5, 1e-2, 3e-3);
 }
 constexpr double kRowToleranceFactor = 4.0;
 

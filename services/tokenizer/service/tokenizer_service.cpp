@@ -242,24 +242,11 @@ void TokenizerService::run() {
       last_heartbeat = now;
       (void)net::send_one(scheduler_, hb_bytes);
     }
-    zmq::pollitem_t items[] = {{scheduler_.handle(), 0, ZMQ_POLLIN, 0},
-                               {work_io_.handle(), 0, ZMQ_POLLIN, 0}};
-    try {
-      zmq::poll(items, 2,
-                std::chrono::milliseconds(std::max(1, options_.heartbeat_interval_ms / 2)));
-    } catch (const zmq::error_t& e) {
-      if (e.num() != EINTR) throw;
-    }
+    net::wait_readable({&scheduler_, &work_io_}, std::max(1, options_.heartbeat_interval_ms / 2));
     // Replies first: the scheduler is waiting on them.
-    while (net::recv_frames(work_io_, &frames)) {
-      for (auto& f : frames) (void)net::send_one(scheduler_, frame_view(f));
-    }
+    net::forward_waiting(work_io_, scheduler_, &frames);
     while (net::recv_frames(scheduler_, &frames)) {
-      if (frames.size() != 1) {
-        protocol_errors_->Increment();
-        continue;
-      }
-      auto envelope = proto::Envelope::parse(frame_view(frames[0]));
+      auto envelope = net::parse_one_frame(frames);
       if (!envelope) {
         protocol_errors_->Increment();
         LITELLAMA_LOG_WARN("tokenizer: dropped a message: {}", envelope.status().to_string());

@@ -423,24 +423,12 @@ Status WorkerService::run() {
       const double silent = monotonic_seconds() - last_scheduler_seen_.load();
       scheduler_up_->Set(silent <= options_.peer_timeout_ms / 1000.0 ? 1 : 0);
     }
-    zmq::pollitem_t items[] = {{scheduler_.handle(), 0, ZMQ_POLLIN, 0},
-                               {compute_io_.handle(), 0, ZMQ_POLLIN, 0}};
-    try {
-      zmq::poll(items, 2,
-                std::chrono::milliseconds(std::max(1, options_.heartbeat_interval_ms / 2)));
-    } catch (const zmq::error_t& e) {
-      if (e.num() != EINTR) throw;
-    }
+    net::wait_readable({&scheduler_, &compute_io_},
+                       std::max(1, options_.heartbeat_interval_ms / 2));
     // Results first: the scheduler is waiting on them.
-    while (net::recv_frames(compute_io_, &frames)) {
-      for (auto& f : frames) (void)net::send_one(scheduler_, frame_view(f));
-    }
+    net::forward_waiting(compute_io_, scheduler_, &frames);
     while (net::recv_frames(scheduler_, &frames)) {
-      if (frames.size() != 1) {
-        protocol_errors_->Increment();
-        continue;
-      }
-      auto envelope = proto::Envelope::parse(frame_view(frames[0]));
+      auto envelope = net::parse_one_frame(frames);
       if (!envelope) {
         protocol_errors_->Increment();
         LITELLAMA_LOG_WARN("worker: dropped a message: {}", envelope.status().to_string());
