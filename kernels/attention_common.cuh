@@ -140,7 +140,7 @@ __device__ __forceinline__ void accumulate_pv_f32(float (&acc)[kAcc], const floa
 template <typename... DimArgs>
 Status check_attention_launch(const char* op, bool supported, DType dtype, int32_t head_dim,
                               int32_t n_heads, int32_t n_kv_heads, int32_t n_work, int64_t grid_dim,
-                              fmt::format_string<DimArgs...> dims, DimArgs&&... dim_args) {
+                              const char* dims, const DimArgs&... dim_args) {
   if (!supported) {
     return make_error(StatusCode::kUnsupported,
                       "{}: unsupported dtype {}, head_dim {} or heads {}/{}", op,
@@ -148,7 +148,7 @@ Status check_attention_launch(const char* op, bool supported, DType dtype, int32
   }
   if (n_work < 0 || n_work > 65535 || grid_dim > 65535) {
     return make_error(StatusCode::kInvalidArgument, "{}: n_work {} or {} out of range", op, n_work,
-                      fmt::format(dims, std::forward<DimArgs>(dim_args)...));
+                      fmt::format(fmt::runtime(dims), dim_args...));
   }
   return Status::ok();
 }
