@@ -27,12 +27,16 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
+#include "common/proto/step_ring.h"
 #include "kernels/block_trace.h"
 #include "services/worker/checkpoint.h"
 #include "services/worker/model_runner.h"
 #include "services/worker/random_checkpoint.h"
+#include "services/worker/ring_step.h"
 
 namespace litellama {
 namespace {
@@ -97,7 +101,43 @@ struct Args {
   std::string kernel_repeats;  // RunnerOptions::layer_kernel_repeats, "qkv=2,attention=0"
   std::string block_trace;     // CSV file the block timeline of one decode step is appended to
   bool explain_plan = false;   // print each measured step's forward plan to stderr
+  bool ring = true;            // decode steps through a step ring, as the worker reads them
 };
+
+// Writes decode step `step` of `n` sequences into a ring buffer as the scheduler does: sequence q's
+// table at q * per_seq, whole in the ring's first step (`first`, which starts table epoch 1), else
+// its new slot alone; ids are placeholders for what the previous step sampled.
+void write_decode_step(const proto::StepView& v, int32_t step, bool first, int32_t per_seq,
+                       const std::vector<std::vector<int32_t>>& tokens,
+                       const std::vector<int32_t>& slots) {
+  const auto n = static_cast<int32_t>(tokens.size());
+  proto::StepHeader& h = *v.header;
+  h = proto::StepHeader{};
+  h.step_id = static_cast<uint64_t>(step) + 1;
+  h.n_seqs = n;
+  h.n_tokens = n;
+  h.table_epoch = 1;
+  h.epoch_start = first ? 1 : 0;
+  v.token_start[0] = 0;
+  v.new_slot_start[0] = 0;
+  for (int32_t q = 0; q < n; ++q) {
+    const auto qu = static_cast<size_t>(q);
+    const auto kv = static_cast<int32_t>(tokens[qu].size());
+    v.token_ids[qu] = -(q + 1);
+    v.positions[qu] = kv - 1;
+    v.token_start[qu + 1] = q + 1;
+    v.kv_len[qu] = kv;
+    v.slot_start[qu] = q * per_seq;
+    const int32_t* seq_slots = slots.data() + static_cast<size_t>(q) * per_seq;
+    const int32_t from = first ? 0 : kv - 1;
+    std::copy(seq_slots + from, seq_slots + kv, v.new_slots.begin() + h.n_new_slots);
+    h.n_new_slots += kv - from;
+    v.new_slot_start[qu + 1] = h.n_new_slots;
+    v.sample[qu] = 1;
+    v.sampling[qu] = SamplingParams{};
+    v.n_generated[qu] = step + 1;
+  }
+}
 
 // Appends one traced step's records to `path` as CSV (a header when the file is new or empty).
 Status append_block_trace(const std::string& path, const std::string& preset, int32_t batch,
@@ -307,8 +347,40 @@ int run(const Args& a) {
         tokens[static_cast<size_t>(in_step[k])].push_back(out.sampled_ids[k]);
       }
     }
+    // Decode through a step ring: the step is written as the scheduler writes it, then timed from
+    // the worker's read of the ring (in place) to the end of step().
+    proto::StepRingLimits limits{b, b, b * per_seq, 0, int64_t{b} * per_seq};
+    auto ring = proto::StepRing::create("litellama-bench-" + std::to_string(getpid()), limits);
+    if (!ring.is_ok()) {
+      std::fprintf(stderr, "%s\n", ring.status().message().c_str());
+      return 1;
+    }
+    if (Status st = r.register_host_memory((*ring)->data(), (*ring)->size_bytes()); !st) {
+      std::fprintf(stderr, "%s\n", st.message().c_str());
+      return 1;
+    }
+    RingStepReader reader;
+    auto ring_step = [&](int32_t step, double* ms, double* device_ms) {
+      const proto::StepView v = (*ring)->buffer(step % proto::kStepRingBuffers);
+      write_decode_step(v, step, step == 1, per_seq, tokens, perm);
+      const auto t0 = Clock::now();
+      StepBatchView view;
+      Status st = reader.read(v, limits, out.sampled_ids, true, &view);
+      if (st.is_ok()) st = r.step(view, &out);
+      *ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      if (!st.is_ok()) std::fprintf(stderr, "step failed: %s\n", st.message().c_str());
+      *device_ms = 1e3 * r.last_step_device_seconds().value_or(0.0);
+      return st.is_ok();
+    };
     // One decode step of every sequence; false when it failed.
     auto decode_step = [&](int32_t step, double* ms, double* device_ms) {
+      if (a.ring && step > 0) {
+        if (!ring_step(step, ms, device_ms)) return false;
+        for (int32_t q = 0; q < b; ++q) {
+          tokens[static_cast<size_t>(q)].push_back(out.sampled_ids[static_cast<size_t>(q)]);
+        }
+        return true;
+      }
       batch.clear();
       for (int32_t q = 0; q < b; ++q) {
         const auto& t = tokens[static_cast<size_t>(q)];
@@ -356,6 +428,7 @@ int run(const Args& a) {
         std::fprintf(stderr, "block trace: %lld blocks past the capacity\n",
                      static_cast<long long>(dropped));
     }
+    r.unregister_host_memory((*ring)->data());
     const double m = median(times);
     const double kv_mean = a.context + 1 + a.n_warmup + a.n_steps / 2.0;
     const double bytes = decode_bytes(c, 2, b, kv_mean);
@@ -398,6 +471,9 @@ int main(int argc, char** argv) {
       "GEMV layers: steps of at most this many tokens put gate/up through the GEMV "
       "with SiLU * up too, not cuBLAS (0: never; -1: the runner's choice by model size)");
   app.add_option("--pdl", a.pdl, "programmatic dependent launch (1/0)");
+  app.add_option("--ring", a.ring,
+                 "decode steps through a shared-memory step ring read in place, as the worker "
+                 "reads them (1), or from a StepBatch (0)");
   app.add_option("--copy-bandwidth", a.copy_bandwidth, "measure the device copy bandwidth (1/0)");
   app.add_option("--kernel-repeats", a.kernel_repeats,
                  "profiling: launches per layer of GEMV-layer kernels, e.g. qkv=2 or attention=0 "

@@ -21,6 +21,7 @@
 #include "services/worker/cpu_sampler.h"
 #include "services/worker/model_runner.h"
 #include "services/worker/random_checkpoint.h"
+#include "services/worker/ring_step.h"
 
 namespace litellama {
 namespace {
@@ -140,34 +141,61 @@ void BM_CpuDecodeStep(benchmark::State& state) {
 }
 BENCHMARK(BM_CpuDecodeStep)->Arg(1)->Arg(8)->ArgNames({"batch"})->Unit(benchmark::kMillisecond);
 
-// The host work a GPU decode step of `batch` sequences at 520 keys starts with: building the
-// StepBatch (the worker reads it from the step ring likewise) and validating it. The slot table
-// (131k entries at batch 256) dominates both.
-void BM_DecodeStepBatch(benchmark::State& state) {
+// The worker's host work before a decode step of `batch` sequences at 520 keys runs: reading it
+// from the step ring in place (one new slot per sequence; the tables were sent in the epoch's
+// first step) and validating it.
+void BM_DecodeStepRingRead(benchmark::State& state) {
   const auto batch_size = static_cast<int32_t>(state.range(0));
   const int32_t kv_len = 520;
-  std::vector<int32_t> slots(static_cast<size_t>(batch_size) * kv_len);
-  std::iota(slots.begin(), slots.end(), 0);
-  std::shuffle(slots.begin(), slots.end(), std::mt19937(1));
-  const int32_t token = 7;
-  StepBatch batch;
-  for (auto _ : state) {
-    batch.clear();
+  const proto::StepRingLimits limits{batch_size, batch_size, batch_size * kv_len, 0,
+                                     int64_t{batch_size} * kv_len};
+  auto ring = proto::StepRing::create("litellama-bench-ring-read", limits);
+  if (!ring.is_ok()) {
+    state.SkipWithError(ring.status().message().c_str());
+    return;
+  }
+  const proto::StepView v = (*ring)->buffer(0);
+  // Every table whole (the epoch's first step), then the steady decode step.
+  auto write = [&](bool first) {
+    proto::StepHeader& h = *v.header;
+    h = proto::StepHeader{};
+    h.n_seqs = h.n_tokens = batch_size;
+    h.table_epoch = 1;
+    h.epoch_start = first ? 1 : 0;
     for (int32_t s = 0; s < batch_size; ++s) {
-      batch.add_sequence(std::span<const int32_t>(&token, 1),
-                         std::span<const int32_t>(slots).subspan(static_cast<size_t>(s) * kv_len,
-                                                                 static_cast<size_t>(kv_len)),
-                         true, {}, 1);
+      const auto su = static_cast<size_t>(s);
+      v.token_ids[su] = 7;
+      v.positions[su] = kv_len - 1;
+      v.token_start[su + 1] = s + 1;
+      v.kv_len[su] = kv_len;
+      v.slot_start[su] = s * kv_len;
+      for (int32_t p = first ? 0 : kv_len - 1; p < kv_len; ++p) {
+        v.new_slots[static_cast<size_t>(h.n_new_slots++)] = s * kv_len + p;
+      }
+      v.new_slot_start[su + 1] = h.n_new_slots;
+      v.sample[su] = 1;
+      v.sampling[su] = SamplingParams{};
+      v.n_generated[su] = 1;
     }
-    const Status st = batch.validate(static_cast<int32_t>(slots.size()), 128256);
+  };
+  RingStepReader reader;
+  StepBatchView batch;
+  write(true);
+  (void)reader.read(v, limits, {}, false, &batch);
+  write(false);
+  const int32_t n_slots = batch_size * kv_len;
+  for (auto _ : state) {
+    Status st = reader.read(v, limits, {}, false, &batch);
+    if (st.is_ok()) st = batch.validate(n_slots, 128256, limits.table_capacity);
     if (!st.is_ok()) {
       state.SkipWithError(st.message().c_str());
       return;
     }
+    benchmark::DoNotOptimize(batch);
   }
   state.SetItemsProcessed(state.iterations() * batch_size);
 }
-BENCHMARK(BM_DecodeStepBatch)
+BENCHMARK(BM_DecodeStepRingRead)
     ->Arg(1)
     ->Arg(64)
     ->Arg(256)
@@ -187,7 +215,8 @@ void BM_BatcherSteadyStep(benchmark::State& state) {
   options.prefix_cache = state.range(0) != 0;
   ContinuousBatcher batcher(allocator, options);
   batcher.set_model(128256, 0, {});
-  auto ring = proto::StepRing::create("litellama-bench-batcher", {8192, kRunning, kPool, 0});
+  auto ring = proto::StepRing::create(
+      "litellama-bench-batcher", {8192, kRunning, kPool, 0, 4 * int64_t{kPool} + 16 * kRunning});
   if (!ring.is_ok()) {
     state.SkipWithError(ring.status().message().c_str());
     return;

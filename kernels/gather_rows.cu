@@ -51,6 +51,21 @@ __global__ void scatter_rows_f32_kernel(T* __restrict__ out, const float* __rest
   for (int i = threadIdx.x; i < cols; i += blockDim.x) dst[i] = from_float<T>(src[i]);
 }
 
+// One block per sequence.
+__global__ void write_slot_table_kernel(int32_t* __restrict__ table,
+                                        const int32_t* __restrict__ slot_start,
+                                        const int32_t* __restrict__ kv_len,
+                                        const int32_t* __restrict__ new_slot_start,
+                                        const int32_t* __restrict__ new_slots) {
+  pdl_launch_dependents();
+  pdl_wait();
+  const int s = blockIdx.x;
+  const int32_t begin = new_slot_start[s];
+  const int32_t n_w = new_slot_start[s + 1] - begin;
+  int32_t* dst = table + slot_start[s] + kv_len[s] - n_w;
+  for (int32_t i = threadIdx.x; i < n_w; i += blockDim.x) dst[i] = new_slots[begin + i];
+}
+
 }  // namespace
 
 bool gather_rows_supports(DType dtype) {
@@ -76,6 +91,16 @@ Status launch_scatter_rows_f32(void* out, const float* in, const int32_t* rows, 
                                                  rows, cols));
     return Status::ok();
   });
+}
+
+Status launch_write_slot_table(int32_t* table, const int32_t* slot_start, const int32_t* kv_len,
+                               const int32_t* new_slot_start, const int32_t* new_slots,
+                               int32_t n_seqs, KernelStream stream) {
+  if (n_seqs <= 0) return Status::ok();
+  LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(write_slot_table_kernel, dim3(n_seqs), dim3(128), 0,
+                                               stream, table, slot_start, kv_len, new_slot_start,
+                                               new_slots));
+  return Status::ok();
 }
 
 }  // namespace litellama

@@ -29,4 +29,12 @@ Status launch_scatter_rows_f32(void* out,            // [*, cols] of dtype
                                const int32_t* rows,  // [n_rows_in]
                                int32_t n_rows_in, int32_t cols, DType dtype, KernelStream stream);
 
+// The slot-table write of a step (StepBatchView's contract): for each sequence s < n_seqs, the
+// n_w = new_slot_start[s+1] - new_slot_start[s] entries new_slots[new_slot_start[s] ..] go to
+// table[slot_start[s] + kv_len[s] - n_w ..]. All arrays are on the device; the caller has checked
+// the ranges on the host.
+Status launch_write_slot_table(int32_t* table, const int32_t* slot_start, const int32_t* kv_len,
+                               const int32_t* new_slot_start, const int32_t* new_slots,
+                               int32_t n_seqs, KernelStream stream);
+
 }  // namespace litellama

@@ -26,9 +26,9 @@ size_t align_up(size_t n) {
 
 // Byte offsets of each array inside one buffer; the same function on both sides.
 struct BufferLayout {
-  size_t header, token_ids, positions, token_start, kv_len, slot_start, slot_table, sample,
-      sampling, n_generated, history_start, history_ids, n_prompt, sampled_ids, top_ids, top_values,
-      logprobs, lse, size;
+  size_t header, token_ids, positions, token_start, kv_len, slot_start, new_slot_start, new_slots,
+      sample, sampling, n_generated, history_start, history_ids, n_prompt, sampled_ids, top_ids,
+      top_values, logprobs, lse, size;
 };
 
 BufferLayout buffer_layout(const StepRingLimits& l) {
@@ -45,8 +45,9 @@ BufferLayout buffer_layout(const StepRingLimits& l) {
   b.positions = take(t * 4);
   b.token_start = take((s + 1) * 4);
   b.kv_len = take(s * 4);
-  b.slot_start = take((s + 1) * 4);
-  b.slot_table = take(static_cast<size_t>(l.max_slots) * 4);
+  b.slot_start = take(s * 4);
+  b.new_slot_start = take((s + 1) * 4);
+  b.new_slots = take(static_cast<size_t>(l.max_slots) * 4);
   b.sample = take(s);
   b.sampling = take(s * sizeof(SamplingParams));
   b.n_generated = take(s * 4);
@@ -69,10 +70,12 @@ size_t region_size(const StepRingLimits& l) {
 Status check_limits(const StepRingLimits& l) {
   constexpr int32_t kMax = 1 << 26;
   if (l.max_tokens <= 0 || l.max_seqs <= 0 || l.max_slots <= 0 || l.max_history < 0 ||
-      l.max_tokens > kMax || l.max_seqs > kMax || l.max_slots > kMax || l.max_history > kMax) {
+      l.max_tokens > kMax || l.max_seqs > kMax || l.max_slots > kMax || l.max_history > kMax ||
+      l.table_capacity < l.max_slots || l.table_capacity > (int64_t{1} << 34)) {
     return make_error(StatusCode::kInvalidArgument,
-                      "step ring limits out of range (tokens {}, seqs {}, slots {}, history {})",
-                      l.max_tokens, l.max_seqs, l.max_slots, l.max_history);
+                      "step ring limits out of range (tokens {}, seqs {}, slots {}, history {}, "
+                      "table {})",
+                      l.max_tokens, l.max_seqs, l.max_slots, l.max_history, l.table_capacity);
   }
   return Status::ok();
 }
@@ -152,6 +155,10 @@ size_t StepRing::size_bytes() const {
   return region_size(limits_);
 }
 
+void* StepRing::data() const {
+  return impl_->region.get_address();
+}
+
 StepView StepRing::buffer(int index) {
   const BufferLayout b = buffer_layout(limits_);
   auto* base = static_cast<uint8_t*>(impl_->region.get_address()) + align_up(sizeof(RegionHeader)) +
@@ -167,8 +174,9 @@ StepView StepRing::buffer(int index) {
   v.positions = i32(b.positions, t);
   v.token_start = i32(b.token_start, s + 1);
   v.kv_len = i32(b.kv_len, s);
-  v.slot_start = i32(b.slot_start, s + 1);
-  v.slot_table = i32(b.slot_table, static_cast<size_t>(limits_.max_slots));
+  v.slot_start = i32(b.slot_start, s);
+  v.new_slot_start = i32(b.new_slot_start, s + 1);
+  v.new_slots = i32(b.new_slots, static_cast<size_t>(limits_.max_slots));
   v.sample = std::span<uint8_t>(base + b.sample, s);
   v.sampling = std::span<SamplingParams>(reinterpret_cast<SamplingParams*>(base + b.sampling), s);
   v.n_generated = i32(b.n_generated, s);

@@ -5,9 +5,18 @@
 // and are the only synchronisation: a side touches a buffer only while it owns it.
 //
 // Each buffer holds one step as fixed-capacity arrays (layout below) plus the sampled ids the
-// worker writes back. All offsets derive from StepRingLimits, which the region's header records,
-// so both sides compute the same layout; the header's magic and layout version are checked on
-// open.
+// worker writes back. The worker reads the arrays in place (it may rewrite token placeholders
+// there while it owns the buffer) and page-locks the mapping, so that its device copies read it
+// directly.
+//
+// Slot tables travel as deltas. The worker keeps every sequence's table (table_capacity entries
+// in all); the scheduler decides where each sequence's table lies in it (slot_start) and sends,
+// per step, only the entries it did not send before in the current table epoch (new_slots). A
+// new epoch (header.table_epoch changes: a new worker, a failed step, or the scheduler laying the
+// tables out afresh) starts with a step that brings every sequence's whole table; the worker
+// refuses a step of an epoch it has not seen start. All offsets derive from StepRingLimits, which
+// the region's header records, so both sides compute the same layout; the header's magic and layout
+// version are checked on open.
 #pragma once
 
 #include <cstdint>
@@ -21,23 +30,27 @@
 namespace litellama::proto {
 
 inline constexpr uint64_t kStepRingMagic = 0x4c4c4d5354455031ull;  // "LLMSTEP1"
-inline constexpr uint32_t kStepRingLayoutVersion = 3;
+inline constexpr uint32_t kStepRingLayoutVersion = 4;
 inline constexpr int kStepRingBuffers = 2;
 // Most top logits one sequence can return per step (the CUDA sampler's limit).
 inline constexpr int32_t kMaxStepTopLogits = 64;
 
 struct StepRingLimits {
-  int32_t max_tokens = 0;   // tokens of one step
-  int32_t max_seqs = 0;     // sequences of one step
-  int32_t max_slots = 0;    // slot-table entries of one step (sum of kv_len)
-  int32_t max_history = 0;  // penalty-history ids of one step
+  int32_t max_tokens = 0;      // tokens of one step
+  int32_t max_seqs = 0;        // sequences of one step
+  int32_t max_slots = 0;       // slot-table entries one step covers (sum of kv_len)
+  int32_t max_history = 0;     // penalty-history ids of one step
+  int64_t table_capacity = 0;  // entries of the worker's slot table
 };
 
 struct StepHeader {
   uint64_t step_id;
   int32_t n_seqs;
   int32_t n_tokens;
-  int32_t n_slots;
+  uint32_t table_epoch;  // > 0; see the slot tables above
+  // 1: this step brings every sequence's whole table and starts table_epoch.
+  int32_t epoch_start;
+  int32_t n_new_slots;
   int32_t n_history;     // 0: no sequence has penalties
   int32_t n_top_logits;  // 0..kMaxStepTopLogits, for every sampled sequence
   // 1: the worker writes logprobs and lse for every sampled sequence (a step asks for all of
@@ -54,8 +67,9 @@ struct StepView {
   std::span<int32_t> positions;        // [max_tokens]
   std::span<int32_t> token_start;      // [max_seqs + 1]
   std::span<int32_t> kv_len;           // [max_seqs]
-  std::span<int32_t> slot_start;       // [max_seqs + 1]
-  std::span<int32_t> slot_table;       // [max_slots]
+  std::span<int32_t> slot_start;       // [max_seqs] table index of each sequence's position 0
+  std::span<int32_t> new_slot_start;   // [max_seqs + 1] offsets into new_slots
+  std::span<int32_t> new_slots;        // [max_slots] the last entries of each sequence's table
   std::span<uint8_t> sample;           // [max_seqs]
   std::span<SamplingParams> sampling;  // [max_seqs]
   std::span<int32_t> n_generated;      // [max_seqs]
@@ -92,6 +106,8 @@ class StepRing {
   const StepRingLimits& limits() const { return limits_; }
   StepView buffer(int index);
   size_t size_bytes() const;
+  // The whole mapping (both buffers), for page-locking it.
+  void* data() const;
 
  private:
   struct Impl;

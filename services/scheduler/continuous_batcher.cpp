@@ -121,6 +121,7 @@ ContinuousBatcher::AddResult ContinuousBatcher::add_sequence(Request* r, uint64_
   const int32_t kv_len = r->n_fed + n_new;
 
   const int32_t s = h.n_seqs;
+  if (!place_table(r, kv_len, limits)) return AddResult::kSkipped;
   (void)allocator_.allocate(n_new, &r->slots);
 
   for (int32_t i = 0; i < n_new; ++i) {
@@ -132,9 +133,14 @@ ContinuousBatcher::AddResult ContinuousBatcher::add_sequence(Request* r, uint64_
   h.n_tokens += n_new;
   view.token_start[static_cast<size_t>(s + 1)] = h.n_tokens;
   view.kv_len[static_cast<size_t>(s)] = kv_len;
-  std::copy(r->slots.begin(), r->slots.end(), view.slot_table.begin() + n_slots_used_);
+  // Only the table entries the worker does not have yet.
+  std::copy(r->slots.begin() + r->table_sent, r->slots.end(),
+            view.new_slots.begin() + h.n_new_slots);
+  h.n_new_slots += kv_len - r->table_sent;
+  r->table_sent = kv_len;
   n_slots_used_ += kv_len;
-  view.slot_start[static_cast<size_t>(s + 1)] = n_slots_used_;
+  view.slot_start[static_cast<size_t>(s)] = static_cast<int32_t>(r->table_base);
+  view.new_slot_start[static_cast<size_t>(s + 1)] = h.n_new_slots;
   view.sample[static_cast<size_t>(s)] = sample ? 1 : 0;
   view.sampling[static_cast<size_t>(s)] = r->sampling;
   view.n_generated[static_cast<size_t>(s)] = r->n_generated() + r->n_pending;
@@ -270,6 +276,29 @@ void ContinuousBatcher::give_up_slots(Request* r, int32_t n_cache) {
     }
     r->slots.clear();
   }
+  r->table_epoch = 0;
+}
+
+bool ContinuousBatcher::place_table(Request* r, int32_t kv_len,
+                                    const proto::StepRingLimits& limits) {
+  if (r->table_epoch == table_epoch_ && kv_len <= r->table_cap) return true;
+  // A new place, twice the length (rounded to 16), so that a growing table moves O(log n)
+  // times; the worker gets the whole table there.
+  const int64_t cap =
+      std::min<int64_t>((int64_t{2} * kv_len + 15) / 16 * 16, limits.table_capacity);
+  if (kv_len > cap || table_next_ + cap > limits.table_capacity) return false;
+  r->table_base = table_next_;
+  r->table_cap = static_cast<int32_t>(cap);
+  r->table_sent = 0;
+  r->table_epoch = table_epoch_;
+  table_next_ += cap;
+  return true;
+}
+
+void ContinuousBatcher::reset_tables() {
+  table_epoch_ = table_epoch_ == UINT32_MAX ? 1 : table_epoch_ + 1;
+  table_next_ = 0;
+  epoch_started_ = false;
 }
 
 void ContinuousBatcher::preempt(Request* r) {
@@ -292,8 +321,15 @@ std::optional<PlannedStep> ContinuousBatcher::plan(uint64_t step_id, proto::Step
   proto::StepHeader& h = *view.header;
   h = proto::StepHeader{};
   h.step_id = step_id;
+  // Tables placed since the last epoch began leave too little room for one more step's (each
+  // place is at most 2 kv_len + 15 entries, the kv_len of one step sum to at most max_slots):
+  // a new epoch lays out afresh, from this step's sequences.
+  const int64_t step_room = int64_t{2} * limits.max_slots + int64_t{16} * limits.max_seqs;
+  if (table_next_ + step_room > limits.table_capacity) reset_tables();
+  h.table_epoch = table_epoch_;
+  h.epoch_start = epoch_started_ ? 0 : 1;
   view.token_start[0] = 0;
-  view.slot_start[0] = 0;
+  view.new_slot_start[0] = 0;
   view.history_start[0] = 0;
   n_slots_used_ = 0;
   n_history_used_ = 0;
@@ -372,7 +408,7 @@ std::optional<PlannedStep> ContinuousBatcher::plan(uint64_t step_id, proto::Step
   }
 
   if (h.n_seqs == 0) return std::nullopt;
-  h.n_slots = n_slots_used_;
+  epoch_started_ = true;
   h.n_history = n_history_used_;
   step.n_top_logits = h.n_top_logits;
   step.logprobs = h.logprobs == 1;

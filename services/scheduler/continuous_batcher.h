@@ -123,6 +123,9 @@ class ContinuousBatcher {
   // Forgets every cached prefix. pool_kept: the pool still exists and the cache's references go
   // back to it (a step failed); false: the pool was replaced (a new worker).
   void clear_cache(bool pool_kept);
+  // The worker's slot table no longer holds what was sent (a step failed, or another worker
+  // serves): the next planned step starts a new table epoch and brings every sequence's table.
+  void reset_tables();
 
   uint64_t last_completed_step() const { return last_completed_step_; }
   const BatcherStats& stats() const { return stats_; }
@@ -150,6 +153,10 @@ class ContinuousBatcher {
   // Running request to preempt so that `for_whom` can run (maybe itself); nullptr: none.
   Request* pick_victim(uint64_t step_id) const;
   void preempt(Request* r);
+  // Places r's slot table in the worker's for a kv_len of `kv_len` (a new place, from which the
+  // whole table is sent, when it has none in this epoch or outgrew it); false when there is no
+  // room this step.
+  bool place_table(Request* r, int32_t kv_len, const proto::StepRingLimits& limits);
   // Gives r's slots up (into the cache for its first n_cache positions), now or once the
   // step using them is done.
   void give_up_slots(Request* r, int32_t n_cache);
@@ -176,6 +183,11 @@ class ContinuousBatcher {
   // Step-local counters while planning.
   int32_t n_slots_used_ = 0;
   int32_t n_history_used_ = 0;
+  // The worker's slot table (proto::StepRing): the current epoch, whether a step of it was
+  // planned (the first one brings every sequence's whole table), the next free entry.
+  uint32_t table_epoch_ = 1;
+  bool epoch_started_ = false;
+  int64_t table_next_ = 0;
 };
 
 }  // namespace litellama

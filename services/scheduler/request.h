@@ -40,10 +40,16 @@ struct Request {
   int32_t priority = 0;
 
   // Generation (ContinuousBatcher).
-  std::vector<int32_t> output_ids;   // sampled ids known so far
-  int32_t n_pending = 0;             // ids sampled by in-flight steps, not yet known
-  int32_t n_fed = 0;                 // positions whose KV is written or being written
-  std::vector<int32_t> slots;        // KV slot of each fed position
+  std::vector<int32_t> output_ids;  // sampled ids known so far
+  int32_t n_pending = 0;            // ids sampled by in-flight steps, not yet known
+  int32_t n_fed = 0;                // positions whose KV is written or being written
+  std::vector<int32_t> slots;       // KV slot of each fed position
+  // Its slot table in the worker's (proto::StepRing): entries [table_base, table_base +
+  // table_cap), of which the first table_sent were sent in epoch table_epoch (0: none).
+  int64_t table_base = 0;
+  int32_t table_cap = 0;
+  int32_t table_sent = 0;
+  uint32_t table_epoch = 0;
   uint64_t last_step_id = 0;         // last step that includes this request
   uint64_t last_sample_step_id = 0;  // last step that samples for it
   std::optional<RequestFinish> finish;

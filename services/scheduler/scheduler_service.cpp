@@ -501,6 +501,7 @@ void SchedulerService::on_worker_heartbeat(const std::string& identity,
   peer->last_seen = now;
   worker_ = std::move(peer);
   batcher_.clear_cache(false);  // a new pool: nothing cached is in it
+  batcher_.reset_tables();      // and an empty slot table
   allocator_.reset(hb.n_kv_slots);
   std::vector<int32_t> eos = hb.eos_token_ids;
   for (int32_t id : tokenizer_eos_ids_) {
@@ -592,6 +593,8 @@ void SchedulerService::on_step_result(const proto::StepResult& result) {
     batcher_.complete(step.plan, none, &updated);
     // KV the failed step was writing may sit in the cache: drop every cached prefix.
     batcher_.clear_cache(true);
+    // The worker refuses steps of the failed step's table epoch from now on.
+    batcher_.reset_tables();
   } else {
     proto::StepView view = worker_->ring->buffer(step.buffer);
     const size_t n = step.plan.request_ids.size();

@@ -68,8 +68,11 @@ struct CpuLayer {
 
 class CpuModelRunner final : public ModelRunner {
  public:
-  CpuModelRunner(ModelConfig config, int32_t n_slots, int32_t n_threads)
-      : config_(std::move(config)), n_slots_(n_slots), n_threads_(n_threads) {}
+  CpuModelRunner(ModelConfig config, int32_t n_slots, int32_t n_threads, int64_t table_capacity)
+      : config_(std::move(config)),
+        n_slots_(n_slots),
+        n_threads_(n_threads),
+        table_capacity_(table_capacity) {}
 
   Status load(const Checkpoint& ckpt);
   void set_observer(ActivationObserver observer) { observer_ = std::move(observer); }
@@ -86,9 +89,10 @@ class CpuModelRunner final : public ModelRunner {
     }
     return static_cast<int64_t>(floats * sizeof(float));
   }
-  Status step(const StepBatch& batch, StepOutput* out) override;
+  int64_t slot_table_capacity() const override { return table_capacity_; }
+  Status step(const StepBatchView& batch, StepOutput* out) override;
   // The CPU runner has one path for every batch.
-  std::string explain_step(const StepBatch& batch) const override {
+  std::string explain_step(const StepBatchView& batch) const override {
     return fmt::format(
         "float32 reference forward pass over {} tokens in {} sequences on {} threads (one path "
         "for every batch), then the CPU sampler\n",
@@ -104,11 +108,16 @@ class CpuModelRunner final : public ModelRunner {
               int64_t n_out, int64_t n_in) const;
   void rms_norm(float* out, const float* in, const float* weight, int64_t n_rows,
                 int64_t dim) const;
-  void attention(float* out, const float* q, int32_t layer, const StepBatch& batch) const;
+  void attention(float* out, const float* q, int32_t layer, const StepBatchView& batch) const;
+  // Writes the step's new slot-table entries (after validation).
+  void write_slot_table(const StepBatchView& batch);
 
   ModelConfig config_;
   int32_t n_slots_;
   int32_t n_threads_;
+  int64_t table_capacity_;
+  // The slot table; grown on demand up to table_capacity_ (entries past its size are unwritten).
+  std::vector<int32_t> table_;
   std::vector<CpuLayer> layers_;
   std::vector<float> embed_, final_norm_, lm_head_;  // lm_head_ empty when tied
   std::vector<LazyZeroBuffer> k_pool_, v_pool_;      // [layer][n_slots, n_kv_heads, head_dim]
@@ -212,7 +221,7 @@ void CpuModelRunner::rms_norm(float* out, const float* in, const float* weight, 
 }
 
 void CpuModelRunner::attention(float* out, const float* q, int32_t layer,
-                               const StepBatch& batch) const {
+                               const StepBatchView& batch) const {
   const int32_t n_heads = config_.n_heads, n_kv = config_.n_kv_heads, hd = config_.head_dim;
   const int32_t group = n_heads / n_kv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -236,7 +245,7 @@ void CpuModelRunner::attention(float* out, const float* q, int32_t layer,
       for (int32_t h = 0; h < n_heads; ++h) {
         const int32_t s = seq_of[static_cast<size_t>(t)];
         const int32_t pos = batch.positions[static_cast<size_t>(t)];
-        const int32_t* slots = batch.slot_table.data() + batch.slot_start[s];
+        const int32_t* slots = table_.data() + batch.slot_start[s];
         const int32_t kvh = h / group;
         const float* qv = q + (t * n_heads + h) * hd;
         scores.resize(static_cast<size_t>(pos) + 1);
@@ -265,12 +274,29 @@ void CpuModelRunner::attention(float* out, const float* q, int32_t layer,
   }
 }
 
-Status CpuModelRunner::step(const StepBatch& batch, StepOutput* out) {
-  LITELLAMA_RETURN_IF_ERROR(batch.validate(n_slots_, config_.vocab_size));
+void CpuModelRunner::write_slot_table(const StepBatchView& batch) {
+  int64_t end = 0;
+  for (int32_t s = 0; s < batch.n_seqs(); ++s) {
+    end = std::max<int64_t>(end, int64_t{batch.slot_start[s]} + batch.kv_len[s]);
+  }
+  if (end > static_cast<int64_t>(table_.size())) {
+    table_.resize(static_cast<size_t>(std::min(
+        table_capacity_, std::max<int64_t>(end, 2 * static_cast<int64_t>(table_.size())))));
+  }
+  for (int32_t s = 0; s < batch.n_seqs(); ++s) {
+    const int32_t n_w = batch.new_slot_start[s + 1] - batch.new_slot_start[s];
+    std::copy_n(batch.new_slots.begin() + batch.new_slot_start[s], n_w,
+                table_.begin() + batch.slot_start[s] + batch.kv_len[s] - n_w);
+  }
+}
+
+Status CpuModelRunner::step(const StepBatchView& batch, StepOutput* out) {
+  LITELLAMA_RETURN_IF_ERROR(batch.validate(n_slots_, config_.vocab_size, table_capacity_));
   if (!batch.embed_token_index.empty() && !supports_input_embeddings(batch.embed_rows_memory)) {
     return make_error(StatusCode::kUnsupported,
                       "the CPU backend reads input embeddings from host memory only");
   }
+  write_slot_table(batch);
   const ModelConfig& c = config_;
   const int64_t T = batch.n_tokens(), H = c.hidden_size, hd = c.head_dim;
   const int64_t q_dim = int64_t{c.n_heads} * hd, kv_dim = int64_t{c.n_kv_heads} * hd;
@@ -338,7 +364,7 @@ Status CpuModelRunner::step(const StepBatch& batch, StepOutput* out) {
     float* vp = v_pool_[static_cast<size_t>(l)].data();
     for (int32_t s = 0; s < n_seqs; ++s) {
       for (int32_t t = batch.token_start[s]; t < batch.token_start[s + 1]; ++t) {
-        const int32_t slot = batch.slot_table[batch.slot_start[s] + batch.positions[t]];
+        const int32_t slot = table_[static_cast<size_t>(batch.slot_start[s] + batch.positions[t])];
         std::copy_n(k.data() + t * kv_dim, kv_dim, kp + int64_t{slot} * kv_dim);
         std::copy_n(v.data() + t * kv_dim, kv_dim, vp + int64_t{slot} * kv_dim);
       }
@@ -444,7 +470,10 @@ Result<std::unique_ptr<ModelRunner>> create_observed_cpu_model_runner(const Chec
   int32_t threads = options.n_threads > 0
                         ? options.n_threads
                         : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
-  auto runner = std::make_unique<CpuModelRunner>(c, n_slots, threads);
+  const int64_t table = options.slot_table_capacity > 0
+                            ? options.slot_table_capacity
+                            : default_slot_table_capacity(n_slots, options.max_batch_seqs);
+  auto runner = std::make_unique<CpuModelRunner>(c, n_slots, threads, table);
   runner->set_observer(std::move(observer));
   LITELLAMA_RETURN_IF_ERROR(runner->load(checkpoint));
   return std::unique_ptr<ModelRunner>(std::move(runner));

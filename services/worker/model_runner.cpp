@@ -67,22 +67,105 @@ void StepBatch::clear() {
   logprobs = false;
 }
 
+StepBatchView StepBatch::view() const {
+  StepBatchView v;
+  v.token_ids = token_ids;
+  v.positions = positions;
+  v.token_start = token_start;
+  v.kv_len = kv_len;
+  // Every sequence's whole table, at the prefix sums: slot_start[0 .. n) are the bases, and all
+  // n + 1 entries delimit new_slots.
+  v.slot_start = std::span<const int32_t>(slot_start).first(slot_start.empty() ? 0 : kv_len.size());
+  v.new_slot_start = slot_start;
+  v.new_slots = slot_table;
+  v.sample = sample;
+  v.sampling = sampling;
+  v.n_generated = n_generated;
+  v.history_start = history_start;
+  v.history_ids = history_ids;
+  v.n_prompt = n_prompt;
+  v.n_top_logits = n_top_logits;
+  v.embed_token_index = embed_token_index;
+  v.embed_rows = embed_rows;
+  v.embed_rows_memory = embed_rows_memory;
+  v.logprobs = logprobs;
+  return v;
+}
+
 namespace {
 
 // The first value of v outside [0, limit), or null. The common case (all in range) is one
-// branch-free pass that the compiler vectorizes, because a large decode step carries a slot per
-// key of every sequence (256 sequences at 520 keys: 133k) and an early-exit loop does not
-// vectorize (BM_DecodeStepBatch in bench/cpu_micro_bench.cpp measures it).
-const int32_t* first_outside(const std::vector<int32_t>& v, int32_t limit) {
+// branch-free pass that the compiler vectorizes (a step that brings whole tables carries a slot
+// per key of every sequence), since an early-exit loop does not vectorize.
+const int32_t* first_outside(std::span<const int32_t> v, int32_t limit) {
   uint32_t any = 0;
   for (const int32_t x : v) any |= static_cast<uint32_t>(x < 0) | static_cast<uint32_t>(x >= limit);
   if (any == 0) return nullptr;
   return &*std::find_if(v.begin(), v.end(), [&](int32_t x) { return x < 0 || x >= limit; });
 }
 
+// The per-sequence checks of StepBatchView::validate for sequence s.
+Status validate_sequence(const StepBatchView& b, size_t s, int64_t table_capacity) {
+  const int32_t n_new = b.token_start[s + 1] - b.token_start[s];
+  if (n_new < 1)
+    return make_error(StatusCode::kInvalidArgument, "sequence {} brings no new token", s);
+  const int32_t n_written = b.new_slot_start[s + 1] - b.new_slot_start[s];
+  if (b.kv_len[s] < n_new || n_written < 0 || n_written > b.kv_len[s]) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "sequence {}: {} new table entries for kv_len {} and {} new tokens", s,
+                      n_written, b.kv_len[s], n_new);
+  }
+  if (b.slot_start[s] < 0 || int64_t{b.slot_start[s]} + b.kv_len[s] > table_capacity) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "sequence {}: table entries {} .. {} are outside the slot table ({})", s,
+                      b.slot_start[s], int64_t{b.slot_start[s]} + b.kv_len[s], table_capacity);
+  }
+  for (int32_t i = 0; i < n_new; ++i) {
+    if (b.positions[static_cast<size_t>(b.token_start[s] + i)] != b.kv_len[s] - n_new + i) {
+      return make_error(StatusCode::kInvalidArgument,
+                        "sequence {}: positions must be kv_len - n_new .. kv_len - 1", s);
+    }
+  }
+  if (!b.history_start.empty()) {
+    if (b.history_start[s + 1] < b.history_start[s] || b.n_prompt[s] < 0 ||
+        b.n_prompt[s] > b.history_start[s + 1] - b.history_start[s]) {
+      return make_error(StatusCode::kInvalidArgument, "sequence {}: bad penalty history", s);
+    }
+  } else if (b.sample[s] && b.sampling[s].has_penalties()) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "sequence {} uses penalties but the batch carries no history", s);
+  }
+  const SamplingParams& p = b.sampling[s];
+  if (!(p.temperature >= 0) || p.top_k < 0 || !(p.top_p > 0 && p.top_p <= 1) ||
+      !(p.min_p >= 0 && p.min_p <= 1) || !(p.repetition_penalty > 0)) {
+    return make_error(StatusCode::kInvalidArgument, "sequence {}: sampling parameters out of range",
+                      s);
+  }
+  return Status::ok();
+}
+
+Status validate_embedding_rows(const StepBatchView& b) {
+  if (b.embed_token_index.empty()) return Status::ok();
+  if (b.embed_rows == nullptr) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "step batch names {} embedding rows but gives none",
+                      b.embed_token_index.size());
+  }
+  for (size_t j = 0; j < b.embed_token_index.size(); ++j) {
+    const int32_t t = b.embed_token_index[j];
+    if (t < 0 || t >= b.n_tokens() || (j > 0 && t <= b.embed_token_index[j - 1])) {
+      return make_error(StatusCode::kInvalidArgument,
+                        "step batch embedding token index {} at {} is out of range or not "
+                        "increasing",
+                        t, j);
+    }
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
-Status check_kv_slots(const std::vector<int32_t>& slots, int32_t n_kv_slots) {
+Status check_kv_slots(std::span<const int32_t> slots, int32_t n_kv_slots) {
   if (const int32_t* bad = first_outside(slots, n_kv_slots)) {
     return make_error(StatusCode::kInvalidArgument, "KV slot {} is outside the pool (size {})",
                       *bad, n_kv_slots);
@@ -90,84 +173,35 @@ Status check_kv_slots(const std::vector<int32_t>& slots, int32_t n_kv_slots) {
   return Status::ok();
 }
 
-Status StepBatch::validate(int32_t n_kv_slots, int32_t vocab_size, bool check_slots) const {
+Status StepBatchView::validate(int32_t n_kv_slots, int32_t vocab_size, int64_t table_capacity,
+                               bool check_slots) const {
   const size_t n = kv_len.size();
   if (n == 0) return make_error(StatusCode::kInvalidArgument, "step batch has no sequences");
-  if (token_start.size() != n + 1 || slot_start.size() != n + 1 || sample.size() != n ||
-      sampling.size() != n || n_generated.size() != n) {
+  if (token_start.size() != n + 1 || slot_start.size() != n || new_slot_start.size() != n + 1 ||
+      sample.size() != n || sampling.size() != n || n_generated.size() != n) {
     return make_error(StatusCode::kInvalidArgument,
-                      "step batch per-sequence arrays disagree in "
-                      "length");
+                      "step batch per-sequence arrays disagree in length");
   }
   if (positions.size() != token_ids.size()) {
     return make_error(StatusCode::kInvalidArgument,
-                      "step batch positions and token ids differ "
-                      "in length");
+                      "step batch positions and token ids differ in length");
   }
-  if (token_start[0] != 0 || slot_start[0] != 0 ||
+  if (token_start[0] != 0 || new_slot_start[0] != 0 ||
       token_start[n] != static_cast<int32_t>(token_ids.size()) ||
-      slot_start[n] != static_cast<int32_t>(slot_table.size())) {
+      new_slot_start[n] != static_cast<int32_t>(new_slots.size())) {
     return make_error(StatusCode::kInvalidArgument, "step batch offsets do not cover the arrays");
   }
-  const bool has_history = !history_start.empty();
-  if (has_history && (history_start.size() != n + 1 || n_prompt.size() != n ||
-                      history_start[n] != static_cast<int32_t>(history_ids.size()))) {
+  if (!history_start.empty() &&
+      (history_start.size() != n + 1 || n_prompt.size() != n || history_start[0] != 0 ||
+       history_start[n] != static_cast<int32_t>(history_ids.size()))) {
     return make_error(StatusCode::kInvalidArgument, "step batch history arrays are inconsistent");
   }
-  if (!embed_token_index.empty()) {
-    if (embed_rows == nullptr) {
-      return make_error(StatusCode::kInvalidArgument,
-                        "step batch names {} embedding rows but gives none",
-                        embed_token_index.size());
-    }
-    for (size_t j = 0; j < embed_token_index.size(); ++j) {
-      const int32_t t = embed_token_index[j];
-      if (t < 0 || t >= static_cast<int32_t>(token_ids.size()) ||
-          (j > 0 && t <= embed_token_index[j - 1])) {
-        return make_error(StatusCode::kInvalidArgument,
-                          "step batch embedding token index {} at {} is out of range or not "
-                          "increasing",
-                          t, j);
-      }
-    }
-  }
+  LITELLAMA_RETURN_IF_ERROR(validate_embedding_rows(*this));
   if (n_top_logits < 0 || n_top_logits > vocab_size) {
     return make_error(StatusCode::kInvalidArgument, "n_top_logits {} out of range", n_top_logits);
   }
-  for (size_t s = 0; s < n; ++s) {
-    const int32_t n_new = token_start[s + 1] - token_start[s];
-    if (n_new < 1) {
-      return make_error(StatusCode::kInvalidArgument, "sequence {} brings no new token", s);
-    }
-    if (kv_len[s] < n_new || slot_start[s + 1] - slot_start[s] != kv_len[s]) {
-      return make_error(StatusCode::kInvalidArgument,
-                        "sequence {}: slot table has {} entries for kv_len {} and {} new tokens", s,
-                        slot_start[s + 1] - slot_start[s], kv_len[s], n_new);
-    }
-    for (int32_t i = 0; i < n_new; ++i) {
-      if (positions[static_cast<size_t>(token_start[s] + i)] != kv_len[s] - n_new + i) {
-        return make_error(StatusCode::kInvalidArgument,
-                          "sequence {}: positions must be kv_len - n_new .. kv_len - 1", s);
-      }
-    }
-    if (has_history) {
-      if (history_start[s + 1] < history_start[s] ||
-          n_prompt[s] > history_start[s + 1] - history_start[s] || n_prompt[s] < 0) {
-        return make_error(StatusCode::kInvalidArgument, "sequence {}: bad penalty history", s);
-      }
-    } else if (sample[s] && sampling[s].has_penalties()) {
-      return make_error(StatusCode::kInvalidArgument,
-                        "sequence {} uses penalties but the batch carries no history", s);
-    }
-    const SamplingParams& p = sampling[s];
-    if (!(p.temperature >= 0) || p.top_k < 0 || !(p.top_p > 0 && p.top_p <= 1) ||
-        !(p.min_p >= 0 && p.min_p <= 1) || !(p.repetition_penalty > 0)) {
-      return make_error(StatusCode::kInvalidArgument,
-                        "sequence {}: sampling parameters out of "
-                        "range",
-                        s);
-    }
-  }
+  for (size_t s = 0; s < n; ++s)
+    LITELLAMA_RETURN_IF_ERROR(validate_sequence(*this, s, table_capacity));
   if (const int32_t* bad = first_outside(token_ids, vocab_size)) {
     return make_error(StatusCode::kInvalidArgument,
                       "token id {} is outside the vocabulary (size {})", *bad, vocab_size);
@@ -176,7 +210,11 @@ Status StepBatch::validate(int32_t n_kv_slots, int32_t vocab_size, bool check_sl
     return make_error(StatusCode::kInvalidArgument, "history token id {} is outside the vocabulary",
                       *bad);
   }
-  return check_slots ? check_kv_slots(slot_table, n_kv_slots) : Status::ok();
+  return check_slots ? check_kv_slots(new_slots, n_kv_slots) : Status::ok();
+}
+
+int64_t default_slot_table_capacity(int32_t n_kv_slots, int32_t max_batch_seqs) {
+  return 4 * int64_t{n_kv_slots} + 16 * int64_t{max_batch_seqs};
 }
 
 // Where the default GEMV limits change: Llama-3.2-1B (hidden 2048) and Qwen2.5-1.5B (1536) on one

@@ -4,9 +4,11 @@
 // decides which slots a sequence uses: the caller names every slot in each sequence's slot table.
 //
 // KV contract ("token attention"): sequence s has kv_len[s] tokens after the step, at positions
-// 0..kv_len[s]-1, whose K/V live in slots slot_table[slot_start[s] + p]. Its n_new new tokens are
-// positions kv_len[s]-n_new .. kv_len[s]-1; the runner writes their K/V into the last n_new slots
-// of its table and reads the earlier ones as cached. Slots are in [0, n_kv_slots()).
+// 0..kv_len[s]-1, whose K/V live in slots table[slot_start[s] + p]. The table is the runner's own
+// (slot_table_capacity() entries, kept from step to step); each step writes the entries it brings
+// (StepBatchView::new_slots) and the rest are what earlier steps wrote. Its n_new new tokens are
+// positions kv_len[s]-n_new .. kv_len[s]-1; the runner writes their K/V into the slots of those
+// positions and reads the earlier ones as cached. Slots are in [0, n_kv_slots()).
 #pragma once
 
 #include <cstdint>
@@ -30,6 +32,45 @@ class Checkpoint;
 enum class EmbeddingMemory {
   kHost,    // ordinary (or shared) host memory
   kDevice,  // device memory of the runner's GPU (e.g. mapped with cudaIpcOpenMemHandle)
+};
+
+// One step's arrays as a runner reads them: spans over a StepBatch's vectors, or in place over
+// a step-ring buffer (services/worker/ring_step.h). Meanings as in StepBatch, except the slot
+// table: slot_start[s] is where sequence s's table starts in the runner's table, and this step
+// writes the last n_w = new_slot_start[s+1] - new_slot_start[s] entries of it (positions
+// kv_len[s] - n_w .. kv_len[s] - 1) from new_slots; its earlier entries are those earlier steps
+// wrote. A decode step of a running sequence brings one new slot; its first step, all kv_len.
+struct StepBatchView {
+  std::span<const int32_t> token_ids;        // [n_tokens]
+  std::span<const int32_t> positions;        // [n_tokens]
+  std::span<const int32_t> token_start;      // [n_seqs + 1]
+  std::span<const int32_t> kv_len;           // [n_seqs]
+  std::span<const int32_t> slot_start;       // [n_seqs] table index of position 0
+  std::span<const int32_t> new_slot_start;   // [n_seqs + 1] offsets into new_slots
+  std::span<const int32_t> new_slots;        // [sum n_w]
+  std::span<const uint8_t> sample;           // [n_seqs]
+  std::span<const SamplingParams> sampling;  // [n_seqs]
+  std::span<const int32_t> n_generated;      // [n_seqs]
+  std::span<const int32_t> history_start;    // [n_seqs + 1] or empty
+  std::span<const int32_t> history_ids;      //
+  std::span<const int32_t> n_prompt;         // [n_seqs] or empty
+  int32_t n_top_logits = 0;
+  std::span<const int32_t> embed_token_index;  // [n_embed]
+  const float* embed_rows = nullptr;
+  EmbeddingMemory embed_rows_memory = EmbeddingMemory::kHost;
+  bool logprobs = false;
+  // The arrays lie in host memory registered with the runner (ModelRunner::register_host_memory),
+  // so that a device backend may copy from them directly.
+  bool registered = false;
+
+  int32_t n_seqs() const { return static_cast<int32_t>(kv_len.size()); }
+  int32_t n_tokens() const { return static_cast<int32_t>(token_ids.size()); }
+  // Checks sizes and ranges: ids against vocab_size, every sequence's table inside
+  // [0, table_capacity), new slots against n_kv_slots. A backend that range-checks the new slots
+  // while copying them passes check_slots = false and must refuse out-of-range slots itself
+  // before writing them.
+  Status validate(int32_t n_kv_slots, int32_t vocab_size, int64_t table_capacity,
+                  bool check_slots = true) const;
 };
 
 struct StepBatch {
@@ -76,15 +117,16 @@ struct StepBatch {
   // Sets the penalty history of the sequence added last (call right after add_sequence).
   void set_history(std::span<const int32_t> prompt_ids, std::span<const int32_t> generated_ids);
   void clear();
-  // Checks sizes and ranges (slots against n_kv_slots, ids against vocab_size). A backend that
-  // range-checks the slot table while copying it (the CUDA runner's staging) passes
-  // check_slots = false and must refuse out-of-range slots itself before using them.
-  Status validate(int32_t n_kv_slots, int32_t vocab_size, bool check_slots = true) const;
+  // The batch as a runner reads it: every sequence's whole table, written at table entries
+  // slot_start[s] .. slot_start[s] + kv_len[s] (the prefix sums), so that the step depends on no
+  // earlier one. Valid while the batch lives unchanged.
+  StepBatchView view() const;
+  operator StepBatchView() const { return view(); }  // NOLINT: runners take either
 };
 
-// kInvalidArgument naming the first slot outside [0, n_kv_slots), else ok. StepBatch::validate
-// uses it, and so does a backend that range-checks the slot table itself (check_slots = false).
-Status check_kv_slots(const std::vector<int32_t>& slots, int32_t n_kv_slots);
+// kInvalidArgument naming the first slot outside [0, n_kv_slots), else ok. StepBatchView::validate
+// uses it, and so does a backend that range-checks the new slots itself (check_slots = false).
+Status check_kv_slots(std::span<const int32_t> slots, int32_t n_kv_slots);
 
 struct StepOutput {
   std::vector<int32_t> sampled_ids;  // [n_seqs], -1 where the sequence was not sampled
@@ -157,6 +199,9 @@ struct RunnerOptions {
   // CUDA, compute capability 9.0+: kernels are launched with programmatic dependent launch, so
   // each one starts (and loads its weights) while the previous one finishes.
   bool use_programmatic_launch = true;
+  // Entries of the slot table the runner keeps (ModelRunner::slot_table_capacity); 0: the
+  // default, default_slot_table_capacity().
+  int64_t slot_table_capacity = 0;
 #if LITELLAMA_PROFILING
   // Only in a profiling build (CMake option LITELLAMA_PROFILING; see LayerKernelRepeats).
   LayerKernelRepeats layer_kernel_repeats;
@@ -171,8 +216,16 @@ class ModelRunner {
   // Bytes the weights take where this backend keeps them: device memory on CUDA; host memory on
   // the CPU, which holds every weight (quantized ones dequantized) in float32.
   virtual int64_t weight_bytes() const = 0;
-  // Runs one forward step and samples. Validates the batch first; on error nothing was written.
-  virtual Status step(const StepBatch& batch, StepOutput* out) = 0;
+  // Entries of the runner's slot table (see the KV contract at the top).
+  virtual int64_t slot_table_capacity() const = 0;
+  // Runs one forward step and samples. Validates the batch first; on error nothing was written
+  // (neither the KV pool nor the slot table).
+  virtual Status step(const StepBatchView& batch, StepOutput* out) = 0;
+  // Lets a device backend copy from [data, data + bytes) directly (CUDA: page-locks it with
+  // cudaHostRegister) until unregister_host_memory; a no-op where there is no device. The worker
+  // registers its step ring.
+  virtual Status register_host_memory(void* data, size_t bytes) { return Status::ok(); }
+  virtual void unregister_host_memory(void* data) {}
   // Whether step() takes StepBatch::embed_rows in `memory`; a batch with rows elsewhere is
   // refused with kUnsupported.
   virtual bool supports_input_embeddings(EmbeddingMemory memory) const { return false; }
@@ -188,7 +241,7 @@ class ModelRunner {
   virtual int64_t graph_captures() const { return 0; }
   // What a step of `batch` would run, one decision per line (litellama-bench --explain-plan);
   // runs nothing.
-  virtual std::string explain_step(const StepBatch& batch) const = 0;
+  virtual std::string explain_step(const StepBatchView& batch) const = 0;
 };
 
 // The GEMV layers' token limit a CUDA runner uses: options.gemv_max_tokens, or for -1 (the
@@ -197,6 +250,10 @@ int32_t resolved_gemv_max_tokens(const RunnerOptions& options, int32_t hidden_si
 // Likewise for the gate/up GEMV: options.gemv_gate_up_max_tokens, or for -1 8 up to hidden size
 // 2048 and 4 above.
 int32_t resolved_gemv_gate_up_max_tokens(const RunnerOptions& options, int32_t hidden_size);
+
+// Four pools' worth of table entries (room for the tables of one step, laid out twice, and for
+// their growth until the scheduler lays them out afresh) and 16 per sequence for rounding.
+int64_t default_slot_table_capacity(int32_t n_kv_slots, int32_t max_batch_seqs);
 
 // The compute dtype for `requested` ("" or "auto", else a torch name: float32, bfloat16, float16)
 // on `device`. "auto" is float32 on the CPU (its only dtype) and, on CUDA, the checkpoint's own

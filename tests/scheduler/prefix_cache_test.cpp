@@ -184,24 +184,44 @@ Ids generate_alone(const Ids& prompt, int32_t max_tokens, int32_t vocab) {
   return out;
 }
 
+// Runs steps as the worker's contract says: the slot table travels as deltas into a table the
+// worker keeps, in epochs that start with every sequence's whole table.
 struct FakeWorker {
   std::vector<uint64_t> kv;
+  std::vector<int32_t> table;
+  uint32_t epoch = 0;
   Ids previous;  // sampled ids of the step before
   void run(proto::StepView v) {
-    Ids sampled(static_cast<size_t>(v.header->n_seqs), -1);
-    for (int s = 0; s < v.header->n_seqs; ++s) {
+    const proto::StepHeader& h = *v.header;
+    if (h.epoch_start == 1) {
+      epoch = h.table_epoch;
+    } else {
+      ASSERT_EQ(h.table_epoch, epoch) << "a step of an epoch that never started";
+    }
+    Ids sampled(static_cast<size_t>(h.n_seqs), -1);
+    for (int s = 0; s < h.n_seqs; ++s) {
       const auto su = static_cast<size_t>(s);
       const int32_t base = v.slot_start[su];
+      const int32_t kv_len = v.kv_len[su];
+      const int32_t n_w = v.new_slot_start[su + 1] - v.new_slot_start[su];
+      ASSERT_LE(n_w, kv_len);
+      if (h.epoch_start == 1) ASSERT_EQ(n_w, kv_len) << "an epoch's first step brings whole tables";
+      if (table.size() < static_cast<size_t>(base + kv_len)) table.resize(base + kv_len, -1);
+      std::copy_n(v.new_slots.begin() + v.new_slot_start[su], n_w,
+                  table.begin() + base + kv_len - n_w);
       for (int32_t t = v.token_start[su]; t < v.token_start[su + 1]; ++t) {
         int32_t id = v.token_ids[static_cast<size_t>(t)];
         if (id < 0) id = previous.at(static_cast<size_t>(-id - 1));
         const int32_t pos = v.positions[static_cast<size_t>(t)];
-        const uint64_t prev = pos == 0 ? 0 : kv[static_cast<size_t>(v.slot_table[base + pos - 1])];
-        kv[static_cast<size_t>(v.slot_table[base + pos])] = mix(prev, id);
+        const int32_t slot = table.at(static_cast<size_t>(base + pos));
+        ASSERT_GE(slot, 0) << "an entry never sent";
+        const uint64_t prev =
+            pos == 0 ? 0 : kv[static_cast<size_t>(table.at(static_cast<size_t>(base + pos - 1)))];
+        kv[static_cast<size_t>(slot)] = mix(prev, id);
       }
       if (v.sample[su]) {
         const int32_t last = v.positions[static_cast<size_t>(v.token_start[su + 1] - 1)];
-        sampled[su] = sample_from(kv[static_cast<size_t>(v.slot_table[base + last])], 50);
+        sampled[su] = sample_from(kv[static_cast<size_t>(table[base + last])], 50);
       }
     }
     std::copy(sampled.begin(), sampled.end(), v.sampled_ids.begin());
@@ -230,7 +250,7 @@ LoadResult run_load(int32_t n_slots, bool prefix_cache, uint32_t seed, int n_req
   ContinuousBatcher batcher(allocator, options);
   batcher.set_model(50, 0, {});
   auto ring = proto::StepRing::create("litellama-unit-ring-load-" + std::to_string(seed),
-                                      {64, 16, 4 * n_slots, 0});
+                                      {64, 16, 4 * n_slots, 0, 3 * (4 * n_slots) + 16 * 16});
   EXPECT_TRUE(ring.is_ok());
   FakeWorker worker;
   worker.kv.assign(static_cast<size_t>(n_slots), 0);
@@ -388,7 +408,8 @@ TEST(ContinuousBatcher, HigherPriorityFirstAndFirstComeFirstServedWithin) {
   options.max_batch_seqs = 1;  // one admission per step: the order is the admission order
   ContinuousBatcher batcher(allocator, options);
   batcher.set_model(50, 0, {});
-  auto ring = proto::StepRing::create("litellama-unit-ring-priority", {64, 1, 256, 0});
+  auto ring =
+      proto::StepRing::create("litellama-unit-ring-priority", {64, 1, 256, 0, 4 * 256 + 16});
   ASSERT_TRUE(ring.is_ok());
   std::vector<std::unique_ptr<Request>> requests;
   const int32_t priorities[] = {0, 1, 0, 2, 1, -1};
@@ -417,7 +438,8 @@ TEST(ContinuousBatcher, LongestCachedPrefixFirstButNobodyPassedOverMoreThanTheBo
   options.max_passed_over = 3;
   ContinuousBatcher batcher(allocator, options);
   batcher.set_model(50, 0, {});
-  auto ring = proto::StepRing::create("litellama-unit-ring-prefix-order", {64, 1, 512, 0});
+  auto ring =
+      proto::StepRing::create("litellama-unit-ring-prefix-order", {64, 1, 512, 0, 4 * 512 + 16});
   ASSERT_TRUE(ring.is_ok());
   const Ids system = {9, 8, 7, 6, 5, 4, 3, 2, 1, 0};
   std::vector<std::unique_ptr<Request>> warm;
@@ -462,7 +484,8 @@ TEST(ContinuousBatcher, PreemptsTheLowestPriorityNewestAndRefusesWhatNeverFits) 
   BatcherOptions options;
   ContinuousBatcher batcher(allocator, options);
   batcher.set_model(50, 0, {});
-  auto ring = proto::StepRing::create("litellama-unit-ring-preempt", {64, 8, 200, 0});
+  auto ring =
+      proto::StepRing::create("litellama-unit-ring-preempt", {64, 8, 200, 0, 4 * 200 + 16 * 8});
   ASSERT_TRUE(ring.is_ok());
   std::vector<std::unique_ptr<Request>> requests;
   const int32_t priorities[] = {1, 0, 1, 5};

@@ -126,7 +126,7 @@ TEST(ContinuousBatcher, TopLogitsAreAskedOnlyForTheFirstTokenAndKeptWithIt) {
   options.max_prefill_chunk = 5;  // the 7-id prompt takes two steps
   ContinuousBatcher batcher(allocator, options);
   batcher.set_model(1000, 0, {});
-  auto ring = proto::StepRing::create("litellama-unit-ring-top", {64, 8, 100, 0});
+  auto ring = proto::StepRing::create("litellama-unit-ring-top", {64, 8, 100, 0, 4 * 100 + 16 * 8});
   ASSERT_TRUE(ring.is_ok());
   Request wants, plain;
   wants.id = 1;
@@ -178,7 +178,7 @@ TEST(ContinuousBatcher, OverlappedStepsMatchSequentialGeneration) {
   options.max_prefill_chunk = 5;
   ContinuousBatcher batcher(allocator, options);
   batcher.set_model(1000, 0, {});
-  auto ring = proto::StepRing::create("litellama-unit-ring", {64, 8, 200, 200});
+  auto ring = proto::StepRing::create("litellama-unit-ring", {64, 8, 200, 200, 4 * 200 + 16 * 8});
   ASSERT_TRUE(ring.is_ok());
   std::vector<std::unique_ptr<Request>> requests;
   for (int i = 0; i < 4; ++i) {

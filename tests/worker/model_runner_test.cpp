@@ -12,6 +12,7 @@
 
 #include "services/worker/checkpoint.h"
 #include "services/worker/model_runner.h"
+#include "tests/worker/table_deltas.h"
 #include "tests/worker/test_util.h"
 
 namespace litellama {
@@ -77,6 +78,40 @@ TEST_F(RunnerTest, LongDecodeIsIndependentOfSlotPlacement) {
   std::vector<int32_t> distinct = a;
   std::sort(distinct.begin(), distinct.end());
   EXPECT_GT(std::unique(distinct.begin(), distinct.end()) - distinct.begin(), 5);
+}
+
+// The slot table the runner keeps: each sequence's table sent once, to a place of its own, then
+// one new entry per step, decodes exactly as whole tables every step do.
+TEST_F(RunnerTest, SlotTableDeltasMatchWholeTables) {
+  const std::vector<std::vector<int32_t>> prompts = {
+      {5, 17, 123, 9000, 42}, {7, 8, 9, 10, 11, 12, 13, 14, 15}, {300, 200, 100}};
+  std::vector<int32_t> pool(4096);
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), std::mt19937(5));
+  const int32_t n_steps = 24;
+  std::vector<std::vector<int32_t>> slots;
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    slots.emplace_back(pool.begin() + static_cast<std::ptrdiff_t>(s * 64),
+                       pool.begin() + static_cast<std::ptrdiff_t>(s * 64 + 64));
+  }
+  const auto whole = test::decode_sequences(*runner_, prompts, slots, n_steps, false, {});
+  const auto deltas =
+      test::decode_sequences(*runner_, prompts, slots, n_steps, true, {3000, 40, 9000});
+  ASSERT_EQ(whole.ids.size(), 3u);
+  EXPECT_EQ(whole.ids, deltas.ids);
+  ASSERT_EQ(whole.top.size(), deltas.top.size());
+  for (size_t i = 0; i < whole.top.size(); ++i) EXPECT_EQ(whole.top[i], deltas.top[i]) << i;
+
+  // A table outside the runner's is refused.
+  StepBatch batch;
+  batch.add_sequence(prompts[2], std::span<const int32_t>(slots[2]).first(3), true, {}, 0);
+  StepBatchView view = batch.view();
+  const std::vector<int32_t> far = {static_cast<int32_t>(runner_->slot_table_capacity()) - 2};
+  view.slot_start = far;
+  StepOutput out;
+  const Status st = runner_->step(view, &out);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("outside the slot table"), std::string::npos) << st.message();
 }
 
 TEST_F(RunnerTest, MixedPrefillAndDecodeStepMatchesSeparateSteps) {
@@ -237,12 +272,12 @@ TEST_F(RunnerTest, RefusesInvalidBatches) {
   st = runner_->step(bad_token, &out);
   EXPECT_NE(st.message().find("outside the vocabulary"), std::string::npos) << st.message();
 
-  StepBatch short_table;
+  StepBatch long_table;  // more table entries than kv_len
   const std::vector<int32_t> three = {1, 2, 3};
-  short_table.add_sequence(three, std::span<const int32_t>(three).first(3), true, {}, 0);
-  short_table.slot_table.pop_back();
-  short_table.slot_start.back() -= 1;
-  st = runner_->step(short_table, &out);
+  long_table.add_sequence(three, std::span<const int32_t>(three).first(3), true, {}, 0);
+  long_table.slot_table.push_back(0);
+  long_table.slot_start.back() += 1;
+  st = runner_->step(long_table, &out);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
 
   StepBatch penalties_without_history;

@@ -1,6 +1,8 @@
 // CudaModelRunner: one step, top-down.
 //
-//   stage the step's arrays in pinned memory -> one cudaMemcpyAsync to the device
+//   stage the step's arrays in pinned memory -> one cudaMemcpyAsync to the device (and one from
+//       the worker's page-locked step ring for the step's new slot-table entries)
+//   write_slot_table(the new entries into the device-resident slot table)
 //   embedding -> residual
 //   per layer, steps of more than gemv_max_tokens tokens (cuBLAS):
 //     add_rmsnorm(residual += delta of the previous layer; normed)      (first layer: no add)
@@ -38,13 +40,15 @@
 // GraphRunner (graph_runner.h) under the plan's key, which holds (batch size, top-logit count,
 // attention split count, whether every row is greedy, whether logprobs are returned). For a replay
 // to be right, every array the kernels read lives at an offset of the staging buffer that depends
-// only on the batch size (StepLayout puts the variable-length slot table last; the penalty history,
+// only on the batch size (StepLayout puts the variable-length new slots last; the penalty history,
 // the other variable-length array, has a staging buffer of its own), and the kernels read kv_len,
-// the slot table and the history from there rather than from launch arguments. Growing a staging
-// buffer moves it, which drops every graph.
+// the slot table and the history from device buffers rather than from launch arguments. The slot
+// table stays on the device from step to step (its write runs before the graph, not in it), so a
+// decode step copies one new slot per sequence instead of every sequence's table. Growing a
+// staging buffer moves it, which drops every graph.
 //
-// Every buffer is allocated once in create(); a step allocates nothing unless its slot table or
-// penalty history outgrows its staging buffers (they then grow geometrically, once).
+// Every buffer is allocated once in create(); a step allocates nothing unless its new slots or
+// penalty history outgrow their staging buffers (they then grow geometrically, once).
 #include "services/worker/cuda/cuda_model_runner.h"
 
 #include <cuda_runtime.h>
@@ -137,13 +141,16 @@ class CudaModelRunner final : public ModelRunner {
   int64_t weight_bytes() const override {
     return static_cast<int64_t>(weights_.storage.size_bytes());
   }
-  Status step(const StepBatch& batch, StepOutput* out) override;
+  int64_t slot_table_capacity() const override { return table_capacity_; }
+  Status step(const StepBatchView& batch, StepOutput* out) override;
+  Status register_host_memory(void* data, size_t bytes) override;
+  void unregister_host_memory(void* data) override;
   std::optional<double> last_step_device_seconds() const override {
     return last_step_device_seconds_;
   }
   int64_t graph_replays() const override { return graphs_.replays(); }
   int64_t graph_captures() const override { return graphs_.captures(); }
-  std::string explain_step(const StepBatch& batch) const override;
+  std::string explain_step(const StepBatchView& batch) const override;
   bool supports_input_embeddings(EmbeddingMemory memory) const override {
     return memory == EmbeddingMemory::kDevice;
   }
@@ -234,6 +241,11 @@ class CudaModelRunner final : public ModelRunner {
   // Step metadata: the same layout on both sides (StepLayout).
   PinnedBuffer staging_host_;
   DeviceBuffer staging_device_;
+  // The slot table (StepBatchView's contract) on the device, and its host copy, which the host
+  // reads each new token's slot from.
+  int64_t table_capacity_ = 0;
+  DeviceBuffer table_device_;
+  std::vector<int32_t> table_host_;
   // The penalty history of a step (StepBatch::history_ids), int32.
   PinnedBuffer history_host_;
   DeviceBuffer history_device_;
@@ -372,6 +384,13 @@ Status CudaModelRunner::allocate_kv_pool() {
   kv_pool_bytes_ = align_up(static_cast<size_t>(n_slots_) * slot_bytes, 256);
   LITELLAMA_ASSIGN_OR_RETURN(
       kv_, DeviceBuffer::allocate(kv_pool_bytes_ * 2 * static_cast<size_t>(c.n_layers)));
+  table_capacity_ = options_.slot_table_capacity > 0
+                        ? options_.slot_table_capacity
+                        : default_slot_table_capacity(n_slots_, options_.max_batch_seqs);
+  const size_t table_bytes = static_cast<size_t>(table_capacity_) * sizeof(int32_t);
+  LITELLAMA_ASSIGN_OR_RETURN(table_device_, DeviceBuffer::allocate(table_bytes));
+  LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemset(table_device_.data(), 0, table_bytes));
+  table_host_.assign(static_cast<size_t>(table_capacity_), 0);
   return Status::ok();
 }
 
@@ -391,7 +410,7 @@ ForwardPlanContext CudaModelRunner::forward_context() const {
   return ctx;
 }
 
-std::string CudaModelRunner::explain_step(const StepBatch& batch) const {
+std::string CudaModelRunner::explain_step(const StepBatchView& batch) const {
   return plan_forward(plan_step(batch, config_), batch.n_top_logits, forward_context()).describe();
 }
 
@@ -416,9 +435,20 @@ Status CudaModelRunner::ensure_history_staging(size_t bytes) {
   return grow_staging(bytes, &history_host_, &history_device_);
 }
 
-Status CudaModelRunner::step(const StepBatch& batch, StepOutput* out) {
-  // The slot table is range-checked as fill_step copies it (one pass over it instead of two).
-  LITELLAMA_RETURN_IF_ERROR(batch.validate(n_slots_, config_.vocab_size, /*check_slots=*/false));
+Status CudaModelRunner::register_host_memory(void* data, size_t bytes) {
+  LITELLAMA_CUDA_RETURN_IF_ERROR(cudaHostRegister(data, bytes, cudaHostRegisterDefault));
+  return Status::ok();
+}
+
+void CudaModelRunner::unregister_host_memory(void* data) {
+  (void)cudaStreamSynchronize(ctx_.stream());
+  (void)cudaHostUnregister(data);
+}
+
+Status CudaModelRunner::step(const StepBatchView& batch, StepOutput* out) {
+  // The new slots are range-checked as fill_step copies them (one pass over them instead of two).
+  LITELLAMA_RETURN_IF_ERROR(
+      batch.validate(n_slots_, config_.vocab_size, table_capacity_, /*check_slots=*/false));
   if (!batch.embed_token_index.empty() && !supports_input_embeddings(batch.embed_rows_memory)) {
     return make_error(StatusCode::kUnsupported,
                       "the CUDA backend reads input embedding rows in device memory only");
@@ -436,19 +466,30 @@ Status CudaModelRunner::step(const StepBatch& batch, StepOutput* out) {
                       kSamplingMaxTopLogits, batch.n_top_logits);
   }
   const StepPlan plan = plan_step(batch, config_);
-  LITELLAMA_RETURN_IF_ERROR(ensure_staging(plan.layout.total_bytes));
-  LITELLAMA_RETURN_IF_ERROR(fill_step(batch, config_, plan, n_slots_, staging_host_.data()));
+  const StepLayout& L = plan.layout;
+  LITELLAMA_RETURN_IF_ERROR(ensure_staging(L.total_bytes));
   const size_t history_bytes = batch.history_ids.size() * sizeof(int32_t);
-  if (history_bytes > 0) {
-    // The second half of the device buffer is the sampler's logprob scratch (history_raw()).
-    LITELLAMA_RETURN_IF_ERROR(ensure_history_staging(2 * history_bytes));
-    std::memcpy(history_host_.data(), batch.history_ids.data(), history_bytes);
-  }
+  // The second half of the history's device buffer is the sampler's logprob scratch.
+  if (history_bytes > 0) LITELLAMA_RETURN_IF_ERROR(ensure_history_staging(2 * history_bytes));
+  // New slots in registered memory (the worker's step ring) are copied to the device from there.
+  const bool slots_in_place = batch.registered && plan.n_new_slots > 0;
+  LITELLAMA_RETURN_IF_ERROR(fill_step(batch, config_, plan, n_slots_, !slots_in_place,
+                                      table_host_.data(), staging_host_.data()));
+  if (history_bytes > 0) std::memcpy(history_host_.data(), batch.history_ids.data(), history_bytes);
   cudaStream_t stream = ctx_.stream();
   LITELLAMA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ctx_.step_start(), stream));
   LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging_device_.data(), staging_host_.data(),
-                                                 plan.layout.total_bytes, cudaMemcpyHostToDevice,
-                                                 stream));
+                                                 slots_in_place ? L.new_slots : L.total_bytes,
+                                                 cudaMemcpyHostToDevice, stream));
+  if (slots_in_place) {
+    LITELLAMA_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(staging_device_.as<char>(L.new_slots), batch.new_slots.data(),
+                        batch.new_slots.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+  }
+  auto i32 = [&](size_t offset) { return staging_device_.as<const int32_t>(offset); };
+  LITELLAMA_RETURN_IF_ERROR(launch_write_slot_table(table_device_.as<int32_t>(), i32(L.slot_start),
+                                                    i32(L.kv_len), i32(L.new_slot_start),
+                                                    i32(L.new_slots), plan.n_seqs, stream));
   if (history_bytes > 0) {
     LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(history_device_.data(), history_host_.data(),
                                                    history_bytes, cudaMemcpyHostToDevice, stream));
@@ -657,9 +698,15 @@ Status CudaModelRunner::run_attention(const StepPlan& plan, int32_t l) {
   const int32_t* prefill_seqs = decode_seqs + plan.n_decode;
   // The step's tensors with the sequences of one kind of work.
   auto tensors = [&](const int32_t* seq_ids) {
-    return AttentionTensors<void>{attn_.data(),      q_.data(),          k_pool(l),
-                                  v_pool(l),         i32(L.token_start), i32(L.kv_len),
-                                  i32(L.slot_start), i32(L.slot_table),  seq_ids};
+    return AttentionTensors<void>{attn_.data(),
+                                  q_.data(),
+                                  k_pool(l),
+                                  v_pool(l),
+                                  i32(L.token_start),
+                                  i32(L.kv_len),
+                                  i32(L.slot_start),
+                                  table_device_.as<const int32_t>(),
+                                  seq_ids};
   };
   if (plan.n_decode > 0) {
     LITELLAMA_RETURN_IF_ERROR(launch_attention_decode(

@@ -31,12 +31,19 @@ T* at(void* base, size_t offset) {
   return reinterpret_cast<T*>(static_cast<char*>(base) + offset);
 }
 
-// Copies src into dst and returns whether every value is in [0, limit): one branch-free pass that
-// the compiler vectorizes (a batch-256 decode step carries 133k slots).
-bool copy_in_range(int32_t* dst, const std::vector<int32_t>& src, int32_t limit) {
+// Copies src into dst (when not null) and returns whether every value is in [0, limit): one
+// branch-free pass that the compiler vectorizes (a step that brings whole tables carries a slot
+// per key of every sequence).
+bool copy_in_range(int32_t* dst, std::span<const int32_t> src, int32_t limit) {
   uint32_t outside = 0;
   const size_t n = src.size();
   const int32_t* in = src.data();
+  if (dst == nullptr) {
+    for (size_t i = 0; i < n; ++i) {
+      outside |= static_cast<uint32_t>(in[i] < 0) | static_cast<uint32_t>(in[i] >= limit);
+    }
+    return outside == 0;
+  }
   for (size_t i = 0; i < n; ++i) {
     const int32_t x = in[i];
     dst[i] = x;
@@ -47,7 +54,7 @@ bool copy_in_range(int32_t* dst, const std::vector<int32_t>& src, int32_t limit)
 
 }  // namespace
 
-StepPlan plan_step(const StepBatch& batch, const ModelConfig& config) {
+StepPlan plan_step(const StepBatchView& batch, const ModelConfig& config) {
   StepPlan plan;
   plan.n_tokens = batch.n_tokens();
   plan.n_seqs = batch.n_seqs();
@@ -80,29 +87,38 @@ StepPlan plan_step(const StepBatch& batch, const ModelConfig& config) {
   l.token_freq_row = p.take(plan.dynamic_rope ? n_tok * i32 : 0);
   l.token_start = p.take((n_seq + 1) * i32);
   l.kv_len = p.take(n_seq * i32);
-  l.slot_start = p.take((n_seq + 1) * i32);
+  l.slot_start = p.take(n_seq * i32);
+  l.new_slot_start = p.take((n_seq + 1) * i32);
   l.work_seqs = p.take(n_seq * i32);
   l.sample_rows = p.take(n_seq * i32);
   l.sampling_rows = p.take(n_seq * sizeof(SamplingRow));
   l.freq_table = p.take(plan.dynamic_rope
                             ? (n_seq + 1) * static_cast<size_t>(config.head_dim / 2) * sizeof(float)
                             : 0);
-  l.slot_table = p.take(batch.slot_table.size() * i32);
-  // After the slot table: only prefill steps carry embedding rows, and no graph runs them.
+  // Past the fixed part: only prefill steps carry embedding rows, and no graph runs them.
   plan.n_embed = static_cast<int32_t>(batch.embed_token_index.size());
   plan.embed_rows = batch.embed_rows;
   l.embed_index = p.take(static_cast<size_t>(plan.n_embed) * i32);
+  // Last, so that new slots copied from where they lie leave one contiguous range to stage.
+  plan.n_new_slots = static_cast<int32_t>(batch.new_slots.size());
+  l.new_slots = p.take(batch.new_slots.size() * i32);
   l.total_bytes = p.total();
   return plan;
 }
 
-Status fill_step(const StepBatch& batch, const ModelConfig& config, const StepPlan& plan,
-                 int32_t n_kv_slots, void* host) {
+Status fill_step(const StepBatchView& batch, const ModelConfig& config, const StepPlan& plan,
+                 int32_t n_kv_slots, bool copy_new_slots, int32_t* table, void* host) {
   const StepLayout& l = plan.layout;
-  if (!copy_in_range(at<int32_t>(host, l.slot_table), batch.slot_table, n_kv_slots)) {
-    return check_kv_slots(batch.slot_table, n_kv_slots);  // names the first bad slot
+  if (!copy_in_range(copy_new_slots ? at<int32_t>(host, l.new_slots) : nullptr, batch.new_slots,
+                     n_kv_slots)) {
+    return check_kv_slots(batch.new_slots, n_kv_slots);  // names the first bad slot
   }
-  auto copy = [&](size_t offset, const std::vector<int32_t>& v) {
+  for (int32_t s = 0; s < plan.n_seqs; ++s) {
+    const int32_t n_w = batch.new_slot_start[s + 1] - batch.new_slot_start[s];
+    std::copy_n(batch.new_slots.begin() + batch.new_slot_start[s], n_w,
+                table + batch.slot_start[s] + batch.kv_len[s] - n_w);
+  }
+  auto copy = [&](size_t offset, std::span<const int32_t> v) {
     if (!v.empty()) std::memcpy(at<char>(host, offset), v.data(), v.size() * sizeof(int32_t));
   };
   copy(l.token_ids, batch.token_ids);
@@ -110,6 +126,7 @@ Status fill_step(const StepBatch& batch, const ModelConfig& config, const StepPl
   copy(l.token_start, batch.token_start);
   copy(l.kv_len, batch.kv_len);
   copy(l.slot_start, batch.slot_start);
+  copy(l.new_slot_start, batch.new_slot_start);
   copy(l.embed_index, batch.embed_token_index);
 
   auto* token_slot = at<int32_t>(host, l.token_slot);
@@ -118,7 +135,7 @@ Status fill_step(const StepBatch& batch, const ModelConfig& config, const StepPl
   for (int32_t s = 0; s < plan.n_seqs; ++s) {
     const int32_t begin = batch.token_start[s], end = batch.token_start[s + 1];
     for (int32_t t = begin; t < end; ++t) {
-      token_slot[t] = batch.slot_table[batch.slot_start[s] + batch.positions[t]];
+      token_slot[t] = table[batch.slot_start[s] + batch.positions[t]];
     }
     if (end - begin == 1) {
       work[n_decode++] = s;

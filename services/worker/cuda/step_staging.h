@@ -1,12 +1,13 @@
-// Host side of one CUDA step: every small array the kernels read, derived from the StepBatch and
-// packed into one pinned staging buffer so a single cudaMemcpyAsync moves it to the device buffer
-// of the same layout (the penalty history, StepBatch::history_ids, travels in a buffer of its
-// own: see the runner).
+// Host side of one CUDA step: every small array the kernels read, derived from the step's
+// StepBatchView and packed into one pinned staging buffer so a single cudaMemcpyAsync moves it to
+// the device buffer of the same layout (the penalty history travels in a buffer of its own, and
+// new slots that lie in registered memory are copied from there: see the runner).
 //
 // Layout: the arrays whose sizes depend only on (n_tokens, n_seqs) come first, at offsets that are
-// a function of those two counts alone, then the variable-length slot table. A decode step of a
-// given batch size therefore always finds its arrays at the same device addresses, which is what
-// a captured CUDA graph needs.
+// a function of those two counts alone, then the variable-length new slot-table entries. A decode
+// step of a given batch size therefore always finds its arrays at the same device addresses,
+// which is what a captured CUDA graph needs. The slot table itself lives on the device from step
+// to step (the runner's); the step's new entries are written into it before its kernels run.
 #pragma once
 
 #include <cstddef>
@@ -27,13 +28,14 @@ struct StepLayout {
   size_t token_freq_row = 0;  // int32 [n_tokens] row of freq_table (dynamic NTK only)
   size_t token_start = 0;     // int32 [n_seqs + 1]
   size_t kv_len = 0;          // int32 [n_seqs]
-  size_t slot_start = 0;      // int32 [n_seqs + 1]
+  size_t slot_start = 0;      // int32 [n_seqs] table index of each sequence's position 0
+  size_t new_slot_start = 0;  // int32 [n_seqs + 1] offsets into new_slots
   size_t work_seqs = 0;       // int32 [n_seqs] decode sequences (n_new == 1), then the others
   size_t sample_rows = 0;     // int32 [n_seqs] token row of each sampled sequence's last token
   size_t sampling_rows = 0;   // SamplingRow [n_seqs]
   size_t freq_table = 0;      // float [n_seqs + 1, head_dim / 2] (dynamic NTK only)
-  size_t slot_table = 0;      // int32 [sum kv_len]
-  size_t embed_index = 0;     // int32 [n_embed] StepBatch::embed_token_index
+  size_t embed_index = 0;     // int32 [n_embed] StepBatchView::embed_token_index
+  size_t new_slots = 0;       // int32 [n_new_slots] StepBatchView::new_slots (last)
   size_t total_bytes = 0;
 };
 
@@ -45,6 +47,7 @@ struct StepPlan {
   int32_t n_prefill = 0;  // work_seqs[n_decode .. n_seqs)
   int32_t max_decode_kv_len = 0;
   int32_t max_prefill_n_new = 0;
+  int32_t n_new_slots = 0;
   bool dynamic_rope = false;
   std::vector<int32_t> sampled_seqs;  // [n_sampled] sequence of each sampled row
   bool greedy_only = true;            // every sampled row greedy (temperature 0) without penalties
@@ -55,13 +58,15 @@ struct StepPlan {
   bool logprobs = false;  // StepBatch::logprobs: the sampler returns logprobs
 };
 
-StepPlan plan_step(const StepBatch& batch, const ModelConfig& config);
+StepPlan plan_step(const StepBatchView& batch, const ModelConfig& config);
 
-// Writes the arrays of `plan` into `host` (at least plan.layout.total_bytes), range-checking the
-// slot table against n_kv_slots as it copies it (StepBatch::validate with check_slots = false
-// leaves that to this pass). An out-of-range slot is refused with kInvalidArgument; the rest of
-// `host` is then unspecified.
-Status fill_step(const StepBatch& batch, const ModelConfig& config, const StepPlan& plan,
-                 int32_t n_kv_slots, void* host);
+// Range-checks the new slots against n_kv_slots (StepBatchView::validate with check_slots = false
+// leaves that to this pass), then writes them into `table` (the host copy of the runner's slot
+// table, at least StepBatchView::validate's table_capacity entries) and the arrays of `plan` into
+// `host` (at least plan.layout.total_bytes). With copy_new_slots false the new slots are left out
+// of `host` (the caller copies them to the device from where they lie). An out-of-range slot is
+// refused with kInvalidArgument before anything is written.
+Status fill_step(const StepBatchView& batch, const ModelConfig& config, const StepPlan& plan,
+                 int32_t n_kv_slots, bool copy_new_slots, int32_t* table, void* host);
 
 }  // namespace litellama

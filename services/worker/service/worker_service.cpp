@@ -34,17 +34,6 @@ prometheus::Histogram::BucketBoundaries step_buckets() {
           0.1,    0.25,    0.5,    1.0,   2.5,    5.0,   10.0, 30.0};
 }
 
-Status resolve(int32_t* id, const std::vector<int32_t>& previous) {
-  if (*id >= 0) return Status::ok();
-  const int64_t j = -static_cast<int64_t>(*id) - 1;
-  if (j >= static_cast<int64_t>(previous.size()) || previous[static_cast<size_t>(j)] < 0) {
-    return make_error(StatusCode::kInvalidArgument,
-                      "placeholder for sequence {} of the previous step, which sampled nothing", j);
-  }
-  *id = previous[static_cast<size_t>(j)];
-  return Status::ok();
-}
-
 }  // namespace
 
 WorkerService::WorkerService(WorkerOptions options)
@@ -142,6 +131,7 @@ WorkerService::~WorkerService() {
     }
     compute_thread_.join();
   }
+  if (ring_registered_) runner_->unregister_host_memory(ring_->data());
 }
 
 std::string WorkerService::ready_reason() const {
@@ -229,7 +219,15 @@ Status WorkerService::load() {
   limits.max_seqs = options_.runner.max_batch_seqs;
   limits.max_slots = runner_->n_kv_slots();
   limits.max_history = runner_->n_kv_slots();
+  limits.table_capacity = runner_->slot_table_capacity();
   LITELLAMA_ASSIGN_OR_RETURN(ring_, proto::StepRing::create(options_.step_ring_name, limits));
+  // Page-locked, so that the runner's copies to the device read the step where it lies; a ring
+  // the device cannot register is still read (through staging), so this is not fatal.
+  if (Status st = runner_->register_host_memory(ring_->data(), ring_->size_bytes()); st) {
+    ring_registered_ = options_.runner.device == Device::kCuda;
+  } else {
+    LITELLAMA_LOG_WARN("worker: the step ring stays pageable: {}", st.to_string());
+  }
   proto::WorkerHeartbeat info;
   info.incarnation = incarnation_;
   info.ready = true;
@@ -302,40 +300,6 @@ void WorkerService::write_top_logits(const StepOutput& output, int32_t n_top_log
   }
 }
 
-Status WorkerService::read_step(const proto::StepView& view, const proto::StepRingLimits& limits,
-                                const std::vector<int32_t>& previous, StepBatch* batch) {
-  const proto::StepHeader h = *view.header;
-  if (h.n_seqs <= 0 || h.n_seqs > limits.max_seqs || h.n_tokens <= 0 ||
-      h.n_tokens > limits.max_tokens || h.n_slots < 0 || h.n_slots > limits.max_slots ||
-      h.n_history < 0 || h.n_history > limits.max_history || h.n_top_logits < 0 ||
-      h.n_top_logits > proto::kMaxStepTopLogits || (h.logprobs != 0 && h.logprobs != 1)) {
-    return make_error(StatusCode::kInvalidArgument, "step header out of range");
-  }
-  const auto n_seqs = static_cast<size_t>(h.n_seqs);
-  const auto n_tokens = static_cast<size_t>(h.n_tokens);
-  batch->clear();
-  batch->token_ids.assign(view.token_ids.begin(), view.token_ids.begin() + n_tokens);
-  batch->positions.assign(view.positions.begin(), view.positions.begin() + n_tokens);
-  batch->token_start.assign(view.token_start.begin(), view.token_start.begin() + n_seqs + 1);
-  batch->kv_len.assign(view.kv_len.begin(), view.kv_len.begin() + n_seqs);
-  batch->slot_start.assign(view.slot_start.begin(), view.slot_start.begin() + n_seqs + 1);
-  batch->slot_table.assign(view.slot_table.begin(), view.slot_table.begin() + h.n_slots);
-  batch->sample.assign(view.sample.begin(), view.sample.begin() + n_seqs);
-  batch->sampling.assign(view.sampling.begin(), view.sampling.begin() + n_seqs);
-  batch->n_generated.assign(view.n_generated.begin(), view.n_generated.begin() + n_seqs);
-  if (h.n_history > 0) {
-    batch->history_start.assign(view.history_start.begin(),
-                                view.history_start.begin() + n_seqs + 1);
-    batch->history_ids.assign(view.history_ids.begin(), view.history_ids.begin() + h.n_history);
-    batch->n_prompt.assign(view.n_prompt.begin(), view.n_prompt.begin() + n_seqs);
-    for (int32_t& id : batch->history_ids) LITELLAMA_RETURN_IF_ERROR(resolve(&id, previous));
-  }
-  batch->n_top_logits = h.n_top_logits;
-  batch->logprobs = h.logprobs == 1;
-  for (int32_t& id : batch->token_ids) LITELLAMA_RETURN_IF_ERROR(resolve(&id, previous));
-  return Status::ok();
-}
-
 std::string WorkerService::run_step(const std::string& doorbell_bytes) {
   proto::StepResult result;
   auto request = proto::decode<proto::StepRequest>(doorbell_bytes);
@@ -351,6 +315,7 @@ std::string WorkerService::run_step(const std::string& doorbell_bytes) {
   auto fail = [&](const Status& st) {
     step_errors_->Increment();
     previous_sampled_.clear();
+    reader_.invalidate();
     result.ok = false;
     result.error = st.to_string();
     LITELLAMA_LOG_ERROR("worker: step {} failed: {}", request->step_id, result.error);
@@ -367,7 +332,8 @@ std::string WorkerService::run_step(const std::string& doorbell_bytes) {
   }
   const double start = monotonic_seconds();
   proto::StepView view = ring_->buffer(request->buffer);
-  if (Status st = read_step(view, ring_->limits(), previous_sampled_, &batch_); !st) {
+  if (Status st = reader_.read(view, ring_->limits(), previous_sampled_, ring_registered_, &batch_);
+      !st) {
     return fail(st);
   }
   if (Status st = runner_->step(batch_, &output_); !st) return fail(st);

@@ -28,6 +28,7 @@
 #include "common/proto/worker_messages.h"
 #include "common/status.h"
 #include "services/worker/model_runner.h"
+#include "services/worker/ring_step.h"
 
 namespace litellama {
 
@@ -60,11 +61,6 @@ class WorkerService {
   void request_stop() { stop_.store(true); }
   std::atomic<bool>* stop_flag() { return &stop_; }
 
-  // Converts a step in the ring into a StepBatch, resolving placeholders from `previous`
-  // (sampled ids of the step run before; empty when it failed or there was none).
-  static Status read_step(const proto::StepView& view, const proto::StepRingLimits& limits,
-                          const std::vector<int32_t>& previous, StepBatch* batch);
-
  private:
   void compute_main();
   Status load();
@@ -93,8 +89,10 @@ class WorkerService {
 
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<proto::StepRing> ring_;
+  bool ring_registered_ = false;  // page-locked through the runner
+  RingStepReader reader_;
   std::vector<int32_t> previous_sampled_;
-  StepBatch batch_;
+  StepBatchView batch_;
   StepOutput output_;
 
   std::shared_ptr<prometheus::Registry> registry_;
