@@ -68,28 +68,27 @@ void StepBatch::clear() {
 }
 
 StepBatchView StepBatch::view() const {
-  StepBatchView v;
-  v.token_ids = token_ids;
-  v.positions = positions;
-  v.token_start = token_start;
-  v.kv_len = kv_len;
   // Every sequence's whole table, at the prefix sums: slot_start[0 .. n) are the bases, and all
   // n + 1 entries delimit new_slots.
-  v.slot_start = std::span<const int32_t>(slot_start).first(slot_start.empty() ? 0 : kv_len.size());
-  v.new_slot_start = slot_start;
-  v.new_slots = slot_table;
-  v.sample = sample;
-  v.sampling = sampling;
-  v.n_generated = n_generated;
-  v.history_start = history_start;
-  v.history_ids = history_ids;
-  v.n_prompt = n_prompt;
-  v.n_top_logits = n_top_logits;
-  v.embed_token_index = embed_token_index;
-  v.embed_rows = embed_rows;
-  v.embed_rows_memory = embed_rows_memory;
-  v.logprobs = logprobs;
-  return v;
+  const size_t n = slot_start.empty() ? 0 : kv_len.size();
+  return StepBatchView{.token_ids = token_ids,
+                       .positions = positions,
+                       .token_start = token_start,
+                       .kv_len = kv_len,
+                       .slot_start = std::span<const int32_t>(slot_start).first(n),
+                       .new_slot_start = slot_start,
+                       .new_slots = slot_table,
+                       .sample = sample,
+                       .sampling = sampling,
+                       .n_generated = n_generated,
+                       .history_start = history_start,
+                       .history_ids = history_ids,
+                       .n_prompt = n_prompt,
+                       .n_top_logits = n_top_logits,
+                       .embed_token_index = embed_token_index,
+                       .embed_rows = embed_rows,
+                       .embed_rows_memory = embed_rows_memory,
+                       .logprobs = logprobs};
 }
 
 namespace {

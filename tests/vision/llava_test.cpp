@@ -198,28 +198,39 @@ GenerationRequest image_request(const LlavaConfig& lc, std::vector<float> embeds
   return r;
 }
 
+// The vision encoder and a two-thread CPU runner with n_kv_slots slots of `ckpt`.
+void load_encoder_and_runner(const Checkpoint& ckpt, int32_t n_kv_slots,
+                             std::unique_ptr<LlavaVisionEncoder>* enc,
+                             std::unique_ptr<ModelRunner>* runner) {
+  auto e = LlavaVisionEncoder::load(ckpt, 2);
+  ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+  RunnerOptions options;
+  options.n_kv_slots = n_kv_slots;
+  options.n_threads = 2;
+  auto r = create_model_runner(ckpt, options);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  *enc = std::move(e).value();
+  *runner = std::move(r).value();
+}
+
 TEST(LlavaGeneration, GreedyIdsAreDeterministicAndFollowTheImage) {
   TempDir tmp;
   const std::string dir = make_llava(tmp, "model");
   auto ckpt = Checkpoint::open(dir);
   ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
-  auto enc = LlavaVisionEncoder::load(*ckpt, 2);
-  ASSERT_TRUE(enc.is_ok()) << enc.status().to_string();
-  RunnerOptions options;
-  options.n_kv_slots = 256;
-  options.n_threads = 2;
-  auto runner = create_model_runner(*ckpt, options);
-  ASSERT_TRUE(runner.is_ok()) << runner.status().to_string();
-  EXPECT_TRUE((*runner)->supports_input_embeddings(EmbeddingMemory::kHost));
-  EXPECT_FALSE((*runner)->supports_input_embeddings(EmbeddingMemory::kDevice));
-  OfflineEngine engine(**runner);
-  const LlavaConfig& lc = (*enc)->config();
+  std::unique_ptr<LlavaVisionEncoder> enc;
+  std::unique_ptr<ModelRunner> runner;
+  ASSERT_NO_FATAL_FAILURE(load_encoder_and_runner(*ckpt, 256, &enc, &runner));
+  EXPECT_TRUE(runner->supports_input_embeddings(EmbeddingMemory::kHost));
+  EXPECT_FALSE(runner->supports_input_embeddings(EmbeddingMemory::kDevice));
+  OfflineEngine engine(*runner);
+  const LlavaConfig& lc = enc->config();
 
   std::vector<std::vector<float>> embeds;
   for (const char* image : {"rgb_61x45.jpg", "rgba_19x41.png"}) {
     auto pixels = pixels_of(dir, image);
     ASSERT_TRUE(pixels.is_ok()) << pixels.status().to_string();
-    auto e = (*enc)->encode(*pixels);
+    auto e = enc->encode(*pixels);
     ASSERT_TRUE(e.is_ok()) << e.status().to_string();
     embeds.push_back(std::move(e).value());
   }
@@ -245,7 +256,7 @@ TEST(LlavaGeneration, GreedyIdsAreDeterministicAndFollowTheImage) {
   // Packed with another request and prefilled in chunks that split the image: the same ids.
   OfflineEngineOptions chunked;
   chunked.max_prefill_tokens = 7;
-  OfflineEngine chunked_engine(**runner, chunked);
+  OfflineEngine chunked_engine(*runner, chunked);
   auto together = chunked_engine.generate(
       {image_request(lc, embeds[1], kNew), image_request(lc, embeds[0], kNew)});
   ASSERT_TRUE(together.is_ok()) << together.status().to_string();
@@ -263,7 +274,7 @@ TEST(LlavaGeneration, GreedyIdsAreDeterministicAndFollowTheImage) {
   batch.add_sequence(std::vector<int32_t>{1, 2}, std::vector<int32_t>{0, 1}, true, {}, 0);
   batch.embed_token_index = {1};
   StepOutput out;
-  EXPECT_EQ((*runner)->step(batch, &out).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(runner->step(batch, &out).code(), StatusCode::kInvalidArgument);
 }
 
 // transformers' references (tests/golden/make_golden.py --presets llava-tiny on a machine with
@@ -289,14 +300,10 @@ TEST(LlavaGolden, MatchesTransformersWhereReferencesExist) {
                                 golden["seed"].get<uint64_t>());
     auto ckpt = Checkpoint::open(model);
     ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
-    auto enc = LlavaVisionEncoder::load(*ckpt, 2);
-    ASSERT_TRUE(enc.is_ok()) << enc.status().to_string();
-    RunnerOptions options;
-    options.n_kv_slots = 512;
-    options.n_threads = 2;
-    auto runner = create_model_runner(*ckpt, options);
-    ASSERT_TRUE(runner.is_ok()) << runner.status().to_string();
-    OfflineEngine engine(**runner);
+    std::unique_ptr<LlavaVisionEncoder> enc;
+    std::unique_ptr<ModelRunner> runner;
+    ASSERT_NO_FATAL_FAILURE(load_encoder_and_runner(*ckpt, 512, &enc, &runner));
+    OfflineEngine engine(*runner);
     for (const json& c : golden["cases"]) {
       SCOPED_TRACE(c["image"].get<std::string>());
       auto pixels = pixels_of(model, c["image"].get<std::string>());
@@ -306,16 +313,16 @@ TEST(LlavaGolden, MatchesTransformersWhereReferencesExist) {
       for (size_t i = 0; i < ref_px.size(); ++i) {
         ASSERT_NEAR(pixels->data[i], ref_px[i], 1.0 / 255) << "pixel value " << i;
       }
-      auto features = (*enc)->vision_features(*pixels);
+      auto features = enc->vision_features(*pixels);
       ASSERT_TRUE(features.is_ok()) << features.status().to_string();
       EXPECT_LE(relative_error(*features, c["vision_features"].get<std::vector<float>>()), 1e-4);
-      auto embeds = (*enc)->project(*features);
+      auto embeds = enc->project(*features);
       ASSERT_TRUE(embeds.is_ok());
       EXPECT_LE(relative_error(*embeds, c["image_embeddings"].get<std::vector<float>>()), 1e-4);
       GenerationRequest r;
       r.prompt_ids = c["prompt_ids"].get<std::vector<int32_t>>();
       for (size_t p = 0; p < r.prompt_ids.size(); ++p) {
-        if (r.prompt_ids[p] == (*enc)->config().image_token_id) {
+        if (r.prompt_ids[p] == enc->config().image_token_id) {
           r.input_embedding_positions.push_back(static_cast<int32_t>(p));
         }
       }
