@@ -3,7 +3,10 @@
 // reference implementation can load the same weights), and the device's copy bandwidth.
 //
 // A decode measurement: `batch` sequences with `context`-token prompts are prefilled (packed,
-// max_batch_tokens per step), then every sequence decodes greedily; warm-up steps first, then the
+// max_batch_tokens per step), then every sequence decodes greedily, from its second step on
+// through a shared-memory step ring as the worker gets steps (written as the scheduler writes
+// them; the timed part starts at the worker's read of the ring: --ring 0 times StepBatch steps
+// instead); warm-up steps first, then the
 // host wall time of each timed step (step() ends in the step's only synchronization); the median
 // is reported, with the median device time of the same steps (device_ms: ModelRunner::
 // last_step_device_seconds, first copy to last; the difference is host work and launch and

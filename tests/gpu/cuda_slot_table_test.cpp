@@ -22,9 +22,9 @@ namespace {
 
 TEST(CudaSlotTable, DeltasFromPageableAndRegisteredMemoryMatchWholeTables) {
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / ("litellama_cuda_table_" + std::to_string(getpid())))
-          .string();
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("litellama_cuda_table_" + std::to_string(getpid())))
+                              .string();
   auto preset = find_random_checkpoint_preset("llama3-tiny");
   LITELLAMA_ASSERT_OK(preset.status());
   RandomCheckpointOptions ckpt_options;

@@ -17,8 +17,8 @@ namespace {
 class RingStepTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto ring = proto::StepRing::create("litellama-test-ring-step-" + std::to_string(getpid()),
-                                        limits_);
+    auto ring =
+        proto::StepRing::create("litellama-test-ring-step-" + std::to_string(getpid()), limits_);
     ASSERT_TRUE(ring.is_ok()) << ring.status().to_string();
     ring_ = std::move(ring).value();
     view_ = ring_->buffer(1);

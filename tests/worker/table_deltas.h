@@ -17,7 +17,7 @@
 namespace litellama::test {
 
 struct DeltaDecode {
-  std::vector<std::vector<int32_t>> ids;  // [seq][step]
+  std::vector<std::vector<int32_t>> ids;                    // [seq][step]
   std::vector<std::vector<std::pair<int32_t, float>>> top;  // [step * n_seqs + seq]
 };
 
@@ -26,9 +26,9 @@ struct DeltaDecode {
 // host memory registered with the runner (as the worker's step ring is).
 inline DeltaDecode decode_sequences(ModelRunner& runner,
                                     const std::vector<std::vector<int32_t>>& prompts,
-                                    const std::vector<std::vector<int32_t>>& slots,
-                                    int32_t n_steps, bool deltas,
-                                    const std::vector<int32_t>& bases, bool registered = false) {
+                                    const std::vector<std::vector<int32_t>>& slots, int32_t n_steps,
+                                    bool deltas, const std::vector<int32_t>& bases,
+                                    bool registered = false) {
   const auto n = static_cast<int32_t>(prompts.size());
   DeltaDecode r;
   std::vector<int32_t> host(size_t{1} << 16);
