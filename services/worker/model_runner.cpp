@@ -213,7 +213,8 @@ Status StepBatchView::validate(int32_t n_kv_slots, int32_t vocab_size, int64_t t
 }
 
 int64_t default_slot_table_capacity(int32_t n_kv_slots, int32_t max_batch_seqs) {
-  return 4 * int64_t{n_kv_slots} + 16 * int64_t{max_batch_seqs};
+  // Table indices travel as int32 (StepBatchView::slot_start, the step ring).
+  return std::min<int64_t>(4 * int64_t{n_kv_slots} + 16 * int64_t{max_batch_seqs}, INT32_MAX);
 }
 
 // Where the default GEMV limits change: Llama-3.2-1B (hidden 2048) and Qwen2.5-1.5B (1536) on one

@@ -252,7 +252,8 @@ int32_t resolved_gemv_max_tokens(const RunnerOptions& options, int32_t hidden_si
 int32_t resolved_gemv_gate_up_max_tokens(const RunnerOptions& options, int32_t hidden_size);
 
 // Four pools' worth of table entries (room for the tables of one step, laid out twice, and for
-// their growth until the scheduler lays them out afresh) and 16 per sequence for rounding.
+// their growth until the scheduler lays them out afresh) and 16 per sequence for rounding; at
+// most INT32_MAX, as table indices are int32.
 int64_t default_slot_table_capacity(int32_t n_kv_slots, int32_t max_batch_seqs);
 
 // The compute dtype for `requested` ("" or "auto", else a torch name: float32, bfloat16, float16)
