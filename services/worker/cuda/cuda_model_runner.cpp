@@ -242,8 +242,7 @@ class CudaModelRunner final : public ModelRunner {
   PinnedBuffer staging_host_;
   DeviceBuffer staging_device_;
   // The slot table (StepBatchView's contract) on the device, and its host copy, which the host
-  // reads each new token's slot from (grown on demand up to table_capacity_; entries past its
-  // size are unwritten).
+  // reads each new token's slot from.
   int64_t table_capacity_ = 0;
   DeviceBuffer table_device_;
   std::vector<int32_t> table_host_;
@@ -391,6 +390,7 @@ Status CudaModelRunner::allocate_kv_pool() {
   const size_t table_bytes = static_cast<size_t>(table_capacity_) * sizeof(int32_t);
   LITELLAMA_ASSIGN_OR_RETURN(table_device_, DeviceBuffer::allocate(table_bytes));
   LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemset(table_device_.data(), 0, table_bytes));
+  table_host_.assign(static_cast<size_t>(table_capacity_), 0);
   return Status::ok();
 }
 
@@ -471,14 +471,6 @@ Status CudaModelRunner::step(const StepBatchView& batch, StepOutput* out) {
   const size_t history_bytes = batch.history_ids.size() * sizeof(int32_t);
   // The second half of the history's device buffer is the sampler's logprob scratch.
   if (history_bytes > 0) LITELLAMA_RETURN_IF_ERROR(ensure_history_staging(2 * history_bytes));
-  int64_t table_end = 0;
-  for (int32_t s = 0; s < plan.n_seqs; ++s) {
-    table_end = std::max<int64_t>(table_end, int64_t{batch.slot_start[s]} + batch.kv_len[s]);
-  }
-  if (table_end > static_cast<int64_t>(table_host_.size())) {
-    table_host_.resize(static_cast<size_t>(std::min(
-        table_capacity_, std::max(table_end, 2 * static_cast<int64_t>(table_host_.size())))));
-  }
   // New slots in registered memory (the worker's step ring) are copied to the device from there.
   const bool slots_in_place = batch.registered && plan.n_new_slots > 0;
   LITELLAMA_RETURN_IF_ERROR(fill_step(batch, config_, plan, n_slots_, !slots_in_place,
