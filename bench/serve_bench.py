@@ -136,7 +136,8 @@ def bench(bin_dir, target, args):
 
 
 def part_http(a, model, results):
-    s = Server(a.bin, model, "http", 8000, 9400, ["--no-prefix-cache"], a.out, a.device)
+    extra = ["--no-prefix-cache"] + (["--api-threads", a.api_threads] if a.api_threads else [])
+    s = Server(a.bin, model, "http", 8000, 9400, extra, a.out, a.device)
     rows = {}
     try:
         bench(a.bin, s.zmq, ["-n", "8", "-c", "8", "--output-len", "16"])  # warm-up
@@ -177,7 +178,11 @@ def part_http(a, model, results):
 
 
 def part_cache(a, model, results):
-    util = ["--gpu-memory-utilization", "0.3"] if a.device == "cuda" else []
+    # As many running sequences as the shared-prefix workload's concurrency, so that its requests
+    # wait for the GPU, not in the queue.
+    util = ["--max-batch-seqs", "256"]
+    if a.device == "cuda":
+        util += ["--gpu-memory-utilization", "0.3"]
     on = Server(a.bin, model, "cache-on", 8001, 9410, util, a.out, a.device)
     off = Server(a.bin, model, "cache-off", 8002, 9420, util + ["--no-prefix-cache"], a.out,
                  a.device)
@@ -284,7 +289,8 @@ def main():
             ("--parts", "http,cache,pool", "parts to run, comma-separated"),
             ("--out", "serve-bench-out", "directory of the results and the servers' logs"),
             ("--preset", "llama3.2-1b", "random-weight model preset (bf16)"),
-            ("--device", "cuda", "cuda, or cpu to try the script out")):
+            ("--device", "cuda", "cuda, or cpu to try the script out"),
+            ("--api-threads", "", "http: the server's --api-threads (default: its own)")):
         ap.add_argument(flag, default=default, help=what)
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)

@@ -58,10 +58,15 @@ void on_event(Transfer& t, const std::string& data) {
     t.usage_tokens = j["usage"].value("completion_tokens", -1);
   }
   if (!j.contains("choices") || !j["choices"].is_array() || j["choices"].empty()) return;
+  // A chunk is a step's tokens when it has text or no finish_reason: a server may stream a token
+  // whose text is held back (an incomplete UTF-8 sequence, a possible stop string) as an empty
+  // chunk, and that token counts, as the ZeroMQ path counts chunks with token ids; the chunk that
+  // only ends the choice does not.
   const json& c = j["choices"][0];
-  const std::string text =
-      c.contains("text") && c["text"].is_string() ? c["text"].get<std::string>() : std::string();
-  if (text.empty()) return;
+  const bool has_text = c.contains("text") && c["text"].is_string() &&
+                        !c["text"].get_ref<const std::string&>().empty();
+  const bool finishing = c.contains("finish_reason") && !c["finish_reason"].is_null();
+  if (!has_text && finishing) return;
   const double now = seconds_now() - t.start;
   if (t.n_chunks == 0) {
     t.record->t_first = now;
@@ -205,7 +210,7 @@ Result<double> run_http_load(const std::string& base_url, const std::string& api
       rec.n_output = t->usage_tokens >= 0 ? t->usage_tokens : t->n_chunks;
       if (rec.ok && t->n_chunks == 0) {
         rec.ok = false;
-        rec.error = "no text arrived";
+        rec.error = "no tokens arrived";
       }
       curl_multi_remove_handle(multi, msg->easy_handle);
       transfers[t->index].reset();
