@@ -136,8 +136,7 @@ def bench(bin_dir, target, args):
 
 
 def part_http(a, model, results):
-    extra = ["--no-prefix-cache"] + (["--api-threads", a.api_threads] if a.api_threads else [])
-    s = Server(a.bin, model, "http", 8000, 9400, extra, a.out, a.device)
+    s = Server(a.bin, model, "http", 8000, 9400, ["--no-prefix-cache"], a.out, a.device)
     rows = {}
     try:
         bench(a.bin, s.zmq, ["-n", "8", "-c", "8", "--output-len", "16"])  # warm-up
@@ -289,8 +288,7 @@ def main():
             ("--parts", "http,cache,pool", "parts to run, comma-separated"),
             ("--out", "serve-bench-out", "directory of the results and the servers' logs"),
             ("--preset", "llama3.2-1b", "random-weight model preset (bf16)"),
-            ("--device", "cuda", "cuda, or cpu to try the script out"),
-            ("--api-threads", "", "http: the server's --api-threads (default: its own)")):
+            ("--device", "cuda", "cuda, or cpu to try the script out")):
         ap.add_argument(flag, default=default, help=what)
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)

@@ -136,10 +136,6 @@ static void add_api_options(CLI::App* sub, LaunchOptions* o) {
       ->check(CLI::ExistingFile);
   add_bounded_option(*sub, "--max-request-bytes", o->max_request_bytes,
                      "largest HTTP request body (larger gets 413)", int64_t{1}, int64_t{1} << 30);
-  add_bounded_option(*sub, "--api-threads", o->api_threads,
-                     "threads of the HTTP server, each serving its share of the connections (0: "
-                     "the default, 2)",
-                     0, 64);
 }
 
 CommandMain register_serve_command(CLI::App& app) {

@@ -78,9 +78,6 @@ Status ServiceLauncher::add_api_flags(std::vector<std::string>* argv) {
   if (!options_.served_model_name.empty()) {
     argv->insert(argv->end(), {"--served-model-name", options_.served_model_name});
   }
-  if (options_.api_threads > 0) {
-    argv->insert(argv->end(), {"--api-threads", std::to_string(options_.api_threads)});
-  }
   std::string key_file = options_.api_key_file;
   if (!options_.api_key.empty()) {
     // The key goes to the scheduler in a file only this user can read (a command line is

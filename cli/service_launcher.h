@@ -50,7 +50,6 @@ struct LaunchOptions {
   std::string served_model_name;
   int64_t max_model_len = 0;
   int64_t max_request_bytes = int64_t{4} << 20;
-  int32_t api_threads = 0;            // the HTTP server's threads (0: the scheduler's default)
   std::string chat_template_file;     // litellama-tokenizer --chat-template
   int64_t kv_cache_bytes = 0;         // litellama-worker --kv-cache-bytes (0: its default)
   double gpu_memory_utilization = 0;  // litellama-worker --gpu-memory-utilization (0: its default)

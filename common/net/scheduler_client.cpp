@@ -4,8 +4,6 @@
 #include <cstring>
 #include <thread>
 
-#include <unistd.h>
-
 #include "common/log.h"
 #include "common/net/run_dir.h"
 #include "common/net/zmq_util.h"
@@ -118,41 +116,23 @@ Result<bool> SchedulerClient::receive(int timeout_ms, std::optional<proto::Serve
                              {nullptr, wake_fd_, ZMQ_POLLIN, 0}};
   const int n = zmq::poll(items, wake_fd_ >= 0 ? 3 : 2, std::chrono::milliseconds(timeout_ms));
   if (n == 0) return false;
-  if (wake_fd_ >= 0 && (items[2].revents & ZMQ_POLLIN) != 0) {
-    uint64_t drained = 0;
-    (void)!read(wake_fd_, &drained, sizeof(drained));
-    woken_ = true;
-  }
-  // One poll takes everything that has arrived (a step's chunks come together), up to a bound
-  // that keeps a flood from starving the caller's other work; a ServerInfoReply ends the batch so
-  // that server_info() sees each reply.
-  constexpr int kMaxPerPoll = 1024;
+  if (wake_fd_ >= 0 && (items[2].revents & ZMQ_POLLIN) != 0) woken_ = true;
   std::vector<zmq::message_t> frames;
-  bool got = false;
-  for (int i = 0; i < kMaxPerPoll && !info->has_value(); ++i) {
-    if (!recv_frames(socket_, &frames)) break;
-    got = true;
-    decode(frames, info);
-  }
   // Replies already received come before the news that the connection dropped after them.
-  if (!got && recv_frames(monitor_, &frames)) {
+  if (!recv_frames(socket_, &frames)) {
+    if (!recv_frames(monitor_, &frames)) return false;
     on_monitor_event(frames);
-    got = true;
+    return true;
   }
-  return got;
-}
-
-void SchedulerClient::decode(const std::vector<zmq::message_t>& frames,
-                             std::optional<proto::ServerInfoReply>* info) {
   if (frames.size() != 1) {
     ++n_protocol_errors_;
-    return;
+    return true;
   }
   auto envelope = proto::Envelope::parse(frame_view(frames[0]));
   if (!envelope) {
     ++n_protocol_errors_;
     LITELLAMA_LOG_WARN("dropped a frame from the scheduler: {}", envelope.status().to_string());
-    return;
+    return true;
   }
   switch (envelope->type()) {
     case proto::MessageType::kGenerateChunk: {
@@ -161,7 +141,7 @@ void SchedulerClient::decode(const std::vector<zmq::message_t>& frames,
       ClientEvent& event = events_.emplace_back();
       event.chunk = std::move(chunk).value();
       if (event.chunk.finished) open_.erase(event.chunk.request_id);
-      return;
+      return true;
     }
     case proto::MessageType::kRequestError: {
       auto error = envelope->as<proto::RequestError>();
@@ -170,18 +150,19 @@ void SchedulerClient::decode(const std::vector<zmq::message_t>& frames,
       event.kind = ClientEvent::Kind::kError;
       event.error = std::move(error).value();
       open_.erase(event.error.request_id);
-      return;
+      return true;
     }
     case proto::MessageType::kServerInfoReply: {
       auto reply = envelope->as<proto::ServerInfoReply>();
       if (!reply) break;
       *info = std::move(reply).value();
-      return;
+      return true;
     }
     default:
       break;
   }
   ++n_protocol_errors_;
+  return true;
 }
 
 Result<std::optional<ClientEvent>> SchedulerClient::next_event(int timeout_ms) {

@@ -75,8 +75,8 @@ class SchedulerClient {
                               int idle_timeout_ms = 60000);
 
   // A file descriptor (an eventfd) that, when readable, makes next_event() return early with
-  // nothing, so that a thread waiting for events can also be woken for other work. The client
-  // reads it (resets the eventfd's counter) when it sees it readable. -1: none.
+  // nothing, so that a thread waiting for events can also be woken for other work. The caller
+  // drains it. -1: none.
   void set_wake_fd(int fd) { wake_fd_ = fd; }
 
   // Frames from the scheduler that could not be decoded (counted and dropped).
@@ -84,12 +84,8 @@ class SchedulerClient {
 
  private:
   SchedulerClient() = default;
-  // Waits up to timeout_ms, then takes every message that has arrived (bounded); sets *info for a
-  // ServerInfoReply, which ends the batch. False: nothing arrived.
+  // Receives one frame and decodes it; sets *info for a ServerInfoReply.
   Result<bool> receive(int timeout_ms, std::optional<proto::ServerInfoReply>* info);
-  // Decodes one message into events_ (or *info).
-  void decode(const std::vector<zmq::message_t>& frames,
-              std::optional<proto::ServerInfoReply>* info);
 
   // Fails every open request (the scheduler that knew them is gone).
   void connection_lost();

@@ -120,8 +120,6 @@ struct ApiServer::Impl {
   std::atomic<bool> stop{false};
   int wake_fd = -1;
   int64_t created = std::time(nullptr);
-  const uint64_t id_base = (uint64_t(std::random_device()()) << 32) ^ std::random_device()();
-  std::atomic<uint64_t> next_id{0};
 
   std::mutex mu;  // incoming, cancelled, info
   std::deque<std::shared_ptr<Job>> incoming;
@@ -333,8 +331,8 @@ MHD_Result ApiServer::Impl::start_generation(MHD_Connection* c, bool chat, ConnS
   }
   state->body.clear();
   job->connection = c;
-  // Unique within the server (a counter) and across restarts (a random start).
-  job->id = fmt::format("{}-{:016x}", chat ? "chatcmpl" : "cmpl", id_base + next_id.fetch_add(1));
+  job->id = fmt::format("{}-{:016x}", chat ? "chatcmpl" : "cmpl",
+                        (uint64_t(std::random_device()()) << 32) ^ std::random_device()());
   job->created = std::time(nullptr);
   job->choices.resize(job->request.generate.size());
   state->job = job;
@@ -517,7 +515,8 @@ void ApiServer::Impl::run_pump() {
   pthread_setname_np(pthread_self(), "api-pump");  // for per-thread CPU accounting (top -H)
   double last_info = 0.0, last_poll = 0.0;
   while (!stop.load()) {
-    // The client resets wake_fd when it wakes a wait, so new work is seen on the next turn.
+    uint64_t drained = 0;
+    (void)!read(wake_fd, &drained, sizeof(drained));
     std::deque<std::shared_ptr<Job>> new_jobs, gone_jobs;
     {
       std::lock_guard lock(mu);
@@ -613,11 +612,10 @@ Result<std::unique_ptr<ApiServer>> ApiServer::start(
   unsigned int flags =
       MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ITC;
   if (found->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
-  impl.daemon = MHD_start_daemon(
-      flags, 0, nullptr, nullptr, &on_request, &impl, MHD_OPTION_SOCK_ADDR, found->ai_addr,
-      MHD_OPTION_CONNECTION_LIMIT, impl.options.connection_limit, MHD_OPTION_CONNECTION_TIMEOUT,
-      300u, MHD_OPTION_NOTIFY_COMPLETED, &on_completed, &impl, MHD_OPTION_THREAD_POOL_SIZE,
-      std::max(1u, impl.options.threads), MHD_OPTION_END);
+  impl.daemon = MHD_start_daemon(flags, 0, nullptr, nullptr, &on_request, &impl,
+                                 MHD_OPTION_SOCK_ADDR, found->ai_addr, MHD_OPTION_CONNECTION_LIMIT,
+                                 impl.options.connection_limit, MHD_OPTION_CONNECTION_TIMEOUT, 300u,
+                                 MHD_OPTION_NOTIFY_COMPLETED, &on_completed, &impl, MHD_OPTION_END);
   const int start_errno = errno;
   freeaddrinfo(found);
   if (impl.daemon == nullptr) {

@@ -1,10 +1,10 @@
 // ApiServer: the OpenAI-compatible HTTP front door, run inside the scheduler process.
 //
-// Threads: ApiOptions::threads libmicrohttpd polling threads share the connections; one pump
-// thread owns a SchedulerClient connected to the scheduler's client endpoint (the same request
-// path as every other client: admission, limits and errors are the scheduler's). A request waiting
-// for the scheduler, and an open stream with nothing new to send, is a suspended MHD connection: it
-// holds no thread. The pump resumes a connection when its request has news.
+// Threads: one libmicrohttpd polling thread serves every connection; one pump thread owns a
+// SchedulerClient connected to the scheduler's client endpoint (the same request path as every
+// other client: admission, limits and errors are the scheduler's). A request waiting for the
+// scheduler, and an open stream with nothing new to send, is a suspended MHD connection: it holds
+// no thread. The pump resumes a connection when its request has news.
 //
 // A client that goes away is noticed within kDisconnectPollMs while its connection is suspended
 // (a peek at its socket) or at the next write; its scheduler requests are aborted then, which
@@ -34,9 +34,6 @@ struct ApiOptions {
   std::string served_model_name;   // "" : the worker's model name
   std::string scheduler_endpoint;  // the scheduler's client endpoint
   unsigned int connection_limit = 1024;
-  // libmicrohttpd polling threads; each serves its share of the connections (their writes and
-  // resumptions), so that one busy thread does not delay every stream.
-  unsigned int threads = 2;
 };
 
 struct Job;  // one HTTP request, shared by the MHD thread and the pump (api_server.cpp)

@@ -497,40 +497,30 @@ std::string stream_chunk(const ParsedRequest& request, const std::string& id, in
                          int32_t index, const std::string* delta_text, bool role,
                          const std::string& finish_reason,
                          const std::vector<TokenLogprob>* logprobs, size_t text_offset) {
-  // Written as text rather than built as a JSON tree: a stream sends one of these per token, and
-  // the bytes are those dump() gives for the tree (keys in this order, strings escaped by dump()).
-  std::string out = "data: {\"id\":";
-  out += dump(id);
-  out += request.chat ? ",\"object\":\"chat.completion.chunk\"" : ",\"object\":\"text_completion\"";
-  out += fmt::format(",\"created\":{},\"model\":", created);
-  out += dump(request.model);
-  out += fmt::format(",\"choices\":[{{\"index\":{},", index);
+  ojson c;
+  c["index"] = index;
   if (request.chat) {
-    out += "\"delta\":{";
-    if (role) out += "\"role\":\"assistant\"";
-    if (delta_text) {
-      if (role) out += ',';
-      out += "\"content\":";
-      out += dump(*delta_text);
-    }
-    out += '}';
+    ojson delta = ojson::object();
+    if (role) delta["role"] = "assistant";
+    if (delta_text) delta["content"] = *delta_text;
+    c["delta"] = std::move(delta);
   } else {
-    out += "\"text\":";
-    out += delta_text ? dump(*delta_text) : std::string("\"\"");
+    c["text"] = delta_text ? *delta_text : std::string();
   }
-  out += ",\"logprobs\":";
   if (request.logprobs && logprobs != nullptr) {
-    out += dump(request.chat ? chat_logprobs_json(*logprobs)
-                             : completion_logprobs_json(*logprobs, text_offset));
+    c["logprobs"] = request.chat ? chat_logprobs_json(*logprobs)
+                                 : completion_logprobs_json(*logprobs, text_offset);
   } else {
-    out += "null";
+    c["logprobs"] = nullptr;
   }
-  out += ",\"finish_reason\":";
-  out += finish_reason.empty() ? std::string("null") : dump(finish_reason);
-  out += "}]";
-  if (request.include_usage) out += ",\"usage\":null";
-  out += "}\n\n";
-  return out;
+  c["finish_reason"] = finish_reason.empty() ? ojson(nullptr) : ojson(finish_reason);
+  ojson body = {{"id", id},
+                {"object", request.chat ? "chat.completion.chunk" : "text_completion"},
+                {"created", created},
+                {"model", request.model},
+                {"choices", ojson::array({std::move(c)})}};
+  if (request.include_usage) body["usage"] = nullptr;
+  return "data: " + dump(body) + "\n\n";
 }
 
 std::string stream_usage_chunk(const ParsedRequest& request, const std::string& id, int64_t created,

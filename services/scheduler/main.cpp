@@ -93,11 +93,6 @@ int main(int argc, char** argv) {
   litellama::add_bounded_option(app, "--max-request-bytes", api.max_request_bytes,
                                 "Largest HTTP request body; larger gets 413", int64_t{1},
                                 int64_t{1} << 30);
-  int32_t api_threads = 0;
-  litellama::add_bounded_option(app, "--api-threads", api_threads,
-                                "Threads of the HTTP server, each serving its share of the "
-                                "connections (0: the default)",
-                                0, 64);
   litellama::net::add_common_service_flags(app, options, run_dir, log_level, "127.0.0.1:9400",
                                            "A peer silent this long is down");
   CLI11_PARSE(app, argc, argv);
@@ -124,7 +119,6 @@ int main(int argc, char** argv) {
     }
   }
   api.listen = api_listen;
-  if (api_threads > 0) api.threads = static_cast<unsigned int>(api_threads);
   api.scheduler_endpoint = options.client_endpoint;
   SchedulerWithApi service(options, api, !api_listen.empty());
   return litellama::net::run_service(service);
