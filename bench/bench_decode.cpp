@@ -17,7 +17,6 @@
 // (after_prefills), since earlier prefills of several 512-token sequences were measured to slow
 // small-batch decode steps by 2 to 3% (bench/RESULTS.md). Output: one JSON object per line on
 // stdout.
-#include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -36,6 +35,7 @@
 
 #include "common/proto/step_ring.h"
 #include "kernels/block_trace.h"
+#include "kernels/gpu_runtime.h"
 #include "services/worker/checkpoint.h"
 #include "services/worker/model_runner.h"
 #include "services/worker/random_checkpoint.h"

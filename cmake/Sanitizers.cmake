@@ -41,8 +41,8 @@ if(LITELLAMA_SANITIZE)
   if("thread" IN_LIST _litellama_sanitizers AND "address" IN_LIST _litellama_sanitizers)
     message(FATAL_ERROR "LITELLAMA_SANITIZE: thread and address cannot be combined")
   endif()
-  if(LITELLAMA_HAVE_CUDA)
-    message(FATAL_ERROR "LITELLAMA_SANITIZE needs -DLITELLAMA_CUDA=OFF: the host sanitizers do "
+  if(LITELLAMA_HAVE_GPU)
+    message(FATAL_ERROR "LITELLAMA_SANITIZE needs -DLITELLAMA_CUDA=OFF (and no LITELLAMA_HIP): the host sanitizers do "
                         "not cover device code (bench/gpu_sanitize.sh runs compute-sanitizer)")
   endif()
   # -O1 (after the Release -O3, so it wins): the optimisation level the sanitizers' docs advise,

@@ -6,12 +6,11 @@
 // RMSNorm of `residual` (the first layer, whose residual is the embedding).
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstdint>
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "kernels/gpu_runtime.h"
 #include "kernels/kernel_stream.h"
 
 namespace litellama {

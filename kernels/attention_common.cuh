@@ -106,7 +106,7 @@ __device__ __forceinline__ void online_softmax_step_f32(float x, int lane, float
   const float e = expf(x - m_use);
   const float sum = warp_sum(e);
   p_row[lane] = e;
-  __syncwarp();
+  gpu_syncwarp();
   if (lane == 0) {
     const float c = expf(m_old - m_use);
     *corr = c;

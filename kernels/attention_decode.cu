@@ -25,9 +25,9 @@
 // float32: exact fp32 SIMT path (32 keys per step, expf, no TF32).
 #include "kernels/attention_decode.h"
 
+#if !LITELLAMA_PORTABLE_KERNELS
 #include <cooperative_groups.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -38,9 +38,13 @@
 #include "kernels/cuda_check.h"
 #include "kernels/kernel_common.cuh"
 #include "kernels/launch.h"
+#if !LITELLAMA_PORTABLE_KERNELS
 #include "kernels/mma_common.cuh"
+#endif
 
 namespace litellama {
+#if !LITELLAMA_PORTABLE_KERNELS
+
 namespace {
 
 constexpr int kThreads = 128;     // 4 warps
@@ -582,7 +586,7 @@ size_t workspace_bytes_for(int32_t n_work, int32_t n_heads, int32_t head_dim, in
 bool cluster_kernel_available() {
   static const bool available = [] {
     cudaFuncAttributes attr{};
-    if (cudaFuncGetAttributes(&attr, attention_decode_tc_kernel<__nv_bfloat16, 64, true, false>) !=
+    if (cudaFuncGetAttributes(&attr, attention_decode_tc_kernel<gpu_bf16, 64, true, false>) !=
         cudaSuccess) {
       (void)cudaGetLastError();
       return false;
@@ -621,17 +625,16 @@ bool early_kv_loads(int32_t n_work) {
 int tc_carveout_percent(int32_t head_dim, int32_t n_work) {
   if (head_dim != 128 || n_work != 1) return cudaSharedmemCarveoutMaxShared;
   const int bytes =
-      static_cast<int>(TcLayout<__nv_bfloat16, 128>::kSmemBytes) + kSmemPerCtaReservedBytes;
+      static_cast<int>(TcLayout<gpu_bf16, 128>::kSmemBytes) + kSmemPerCtaReservedBytes;
   return ceil_div(100 * bytes, kSmemPerSmBytes);
 }
 
 // CTAs of the tensor-core kernel resident per multiprocessor (shared memory bound) under the
 // carveout of n_work sequences.
 int32_t ctas_per_sm(int32_t head_dim, int32_t n_work) {
-  const int smem_bytes =
-      static_cast<int>(head_dim == 64 ? TcLayout<__nv_bfloat16, 64>::kSmemBytes
-                                      : TcLayout<__nv_bfloat16, 128>::kSmemBytes) +
-      kSmemPerCtaReservedBytes;
+  const int smem_bytes = static_cast<int>(head_dim == 64 ? TcLayout<gpu_bf16, 64>::kSmemBytes
+                                                         : TcLayout<gpu_bf16, 128>::kSmemBytes) +
+                         kSmemPerCtaReservedBytes;
   const int shared = kSmemPerSmBytes * tc_carveout_percent(head_dim, n_work) / 100;
   return std::max(1, shared / smem_bytes);
 }
@@ -819,5 +822,53 @@ Status launch_attention_decode(const AttentionTensors<void>& tensors, int32_t n_
   }
   return dispatch(args, dtype, head_dim);
 }
+
+#else  // LITELLAMA_PORTABLE_KERNELS
+
+// Portable builds (kernels/gpu_runtime.h) compile none of the tuned kernels above (tensor cores
+// through inline PTX, thread-block clusters): every head size takes the general path, which plans
+// no splits and needs no workspace.
+bool attention_decode_supports(DType dtype, int32_t head_dim, int32_t n_heads, int32_t n_kv_heads) {
+  return attention_general_supports(dtype, head_dim, n_heads, n_kv_heads);
+}
+
+bool attention_decode_tuned(int32_t /*head_dim*/) {
+  return false;
+}
+
+int32_t attention_decode_n_splits(int32_t /*n_work*/, int32_t /*n_heads*/, int32_t /*n_kv_heads*/,
+                                  int32_t /*head_dim*/, int32_t /*max_kv_len*/, int32_t /*n_sms*/) {
+  return 1;
+}
+
+int32_t attention_decode_launch_splits(int32_t n_splits, DType /*dtype*/) {
+  return n_splits;
+}
+
+bool attention_decode_merges_in_cluster(int32_t /*n_splits*/, DType /*dtype*/) {
+  return false;
+}
+
+size_t attention_decode_workspace_size_bytes(int32_t /*max_n_work*/, int32_t /*n_heads*/,
+                                             int32_t /*n_kv_heads*/, int32_t /*head_dim*/,
+                                             int32_t /*max_kv_len*/, int32_t /*n_sms*/) {
+  return 0;
+}
+
+Status launch_attention_decode(const AttentionTensors<void>& tensors, int32_t n_work,
+                               int32_t /*max_kv_len*/, int32_t n_heads, int32_t n_kv_heads,
+                               int32_t head_dim, DType dtype, float scale, int32_t /*n_sms*/,
+                               void* /*workspace*/, size_t /*workspace_bytes*/,
+                               KernelStream stream) {
+  const bool supported = attention_decode_supports(dtype, head_dim, n_heads, n_kv_heads);
+  LITELLAMA_RETURN_IF_ERROR(
+      check_attention_launch("attention_decode", supported, dtype, head_dim, n_heads, n_kv_heads,
+                             n_work, supported ? n_heads : 0, "heads {}/{}", n_heads, n_kv_heads));
+  if (n_work == 0) return Status::ok();
+  return launch_attention_general(tensors, n_work, /*max_n_new=*/1, n_heads, n_kv_heads, head_dim,
+                                  dtype, scale, stream);
+}
+
+#endif
 
 }  // namespace litellama

@@ -15,14 +15,13 @@
 // value stays correct as sequences grow).
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstddef>
 #include <cstdint>
 
 #include "common/dtype.h"
 #include "common/status.h"
 #include "kernels/attention_tensors.h"
+#include "kernels/gpu_runtime.h"
 #include "kernels/kernel_stream.h"
 
 namespace litellama {

@@ -12,13 +12,12 @@
 // to every position up to their own. Decode tokens are sequences with n_new == 1.
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstdint>
 
 #include "common/dtype.h"
 #include "common/status.h"
 #include "kernels/attention_tensors.h"
+#include "kernels/gpu_runtime.h"
 #include "kernels/kernel_stream.h"
 
 namespace litellama {

@@ -17,9 +17,6 @@
 // float32: exact fp32 SIMT kernel (16 rows x 32 keys per step, expf, no TF32) for verification.
 #include "kernels/attention_prefill.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -28,9 +25,13 @@
 #include "kernels/attention_general.h"
 #include "kernels/cuda_check.h"
 #include "kernels/kernel_common.cuh"
+#if !LITELLAMA_PORTABLE_KERNELS
 #include "kernels/mma_common.cuh"
+#endif
 
 namespace litellama {
+#if !LITELLAMA_PORTABLE_KERNELS
+
 namespace {
 
 constexpr int kThreads = 128;  // 4 warps
@@ -421,5 +422,31 @@ Status launch_attention_prefill(const AttentionTensors<void>& tensors, int32_t n
   const LaunchArgs args{{tensors, n_work, n_heads, n_kv_heads, scale, stream}, max_n_new};
   return dispatch(args, dtype, head_dim);
 }
+
+#else  // LITELLAMA_PORTABLE_KERNELS
+
+// Portable builds (kernels/gpu_runtime.h) compile none of the tuned kernels above (tensor cores
+// through inline PTX): every head size takes the general path.
+bool attention_prefill_supports(DType dtype, int32_t head_dim, int32_t n_heads,
+                                int32_t n_kv_heads) {
+  return attention_general_supports(dtype, head_dim, n_heads, n_kv_heads);
+}
+
+bool attention_prefill_tuned(int32_t /*head_dim*/) {
+  return false;
+}
+
+Status launch_attention_prefill(const AttentionTensors<void>& tensors, int32_t n_work,
+                                int32_t max_n_new, int32_t n_heads, int32_t n_kv_heads,
+                                int32_t head_dim, DType dtype, float scale, KernelStream stream) {
+  LITELLAMA_RETURN_IF_ERROR(check_attention_launch(
+      "attention_prefill", attention_prefill_supports(dtype, head_dim, n_heads, n_kv_heads), dtype,
+      head_dim, n_heads, n_kv_heads, n_work, n_kv_heads, "n_kv_heads {}", n_kv_heads));
+  if (n_work == 0) return Status::ok();
+  return launch_attention_general(tensors, n_work, max_n_new, n_heads, n_kv_heads, head_dim, dtype,
+                                  scale, stream);
+}
+
+#endif
 
 }  // namespace litellama

@@ -10,13 +10,12 @@
 // float32 runs an exact fp32 SIMT path (no TF32) for verification against fp32 references.
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstdint>
 
 #include "common/dtype.h"
 #include "common/status.h"
 #include "kernels/attention_tensors.h"
+#include "kernels/gpu_runtime.h"
 #include "kernels/kernel_stream.h"
 
 namespace litellama {

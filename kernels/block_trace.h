@@ -12,12 +12,11 @@
 // keys, outside a cluster, returns early and leaves no record) and add_rmsnorm.
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstdint>
 #include <vector>
 
 #include "common/status.h"
+#include "kernels/gpu_runtime.h"
 
 namespace litellama {
 

@@ -2,12 +2,11 @@
 // step; the result is the first layer's residual stream.
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstdint>
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "kernels/gpu_runtime.h"
 #include "kernels/kernel_stream.h"
 
 namespace litellama {

@@ -3,12 +3,11 @@
 // sequences alone).
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstdint>
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "kernels/gpu_runtime.h"
 #include "kernels/kernel_stream.h"
 
 namespace litellama {

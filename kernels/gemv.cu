@@ -9,10 +9,9 @@
 // looping kernel with 16 warps where that streams faster (launch_paired).
 #include "kernels/gemv.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include "kernels/cuda_check.h"
+
+#if !LITELLAMA_PORTABLE_KERNELS
 #include "kernels/gemv_impl.cuh"
 
 namespace litellama {
@@ -174,8 +173,8 @@ Status launch_gemv(void* y, const void* x, const void* w, int32_t m, int32_t n, 
   const bool f32_out = out_dtype == DType::kF32;
   cudaError_t err;
   if (dtype == DType::kBF16) {
-    err = f32_out ? launch_single<__nv_bfloat16, float, Epilogue::kStore>(p, stream)
-                  : launch_single<__nv_bfloat16, __nv_bfloat16, Epilogue::kStore>(p, stream);
+    err = f32_out ? launch_single<gpu_bf16, float, Epilogue::kStore>(p, stream)
+                  : launch_single<gpu_bf16, gpu_bf16, Epilogue::kStore>(p, stream);
   } else {
     err = f32_out ? launch_single<__half, float, Epilogue::kStore>(p, stream)
                   : launch_single<__half, __half, Epilogue::kStore>(p, stream);
@@ -190,10 +189,9 @@ Status launch_gemv_residual_add(void* residual, const void* x, const void* w, in
     return unsupported("gemv_residual_add", dtype, dtype, m, n, k);
   }
   const Params p = make_params(x, w, residual, m, n, k, n);
-  const cudaError_t err =
-      dtype == DType::kBF16
-          ? launch_single<__nv_bfloat16, __nv_bfloat16, Epilogue::kResidualAdd>(p, stream)
-          : launch_single<__half, __half, Epilogue::kResidualAdd>(p, stream);
+  const cudaError_t err = dtype == DType::kBF16
+                              ? launch_single<gpu_bf16, gpu_bf16, Epilogue::kResidualAdd>(p, stream)
+                              : launch_single<__half, __half, Epilogue::kResidualAdd>(p, stream);
   LITELLAMA_CUDA_RETURN_IF_ERROR(err);
   return Status::ok();
 }
@@ -201,9 +199,8 @@ Status launch_gemv_residual_add(void* residual, const void* x, const void* w, in
 int32_t gemv_residual_add_k_segments(DType dtype, int32_t m, int32_t n, int32_t k) {
   if (!gemv_supports(dtype, dtype, m, k) || n <= 0) return 0;
   const Params p = make_params(nullptr, nullptr, nullptr, m, n, k, n);
-  return dtype == DType::kBF16
-             ? single_segments<__nv_bfloat16, __nv_bfloat16, Epilogue::kResidualAdd>(p)
-             : single_segments<__half, __half, Epilogue::kResidualAdd>(p);
+  return dtype == DType::kBF16 ? single_segments<gpu_bf16, gpu_bf16, Epilogue::kResidualAdd>(p)
+                               : single_segments<__half, __half, Epilogue::kResidualAdd>(p);
 }
 
 Status launch_gemv_silu_mul(void* act, const void* x, const void* w_gate_up, int32_t m,
@@ -213,7 +210,7 @@ Status launch_gemv_silu_mul(void* act, const void* x, const void* w_gate_up, int
   }
   const Params p = make_params(x, w_gate_up, act, m, 2 * inter, k, inter);
   const cudaError_t err = dtype == DType::kBF16
-                              ? launch_paired<__nv_bfloat16, Epilogue::kSiluMul>(p, stream)
+                              ? launch_paired<gpu_bf16, Epilogue::kSiluMul>(p, stream)
                               : launch_paired<__half, Epilogue::kSiluMul>(p, stream);
   LITELLAMA_CUDA_RETURN_IF_ERROR(err);
   return Status::ok();
@@ -233,10 +230,10 @@ Status launch_gemv_qkv_rope(const GemvRope& rope, const void* x, const void* w_q
   cudaError_t err;
   if (norm) {
     p.norm_eps = norm->eps;
-    err = bf16 ? launch_paired<__nv_bfloat16, Epilogue::kRope, true>(p, stream)
+    err = bf16 ? launch_paired<gpu_bf16, Epilogue::kRope, true>(p, stream)
                : launch_paired<__half, Epilogue::kRope, true>(p, stream);
   } else {
-    err = bf16 ? launch_paired<__nv_bfloat16, Epilogue::kRope>(p, stream)
+    err = bf16 ? launch_paired<gpu_bf16, Epilogue::kRope>(p, stream)
                : launch_paired<__half, Epilogue::kRope>(p, stream);
   }
   LITELLAMA_CUDA_RETURN_IF_ERROR(err);
@@ -244,3 +241,54 @@ Status launch_gemv_qkv_rope(const GemvRope& rope, const void* x, const void* w_q
 }
 
 }  // namespace litellama
+
+#else  // LITELLAMA_PORTABLE_KERNELS
+
+// Portable builds (kernels/gpu_runtime.h) have no GEMV variants: the kernel is mma.sync and
+// ld.global.nc through inline PTX. gemv_supports() is false for every shape, so the runner takes
+// launch_linear and the separate element-wise kernels, as it does for steps of more rows.
+namespace litellama {
+namespace {
+
+Status not_built(const char* what) {
+  return make_error(StatusCode::kUnsupported,
+                    "{}: the tensor-core GEMV variants are not part of a portable build", what);
+}
+
+}  // namespace
+
+bool gemv_supports(DType /*dtype*/, DType /*out_dtype*/, int32_t /*m*/, int32_t /*k*/) {
+  return false;
+}
+
+bool gemv_rope_supports(int32_t /*head_dim*/) {
+  return false;
+}
+
+Status launch_gemv(void*, const void*, const void*, int32_t, int32_t, int32_t, DType, DType,
+                   KernelStream) {
+  return not_built("gemv");
+}
+
+Status launch_gemv_residual_add(void*, const void*, const void*, int32_t, int32_t, int32_t, DType,
+                                KernelStream) {
+  return not_built("gemv_residual_add");
+}
+
+int32_t gemv_residual_add_k_segments(DType, int32_t, int32_t, int32_t) {
+  return 0;
+}
+
+Status launch_gemv_silu_mul(void*, const void*, const void*, int32_t, int32_t, int32_t, DType,
+                            KernelStream) {
+  return not_built("gemv_silu_mul");
+}
+
+Status launch_gemv_qkv_rope(const GemvRope&, const void*, const void*, int32_t, int32_t, DType,
+                            KernelStream, std::optional<GemvRmsNorm>) {
+  return not_built("gemv_qkv_rope");
+}
+
+}  // namespace litellama
+
+#endif

@@ -16,13 +16,12 @@
 // streams a matrix that large better than this kernel.
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstdint>
 #include <optional>
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "kernels/gpu_runtime.h"
 #include "kernels/kernel_stream.h"
 
 namespace litellama {

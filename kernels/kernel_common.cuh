@@ -5,16 +5,13 @@
 // bit-identical keeps the helper it uses.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
 #include <cstdint>
 #include <type_traits>
 
 #include "common/dtype.h"
 #include "common/status.h"
 #include "kernels/block_trace.h"
+#include "kernels/gpu_runtime.h"
 
 namespace litellama {
 
@@ -26,7 +23,7 @@ struct StorageOf<DType::kF32> {
 };
 template <>
 struct StorageOf<DType::kBF16> {
-  using type = __nv_bfloat16;
+  using type = gpu_bf16;
 };
 template <>
 struct StorageOf<DType::kF16> {
@@ -36,8 +33,8 @@ struct StorageOf<DType::kF16> {
 __device__ __forceinline__ float to_float(float x) {
   return x;
 }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) {
-  return __bfloat162float(x);
+__device__ __forceinline__ float to_float(gpu_bf16 x) {
+  return gpu_bf16_to_float(x);
 }
 __device__ __forceinline__ float to_float(__half x) {
   return __half2float(x);
@@ -50,8 +47,8 @@ __device__ __forceinline__ float from_float<float>(float x) {
   return x;
 }
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
+__device__ __forceinline__ gpu_bf16 from_float<gpu_bf16>(float x) {
+  return gpu_float_to_bf16_rn(x);
 }
 template <>
 __device__ __forceinline__ __half from_float<__half>(float x) {
@@ -97,7 +94,7 @@ __host__ __device__ __forceinline__ constexpr I round_up(I a, I b) {
 template <typename T, typename Op>
 __device__ __forceinline__ T warp_allreduce(T x, Op op) {
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) x = op(x, __shfl_xor_sync(0xffffffffu, x, off));
+  for (int off = 16; off > 0; off >>= 1) x = op(x, gpu_shfl_xor(x, off));
   return x;
 }
 
@@ -105,8 +102,8 @@ __device__ __forceinline__ T warp_allreduce(T x, Op op) {
 // layout spreads one accumulator row over a quad.
 template <typename T, typename Op>
 __device__ __forceinline__ T quad_allreduce(T x, Op op) {
-  x = op(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  x = op(x, __shfl_xor_sync(0xffffffffu, x, 2));
+  x = op(x, gpu_shfl_xor(x, 1));
+  x = op(x, gpu_shfl_xor(x, 2));
   return x;
 }
 
@@ -183,12 +180,14 @@ Status dispatch_float_dtype(DType dtype, const char* op, F&& f) {
     case DType::kF32:
       return f(TypeTag<float>{});
     case DType::kBF16:
-      return f(TypeTag<__nv_bfloat16>{});
+      return f(TypeTag<gpu_bf16>{});
     case DType::kF16:
       return f(TypeTag<__half>{});
     case DType::kI32:
     case DType::kI64:
     case DType::kU8:
+    case DType::kI8:
+    case DType::kF8E4M3:
       break;
   }
   return make_error(StatusCode::kUnsupported, "{}: unsupported dtype {}", op,
@@ -211,14 +210,14 @@ Status dispatch_tuned_head_dim(int32_t head_dim, const char* op, F&& f) {
 }
 
 // Programmatic dependent launch (kernels/launch.h states the rule). No-ops below sm_90 and for
-// kernels launched without the attribute.
+// kernels launched without the attribute, and compiled out of portable builds (no HIP form).
 __device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !LITELLAMA_PORTABLE_KERNELS
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
 __device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !LITELLAMA_PORTABLE_KERNELS
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }

@@ -5,7 +5,7 @@
 // and ignored elsewhere. A bare stream converts to a KernelStream without PDL.
 #pragma once
 
-#include <cuda_runtime.h>
+#include "kernels/gpu_runtime.h"
 
 namespace litellama {
 

@@ -40,8 +40,10 @@ DeviceFacts current_device_facts() {
 
 }  // namespace
 
+// Portable builds (kernels/gpu_runtime.h) use neither: HIP has no form of them, and an AMD GPU's
+// compute capability major (9 on gfx90a) says nothing about them.
 bool current_device_supports_programmatic_launch() {
-  return current_device_facts().sm90;
+  return !LITELLAMA_PORTABLE_KERNELS && current_device_facts().sm90;
 }
 
 int current_device_sm_count() {
@@ -49,7 +51,7 @@ int current_device_sm_count() {
 }
 
 bool current_device_supports_clusters() {
-  return current_device_facts().sm90;
+  return !LITELLAMA_PORTABLE_KERNELS && current_device_facts().sm90;
 }
 
 }  // namespace litellama

@@ -14,9 +14,10 @@
 // graph, the attribute becomes a programmatic edge, so decode graphs keep the overlap.
 #pragma once
 
-#include <cuda_runtime.h>
-
+#include <tuple>
 #include <utility>
+
+#include "kernels/gpu_runtime.h"
 
 #include "kernels/kernel_stream.h"
 
@@ -43,6 +44,23 @@ struct LaunchShape {
 
 // Launches `kernel` on `stream` with `shape`, with the PDL attribute when the stream asks for it
 // and the device supports it.
+#if LITELLAMA_HIP
+// HIP: no launch attributes (PDL, clusters and the carveout are CUDA's); the arguments convert to
+// the kernel's parameter types as a <<<>>> launch converts them.
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel_shaped(void (*kernel)(Params...), dim3 grid, dim3 block,
+                                 size_t smem_bytes, KernelStream stream, LaunchShape /*shape*/,
+                                 Args&&... args) {
+  std::tuple<std::decay_t<Params>...> values(std::forward<Args>(args)...);
+  return std::apply(
+      [&](auto&... v) {
+        void* pointers[] = {static_cast<void*>(&v)...};
+        return hipLaunchKernel(reinterpret_cast<const void*>(kernel), grid, block, pointers,
+                               smem_bytes, stream.stream);
+      },
+      values);
+}
+#else
 template <typename... Params, typename... Args>
 cudaError_t launch_kernel_shaped(void (*kernel)(Params...), dim3 grid, dim3 block,
                                  size_t smem_bytes, KernelStream stream, LaunchShape shape,
@@ -74,6 +92,7 @@ cudaError_t launch_kernel_shaped(void (*kernel)(Params...), dim3 grid, dim3 bloc
   config.numAttrs = n;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
+#endif
 
 // Launches `kernel` on `stream` (PDL as the stream asks, where supported).
 template <typename... Params, typename... Args>

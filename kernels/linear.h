@@ -1,28 +1,55 @@
-// Linear layer y = x @ w^T through cuBLAS (row-major x and w as in Hugging Face checkpoints). bf16
-// and fp16 take tensor cores with float32 accumulation; float32 runs CUBLAS_COMPUTE_32F_PEDANTIC,
-// which never uses TF32, so the float32 path matches the CPU backend to float32 rounding.
-// The output may be float32 for 16-bit inputs (the lm_head writes float32 logits).
+// Linear layer y = x @ w^T (row-major x and w as in Hugging Face checkpoints), float32
+// accumulation, output in the input dtype or float32 (the lm_head writes float32 logits).
+//
+// Two implementations behind one launcher:
+//   - cuBLAS (CUDA builds): bf16 and fp16 on tensor cores; float32 runs
+//     CUBLAS_COMPUTE_32F_PEDANTIC, which never uses TF32, so the float32 path matches the CPU
+//     backend to float32 rounding;
+//   - a portable tiled kernel (builds with LITELLAMA_PORTABLE_KERNELS, every HIP build: Debian's
+//     ROCm has no hipBLAS or rocBLAS): 64x64 output tiles through shared memory, float32 fused
+//     multiply-adds, each 16-wide k slice summed on its own before it joins the total (which keeps
+//     the float32 error of long sums near cuBLAS's). Written for correctness first; its speed on
+//     AMD GPUs has not been measured.
 #pragma once
 
-#include <cublas_v2.h>
-#include <cuda_runtime.h>
-
+#include <cstddef>
 #include <cstdint>
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "kernels/gpu_runtime.h"
 #include "kernels/kernel_stream.h"
+
+#if LITELLAMA_HAVE_CUBLAS
+#include <cublas_v2.h>
+#endif
 
 namespace litellama {
 
+// The library state the linear layers run with: a cuBLAS handle where cuBLAS runs them, nothing
+// (null) for the portable kernel.
+#if LITELLAMA_HAVE_CUBLAS
+using LinearHandle = cublasHandle_t;
+#else
+using LinearHandle = void*;
+#endif
+
+Status linear_handle_create(LinearHandle* handle);
+void linear_handle_destroy(LinearHandle handle);
+// Gives the handle `bytes` of device workspace that stays the caller's (cublasSetWorkspace, so
+// that a CUDA graph capture allocates nothing); the portable kernel needs none.
+Status linear_handle_set_workspace(LinearHandle handle, void* workspace, size_t bytes);
+
+// Which implementation launch_linear runs in this build, for logs: "cuBLAS" or "portable".
+const char* linear_backend_name();
+
 bool linear_supports(DType dtype, DType out_dtype);
 
-// The handle's workspace (cublasSetWorkspace) is the caller's; the stream is set on the handle for
-// this call.
+// The stream is set on the handle for this call.
 Status launch_linear(void* y,        // [m, n] of out_dtype
                      const void* x,  // [m, k] of dtype
                      const void* w,  // [n, k] of dtype
                      int32_t m, int32_t n, int32_t k, DType dtype, DType out_dtype,
-                     cublasHandle_t handle, KernelStream stream);
+                     LinearHandle handle, KernelStream stream);
 
 }  // namespace litellama

@@ -9,12 +9,11 @@
 // context its own row). Angles are float32 position * inv_freq, as in the CPU backend.
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstdint>
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "kernels/gpu_runtime.h"
 #include "kernels/kernel_stream.h"
 
 namespace litellama {

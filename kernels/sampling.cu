@@ -9,7 +9,9 @@
 // packed (value, id) maximum per row through global atomics.
 #include "kernels/sampling.h"
 
+#if !LITELLAMA_PORTABLE_KERNELS
 #include <cooperative_groups.h>
+#endif
 
 #include <algorithm>
 #include <cfloat>
@@ -27,7 +29,6 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kBins = 256;
 constexpr int kBinsPerLane = kBins / 32;
 constexpr int32_t kPromptBit = 1 << 30;
-constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int32_t kMaxCtasPerRow = 8;  // the portable cluster size
 constexpr int32_t kMaxGreedyCtasPerRow = 16;
 // Fixed-point histogram masses (histogram_add): a weight is at most 1, so kMassFracBits = 44
@@ -166,6 +167,7 @@ struct Shared {
 // previous value has reached.
 template <bool kCluster>
 struct RowGroup {
+  static_assert(!(kCluster && LITELLAMA_PORTABLE_KERNELS), "clusters are not portable");
   int rank;
   int size;
   int phase = 0;
@@ -176,9 +178,9 @@ struct RowGroup {
   // (release/acquire).
   __device__ void sync() const {
     if constexpr (kCluster) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !LITELLAMA_PORTABLE_KERNELS
       cooperative_groups::this_cluster().sync();
-#else
+#elif !LITELLAMA_PORTABLE_KERNELS
       __trap();  // launched only on compute capability 9.0+
 #endif
     } else {
@@ -190,9 +192,9 @@ struct RowGroup {
   template <typename T>
   __device__ const T* peer(T* p, int r) const {
     if constexpr (kCluster) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !LITELLAMA_PORTABLE_KERNELS
       return cooperative_groups::this_cluster().map_shared_rank(p, r);
-#else
+#elif !LITELLAMA_PORTABLE_KERNELS
       __trap();
 #endif
     }
@@ -219,8 +221,8 @@ __device__ ArgMax block_argmax(ArgMax x, Shared& sh) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) {
     ArgMax o;
-    o.value = __shfl_xor_sync(kFullMask, x.value, off);
-    o.id = __shfl_xor_sync(kFullMask, x.id, off);
+    o.value = gpu_shfl_xor(x.value, off);
+    o.id = gpu_shfl_xor(x.id, off);
     if (better(o, x)) x = o;
   }
   __syncthreads();
@@ -318,15 +320,15 @@ __device__ void choose_bin(Shared& sh, bool by_mass, bool strict, double target_
   int32_t incl_count = lane_count;
 #pragma unroll
   for (int off = 1; off < 32; off <<= 1) {
-    const double m = __shfl_up_sync(kFullMask, incl_mass, off);
-    const int32_t c = __shfl_up_sync(kFullMask, incl_count, off);
+    const double m = gpu_shfl_up(incl_mass, off);
+    const int32_t c = gpu_shfl_up(incl_count, off);
     if (lane >= off) {
       incl_mass += m;
       incl_count += c;
     }
   }
-  double excl_mass = __shfl_up_sync(kFullMask, incl_mass, 1);
-  int32_t excl_count = __shfl_up_sync(kFullMask, incl_count, 1);
+  double excl_mass = gpu_shfl_up(incl_mass, 1);
+  int32_t excl_count = gpu_shfl_up(incl_count, 1);
   if (lane == 0) {
     excl_mass = 0;
     excl_count = 0;
@@ -337,8 +339,8 @@ __device__ void choose_bin(Shared& sh, bool by_mass, bool strict, double target_
   };
   const bool lane_crosses =
       lane_count > 0 && crosses(before_mass0 + incl_mass, before_count0 + incl_count);
-  const unsigned crossing = __ballot_sync(kFullMask, lane_crosses);
-  const unsigned nonempty = __ballot_sync(kFullMask, lane_count > 0);
+  const unsigned crossing = gpu_ballot(lane_crosses);
+  const unsigned nonempty = gpu_ballot(lane_count > 0);
   // The first crossing lane, or else the last non-empty one.
   const int pick = crossing != 0 ? __ffs(crossing) - 1 : (nonempty != 0 ? 31 - __clz(nonempty) : 0);
   if (lane == pick) {
@@ -753,6 +755,7 @@ int ctas_per_row(int32_t n_rows, int32_t limit, int32_t max_ctas_per_row, int64_
   return n;
 }
 
+#if !LITELLAMA_PORTABLE_KERNELS
 // Whether the cluster kernel runs as compiled for compute capability 9.0+ (a build without sm_90
 // code would run it from compute_80 PTX, where its barrier is a trap).
 bool cluster_kernel_available() {
@@ -766,6 +769,7 @@ bool cluster_kernel_available() {
   }();
   return available;
 }
+#endif
 
 }  // namespace
 
@@ -802,6 +806,7 @@ Status launch_sampling(int32_t* sampled_ids, int32_t* top_ids, float* top_logits
   // The general kernel: at most one CTA per multiprocessor in all (two fit, but the split of a row
   // over CTAs is planned for one).
   const int n_ctas = ctas_per_row(n_rows, kMaxCtasPerRow, max_ctas_per_row, n_sms);
+#if !LITELLAMA_PORTABLE_KERNELS  // clusters have no HIP form: portable builds take one CTA per row
   if (n_ctas > 1 && current_device_supports_clusters() && cluster_kernel_available()) {
     const cudaError_t clustered = launch_kernel_clustered(
         sampling_kernel<true>, dim3(static_cast<unsigned>(n_rows * n_ctas)), dim3(kThreads), 0,
@@ -812,6 +817,9 @@ Status launch_sampling(int32_t* sampled_ids, int32_t* top_ids, float* top_logits
     // MPS limit): one CTA per row.
     (void)cudaGetLastError();
   }
+#else
+  (void)n_ctas;
+#endif
   LITELLAMA_CUDA_RETURN_IF_ERROR(
       launch_kernel(sampling_kernel<false>, dim3(static_cast<unsigned>(n_rows)), dim3(kThreads), 0,
                     stream, sampled_ids, top_ids, top_logits, logits, rows, history_ids, vocab_size,

@@ -26,13 +26,12 @@
 // --gtest_filter='*Timing*'`; bench/RESULTS.md has the current figures.
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstddef>
 #include <cstdint>
 
 #include "common/proto/sampling_params.h"
 #include "common/status.h"
+#include "kernels/gpu_runtime.h"
 #include "kernels/kernel_stream.h"
 
 namespace litellama {

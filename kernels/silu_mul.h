@@ -4,12 +4,11 @@
 // [gate (inter), up (inter)]. Arithmetic in float32, one rounding to the compute dtype.
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstdint>
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "kernels/gpu_runtime.h"
 #include "kernels/kernel_stream.h"
 
 namespace litellama {

@@ -6,6 +6,9 @@
 #   asan   build-asan/  unit and integration suites under ASan + UBSan
 #   tsan   build-tsan/  scheduler, service and integration (net) tests under TSan
 #   fuzz   build-fuzz/  each libFuzzer target of tests/fuzz/ for LITELLAMA_FUZZ_SECONDS (20) s
+#   hip    build-hip/   the HIP build for AMD GPUs (gfx90a), compiled and linked: the worker and
+#                       the kernel and runner tests. No AMD GPU here, so only the host-side plan
+#                       test runs; each kernel must carry gfx90a code in the worker
 # A sanitizer finding stops the process that made it (halt_on_error). ASan, LSan and TSan reports
 # go to build-*/sanitizer-reports/ and any report there fails the stage, including one from a
 # service process a test started; UBSan (not recoverable in these builds) prints to the process's
@@ -15,9 +18,11 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-bash scripts/setup.sh --no-build
+stages="${LITELLAMA_TEST_STAGES:-main asan tsan fuzz hip}"
+setup_args=(--no-build)
+[[ " $stages " != *" hip "* ]] || setup_args+=(--hip)
+bash scripts/setup.sh "${setup_args[@]}"
 jobs="$(nproc)"
-stages="${LITELLAMA_TEST_STAGES:-main asan tsan fuzz}"
 fuzz_seconds="${LITELLAMA_FUZZ_SECONDS:-20}"
 timings=()
 
@@ -135,6 +140,24 @@ stage_fuzz() {
   ctest --test-dir build-fuzz --output-on-failure -j"$jobs" --no-tests=error -L fuzz
 }
 
+stage_hip() {
+  cmake -S . -B build-hip -G Ninja -DCMAKE_BUILD_TYPE=Release -DLITELLAMA_HIP=ON \
+    -DLITELLAMA_BENCH=OFF > /dev/null || return 1
+  cmake --build build-hip -j"$jobs" --target litellama-worker cuda_kernels_test cuda_gemv_test \
+    cuda_sampling_test cuda_model_runner_test attention_kernels_test golden_gpu_test \
+    forward_plan_test || return 1
+  # One gfx90a code object per kernel source, linked into the worker.
+  local sources objects
+  sources="$(find kernels -maxdepth 1 -name '*.cu' | wc -l)"
+  objects="$(roc-obj-ls build-hip/bin/litellama-worker | grep -c 'amdgcn-amd-amdhsa--gfx90a')"
+  if [ "$objects" -lt "$sources" ]; then
+    echo "test.sh: the HIP worker carries $objects gfx90a code objects for $sources kernel sources" >&2
+    return 1
+  fi
+  # Host code only (the step plan of the portable kernels); the GPU tests need an AMD GPU.
+  LITELLAMA_SOURCE_DIR="$root" build-hip/tests/forward_plan_test
+}
+
 rc=0
 for stage in $stages; do
   case "$stage" in
@@ -142,7 +165,8 @@ for stage in $stages; do
     asan) timed asan stage_asan || rc=1 ;;
     tsan) timed tsan stage_tsan || rc=1 ;;
     fuzz) timed fuzz stage_fuzz || rc=1 ;;
-    *) echo "test.sh: unknown stage '$stage' (main asan tsan fuzz)" >&2; exit 2 ;;
+    hip) timed hip stage_hip || rc=1 ;;
+    *) echo "test.sh: unknown stage '$stage' (main asan tsan fuzz hip)" >&2; exit 2 ;;
   esac
 done
 printf 'test.sh: %s\n' "${timings[@]}"

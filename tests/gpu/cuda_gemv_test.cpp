@@ -6,7 +6,6 @@
 // (kernels/launch.h): a chain of dependent kernels gives bit-identical results with and without
 // it, launched directly and replayed from a CUDA graph, and so does decode attention, which loads
 // K/V before its wait, right after the kernel that writes the newest key.
-#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,6 +19,7 @@
 #include "kernels/attention_decode.h"
 #include "kernels/block_trace.h"
 #include "kernels/gemv.h"
+#include "kernels/gpu_runtime.h"
 #include "kernels/launch.h"
 #include "kernels/qkv_rope.h"
 #include "kernels/reference/silu_mul.h"
@@ -64,6 +64,7 @@ std::vector<float> round_to(const std::vector<double>& v, DType dtype) {
 }
 
 TEST(CudaGemv, MatchesDoubleReference) {
+  LITELLAMA_SKIP_IN_PORTABLE_BUILD("the tensor-core GEMV");
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   std::mt19937 rng(31);
   // Tile-aligned and ragged row counts (n % 16 != 0), one and many k chunks per warp, and every
@@ -114,6 +115,7 @@ TEST(CudaGemv, MatchesDoubleReference) {
 }
 
 TEST(CudaGemv, SiluMulMatchesGateUpThenSiluMul) {
+  LITELLAMA_SKIP_IN_PORTABLE_BUILD("the tensor-core GEMV");
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   std::mt19937 rng(32);
   for (DType dtype : kHalfDtypes) {
@@ -152,6 +154,7 @@ TEST(CudaGemv, SiluMulMatchesGateUpThenSiluMul) {
 // residual += round(x @ w^T): bit-identical to the plain GEMV (same shape, same sums) followed
 // by add_rmsnorm's residual update.
 TEST(CudaGemv, ResidualAddMatchesGemvThenAdd) {
+  LITELLAMA_SKIP_IN_PORTABLE_BUILD("the tensor-core GEMV");
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   std::mt19937 rng(35);
   for (DType dtype : kHalfDtypes) {
@@ -206,6 +209,7 @@ GemvRope rope_into(DevBuf& q, DevBuf& k, DevBuf& v, const float* bias, const Dev
 // written K/V slots agree within the dtype's tolerance (the two GEMVs tile differently), and no
 // other slot is written.
 TEST(CudaGemv, QkvRopeMatchesGemvThenQkvRope) {
+  LITELLAMA_SKIP_IN_PORTABLE_BUILD("the tensor-core GEMV");
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   std::mt19937 rng(36);
   struct Case {
@@ -322,6 +326,7 @@ Tensor fold_columns(const Tensor& w, const std::vector<float>& gamma, DType dtyp
 // folded weights round differently). Rows of several magnitudes, so that a missing or wrong
 // scale would be far outside it.
 TEST(CudaGemv, FoldedRmsNormMatchesNormThenGemv) {
+  LITELLAMA_SKIP_IN_PORTABLE_BUILD("the tensor-core GEMV");
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   std::mt19937 rng(37);
   constexpr float kEps = 1e-5f;
@@ -406,6 +411,7 @@ TEST(CudaGemv, FoldedRmsNormMatchesNormThenGemv) {
 }
 
 TEST(CudaGemv, RefusesWhatItDoesNotRun) {
+  LITELLAMA_SKIP_IN_PORTABLE_BUILD("the tensor-core GEMV");
   EXPECT_FALSE(gemv_supports(DType::kF32, DType::kF32, 1, 64));
   EXPECT_FALSE(gemv_supports(DType::kBF16, DType::kF16, 1, 64));
   EXPECT_FALSE(gemv_supports(DType::kBF16, DType::kBF16, 0, 64));
@@ -488,7 +494,29 @@ void expect_each_run_gives(cudaStream_t stream, int reps, Enqueue enqueue, ReadR
   (void)cudaGraphDestroy(graph);
 }
 
+// Portable builds compile no GEMV variant: every shape is refused, so the runner plans GEMMs.
+TEST(CudaGemv, PortableBuildRefusesEveryShape) {
+  if (!LITELLAMA_PORTABLE_KERNELS) GTEST_SKIP() << "not a portable build: the tests above cover it";
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    for (int32_t m : {1, 8}) EXPECT_FALSE(gemv_supports(dtype, dtype, m, 2048)) << m;
+  }
+  EXPECT_FALSE(gemv_rope_supports(64));
+  EXPECT_EQ(gemv_residual_add_k_segments(DType::kBF16, 1, 2048, 8192), 0);
+  EXPECT_EQ(
+      launch_gemv(nullptr, nullptr, nullptr, 1, 64, 64, DType::kBF16, DType::kBF16, nullptr).code(),
+      StatusCode::kUnsupported);
+  EXPECT_EQ(
+      launch_gemv_residual_add(nullptr, nullptr, nullptr, 1, 64, 64, DType::kBF16, nullptr).code(),
+      StatusCode::kUnsupported);
+  EXPECT_EQ(
+      launch_gemv_silu_mul(nullptr, nullptr, nullptr, 1, 64, 64, DType::kBF16, nullptr).code(),
+      StatusCode::kUnsupported);
+  EXPECT_EQ(launch_gemv_qkv_rope(GemvRope{}, nullptr, nullptr, 1, 64, DType::kBF16, nullptr).code(),
+            StatusCode::kUnsupported);
+}
+
 TEST(CudaGemv, ProgrammaticLaunchChainIsExactDirectAndInGraphs) {
+  LITELLAMA_SKIP_IN_PORTABLE_BUILD("the tensor-core GEMV");
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   int major = 0;
   LITELLAMA_ASSERT_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
@@ -574,6 +602,7 @@ TEST(BlockTrace, RecordsEveryBlockOrIsRefused) {
 // before qkv_rope, which waits for the GEMV, writes; until then the newest slots hold NaN. The
 // outputs must equal those of the same kernels run without PDL, directly and from a graph.
 TEST(CudaPdl, DecodeAttentionSeesTheNewestKeyItsProducerWrites) {
+  LITELLAMA_SKIP_IN_PORTABLE_BUILD("programmatic dependent launch");
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   std::mt19937 rng(41);
   constexpr int32_t kHeads = 32, kKvHeads = 8;

@@ -2,7 +2,6 @@
 // (kernels/reference/), in float32, bfloat16 and float16, on odd and realistic shapes. Outputs are
 // poisoned with NaN first, so every element must be written; fused kernels are compared with the
 // unfused sequence built from references.
-#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +14,7 @@
 #include "kernels/add_rmsnorm.h"
 #include "kernels/embedding.h"
 #include "kernels/gather_rows.h"
+#include "kernels/gpu_runtime.h"
 #include "kernels/linear.h"
 #include "kernels/qkv_rope.h"
 #include "kernels/reference/add_rmsnorm.h"
@@ -291,8 +291,8 @@ TEST(CudaKernels, QkvRopeMatchesUnfusedSequence) {
 TEST(CudaKernels, Linear) {
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   std::mt19937 rng(6);
-  cublasHandle_t handle = nullptr;
-  ASSERT_EQ(cublasCreate(&handle), CUBLAS_STATUS_SUCCESS);
+  LinearHandle handle = nullptr;
+  LITELLAMA_ASSERT_OK(linear_handle_create(&handle));
   struct Shape {
     int32_t n, k;
   };
@@ -340,7 +340,7 @@ TEST(CudaKernels, Linear) {
       }
     }
   }
-  cublasDestroy(handle);
+  linear_handle_destroy(handle);
 }
 
 TEST(CudaKernels, SupportPredicates) {

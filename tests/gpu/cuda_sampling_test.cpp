@@ -1,7 +1,6 @@
 // The device sampler against the CPU sampler (services/worker/cpu_sampler.h), its reference: top-N
 // raw logits, penalties (the penalized logits bit for bit), greedy argmax with ties, and seeded
 // draws under every combination of temperature, top-k, top-p and min-p, many rows per launch.
-#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include <span>
 #include <vector>
 
+#include "kernels/gpu_runtime.h"
 #include "kernels/sampling.h"
 #include "services/worker/cpu_sampler.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -320,20 +320,20 @@ TEST(CudaSamplingTiming, DISABLED_LaunchTime) {
       DevBuf d_marks(sampling_workspace_size_bytes(n_rows, vocab));
       (void)cudaMemset(d_marks.get(), 0, d_marks.bytes());
       cudaEvent_t start, stop;
-      cudaEventCreate(&start);
-      cudaEventCreate(&stop);
+      (void)cudaEventCreate(&start);
+      (void)cudaEventCreate(&stop);
       for (int32_t max_ctas : {1, 0}) {
         std::vector<float> times;
         for (int it = 0; it < 60; ++it) {
-          cudaEventRecord(start);
+          (void)cudaEventRecord(start);
           LITELLAMA_ASSERT_OK(launch_sampling(
               d_out.as<int32_t>(), d_ids.as<int32_t>(), d_vals.as<float>(), d_logits.as<float>(),
               d_rows.as<SamplingRow>(), d_hist.as<int32_t>(), n_rows, vocab, cfg.n_top,
               d_marks.as<int32_t>(), nullptr, &cfg == &configs[0], max_ctas));
-          cudaEventRecord(stop);
+          (void)cudaEventRecord(stop);
           LITELLAMA_ASSERT_CUDA(cudaEventSynchronize(stop));
           float ms = 0;
-          cudaEventElapsedTime(&ms, start, stop);
+          (void)cudaEventElapsedTime(&ms, start, stop);
           if (it >= 10) times.push_back(ms);
         }
         std::sort(times.begin(), times.end());
@@ -341,8 +341,8 @@ TEST(CudaSamplingTiming, DISABLED_LaunchTime) {
                     n_rows, cfg.name, max_ctas == 1 ? "1" : "auto",
                     1000.0 * times[times.size() / 2]);
       }
-      cudaEventDestroy(start);
-      cudaEventDestroy(stop);
+      (void)cudaEventDestroy(start);
+      (void)cudaEventDestroy(stop);
     }
   }
 }

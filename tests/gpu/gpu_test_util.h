@@ -2,7 +2,6 @@
 // random tensors stored in a compute dtype, NaN poisoning and tolerance checks per dtype.
 #pragma once
 
-#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,6 +13,7 @@
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "kernels/gpu_runtime.h"
 
 namespace litellama::gpu_test {
 
@@ -27,6 +27,14 @@ inline bool cuda_device_present() {
 #define LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE()                                             \
   do {                                                                                   \
     if (!::litellama::gpu_test::cuda_device_present()) GTEST_SKIP() << "no CUDA device"; \
+  } while (0)
+
+// Skips a test of a path that portable builds do not compile (LITELLAMA_PORTABLE_KERNELS, every
+// HIP build and CUDA builds that force it: kernels/gpu_runtime.h), naming the path. The portable
+// code that replaces it is tested by the tests that do run there.
+#define LITELLAMA_SKIP_IN_PORTABLE_BUILD(what)                                                  \
+  do {                                                                                          \
+    if (LITELLAMA_PORTABLE_KERNELS) GTEST_SKIP() << "portable build: " what " is not compiled"; \
   } while (0)
 
 #define LITELLAMA_ASSERT_CUDA(expr)                                            \

@@ -3,13 +3,13 @@
 // float32 reference (top logit within the 16-bit tolerance, the reference's top id among ours) and
 // against transformers run in that dtype (top logits within the tolerance, the first token equal
 // on every decisive case).
-#include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdio>
 
 #include <gtest/gtest.h>
 
+#include "kernels/gpu_runtime.h"
 #include "services/worker/checkpoint.h"
 #include "services/worker/offline_engine.h"
 #include "tests/worker/golden_util.h"

@@ -50,8 +50,7 @@
 // Every buffer is allocated once in create(); a step allocates nothing unless its new slots or
 // penalty history outgrow their staging buffers (they then grow geometrically, once).
 #include "services/worker/cuda/cuda_model_runner.h"
-
-#include <cuda_runtime.h>
+#include "kernels/gpu_runtime.h"
 
 #include <algorithm>
 #include <cmath>
@@ -102,25 +101,24 @@ class CudaContext {
   ~CudaContext() {
     if (step_end_ != nullptr) (void)cudaEventDestroy(step_end_);
     if (step_start_ != nullptr) (void)cudaEventDestroy(step_start_);
-    if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
+    linear_handle_destroy(linear_);
     if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
   }
   Status init() {
     LITELLAMA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    LITELLAMA_CUBLAS_RETURN_IF_ERROR(cublasCreate(&cublas_));
-    LITELLAMA_CUBLAS_RETURN_IF_ERROR(cublasSetStream(cublas_, stream_));
+    LITELLAMA_RETURN_IF_ERROR(linear_handle_create(&linear_));
     LITELLAMA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&step_start_));
     LITELLAMA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&step_end_));
     return Status::ok();
   }
   cudaStream_t stream() const { return stream_; }
-  cublasHandle_t cublas() const { return cublas_; }
+  LinearHandle linear() const { return linear_; }
   cudaEvent_t step_start() const { return step_start_; }
   cudaEvent_t step_end() const { return step_end_; }
 
  private:
   cudaStream_t stream_ = nullptr;
-  cublasHandle_t cublas_ = nullptr;
+  LinearHandle linear_ = nullptr;
   cudaEvent_t step_start_ = nullptr;
   cudaEvent_t step_end_ = nullptr;
 };
@@ -262,6 +260,17 @@ void* CudaModelRunner::v_pool(int32_t layer) const {
 
 Status CudaModelRunner::init(const Checkpoint& checkpoint) {
   const ModelConfig& c = config_;
+#if LITELLAMA_HIP
+  if (c.quant.method == QuantMethod::kFp8) {
+    // gfx90a has no FP8 arithmetic and HIP 5.2 no FP8 types: refused before anything else, whatever
+    // a later build of the quantized kernels adds on CUDA.
+    return make_error(StatusCode::kUnsupported,
+                      "'{}' is an FP8 checkpoint; the HIP build does not run FP8 (no FP8 types in "
+                      "HIP 5.2, no FP8 arithmetic on gfx90a): use --device cpu or a bf16/fp16 "
+                      "checkpoint",
+                      checkpoint.dir());
+  }
+#endif
   if (c.quant.method != QuantMethod::kNone) {
     // The quantized GEMV and GEMM kernels are not built yet; the CPU backend dequantizes.
     return make_error(StatusCode::kUnsupported,
@@ -331,8 +340,8 @@ Status CudaModelRunner::allocate_workspaces() {
       options_.max_batch_seqs, c.n_heads, c.n_kv_heads, c.head_dim, kMaxKvLenHint, n_sms_);
   LITELLAMA_ASSIGN_OR_RETURN(attention_workspace_, DeviceBuffer::allocate(attn_ws));
   LITELLAMA_ASSIGN_OR_RETURN(cublas_workspace_, DeviceBuffer::allocate(kCublasWorkspaceBytes));
-  LITELLAMA_CUBLAS_RETURN_IF_ERROR(
-      cublasSetWorkspace(ctx_.cublas(), cublas_workspace_.data(), kCublasWorkspaceBytes));
+  LITELLAMA_RETURN_IF_ERROR(
+      linear_handle_set_workspace(ctx_.linear(), cublas_workspace_.data(), kCublasWorkspaceBytes));
 
   // Staging for a full batch whose slot tables hold 4 max_batch_tokens positions, and for a
   // penalty history of as many ids (longer ones grow them on first use).
@@ -614,7 +623,7 @@ Status CudaModelRunner::run_layer_fused(const StepPlan& plan, const ForwardPlan&
     }
     LITELLAMA_RETURN_IF_ERROR(launch_linear(wide_.data(), normed_.data(), W.gate_up, T,
                                             2 * c.intermediate_size, H, dtype_, dtype_,
-                                            ctx_.cublas(), stream));
+                                            ctx_.linear(), stream));
     return launch_silu_mul(act_.data(), wide_.data(), T, c.intermediate_size, dtype_, stream);
   }));
   return repeat(repeats.down, [&] {
@@ -626,7 +635,7 @@ Status CudaModelRunner::run_layer_fused(const StepPlan& plan, const ForwardPlan&
 Status CudaModelRunner::project(bool gemv, void* y, const void* x, const void* w, int32_t n_rows,
                                 int32_t n, int32_t k) {
   if (gemv) return launch_gemv(y, x, w, n_rows, n, k, dtype_, dtype_, kernel_stream());
-  return launch_linear(y, x, w, n_rows, n, k, dtype_, dtype_, ctx_.cublas(), kernel_stream());
+  return launch_linear(y, x, w, n_rows, n, k, dtype_, dtype_, ctx_.linear(), kernel_stream());
 }
 
 Status CudaModelRunner::run_layers(const StepPlan& plan, const ForwardPlan& fp) {
@@ -753,7 +762,7 @@ Status CudaModelRunner::run_head(const StepPlan& plan, const ForwardPlan& fp) {
   // cuBLAS at every batch size: the LM head's GEMM streams a matrix that large better than the
   // small-batch GEMV.
   LITELLAMA_RETURN_IF_ERROR(launch_linear(logits_.data(), last_normed_.data(), weights_.lm_head, R,
-                                          c.vocab_size, H, dtype_, DType::kF32, ctx_.cublas(),
+                                          c.vocab_size, H, dtype_, DType::kF32, ctx_.linear(),
                                           stream));
   return run_sampling(plan, fp);
 }

@@ -2,13 +2,12 @@
 // the destructor frees (a failure to free at teardown is not reportable and is ignored).
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstddef>
 #include <utility>
 
 #include "common/status.h"
 #include "kernels/cuda_check.h"
+#include "kernels/gpu_runtime.h"
 
 namespace litellama {
 

@@ -12,14 +12,13 @@
 // condition: the runner then calls clear().
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <unordered_map>
 
 #include "common/status.h"
+#include "kernels/gpu_runtime.h"
 
 namespace litellama {
 
