@@ -397,6 +397,8 @@ Status dispatch(const LaunchArgs& a, DType dtype, int32_t head_dim) {
 
 }  // namespace
 
+#endif  // !LITELLAMA_PORTABLE_KERNELS
+
 bool attention_prefill_supports(DType dtype, int32_t head_dim, int32_t n_heads,
                                 int32_t n_kv_heads) {
   return attention_shapes_supported(dtype, n_heads, n_kv_heads) &&
@@ -404,8 +406,10 @@ bool attention_prefill_supports(DType dtype, int32_t head_dim, int32_t n_heads,
           attention_general_supports(dtype, head_dim, n_heads, n_kv_heads));
 }
 
+// Portable builds (kernels/gpu_runtime.h) compile none of the tuned kernels above (tensor cores
+// through inline PTX): every head size takes the general path there.
 bool attention_prefill_tuned(int32_t head_dim) {
-  return head_dim == 64 || head_dim == 128;
+  return !LITELLAMA_PORTABLE_KERNELS && (head_dim == 64 || head_dim == 128);
 }
 
 Status launch_attention_prefill(const AttentionTensors<void>& tensors, int32_t n_work,
@@ -419,34 +423,12 @@ Status launch_attention_prefill(const AttentionTensors<void>& tensors, int32_t n
     return launch_attention_general(tensors, n_work, max_n_new, n_heads, n_kv_heads, head_dim,
                                     dtype, scale, stream);
   }
+#if LITELLAMA_PORTABLE_KERNELS
+  return make_error(StatusCode::kInternal, "attention_prefill: no tuned kernel in this build");
+#else
   const LaunchArgs args{{tensors, n_work, n_heads, n_kv_heads, scale, stream}, max_n_new};
   return dispatch(args, dtype, head_dim);
-}
-
-#else  // LITELLAMA_PORTABLE_KERNELS
-
-// Portable builds (kernels/gpu_runtime.h) compile none of the tuned kernels above (tensor cores
-// through inline PTX): every head size takes the general path.
-bool attention_prefill_supports(DType dtype, int32_t head_dim, int32_t n_heads,
-                                int32_t n_kv_heads) {
-  return attention_general_supports(dtype, head_dim, n_heads, n_kv_heads);
-}
-
-bool attention_prefill_tuned(int32_t /*head_dim*/) {
-  return false;
-}
-
-Status launch_attention_prefill(const AttentionTensors<void>& tensors, int32_t n_work,
-                                int32_t max_n_new, int32_t n_heads, int32_t n_kv_heads,
-                                int32_t head_dim, DType dtype, float scale, KernelStream stream) {
-  LITELLAMA_RETURN_IF_ERROR(check_attention_launch(
-      "attention_prefill", attention_prefill_supports(dtype, head_dim, n_heads, n_kv_heads), dtype,
-      head_dim, n_heads, n_kv_heads, n_work, n_kv_heads, "n_kv_heads {}", n_kv_heads));
-  if (n_work == 0) return Status::ok();
-  return launch_attention_general(tensors, n_work, max_n_new, n_heads, n_kv_heads, head_dim, dtype,
-                                  scale, stream);
-}
-
 #endif
+}
 
 }  // namespace litellama
