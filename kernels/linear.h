@@ -8,8 +8,8 @@
 //   - a portable tiled kernel (builds with LITELLAMA_PORTABLE_KERNELS, every HIP build: Debian's
 //     ROCm has no hipBLAS or rocBLAS): 64x64 output tiles through shared memory, float32 fused
 //     multiply-adds, each 16-wide k slice summed on its own before it joins the total (which keeps
-//     the float32 error of long sums near cuBLAS's). Written for correctness first; its speed on
-//     AMD GPUs has not been measured.
+//     float32 sums over k = 4096 within the 1e-6 relative error CudaKernels.Linear asks of
+//     cuBLAS). Written for correctness first; its speed on AMD GPUs has not been measured.
 #pragma once
 
 #include <cstddef>
