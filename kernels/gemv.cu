@@ -1,5 +1,6 @@
-// Small-batch GEMV on tensor cores (see gemv.h; the kernel is in gemv_impl.cuh). This file holds
-// the launch policy: which tile configuration each shape gets.
+// Small-batch GEMV (see gemv.h): the launchers, and the launch policy of the tensor-core kernel
+// (gemv_impl.cuh), which tile configuration each shape gets. Portable builds run the SIMT kernel
+// of gemv_portable.cuh behind the same launchers and the same gemv_supports().
 //
 // The policy follows bench/linear_bench.cu's sweep on an H200 (decode shapes of Llama-3.2-1B and
 // Llama-3.1-8B, 1 and 8 rows, back to back in a CUDA graph with PDL): matrices with many 16-row
@@ -13,31 +14,23 @@
 
 #if !LITELLAMA_PORTABLE_KERNELS
 #include "kernels/gemv_impl.cuh"
+#else
+#include "kernels/gemv_portable.cuh"
+#endif
 
 namespace litellama {
 namespace {
 
+// k of any shape: for the tensor-core kernel a multiple of its chunk of 2 vectors of 8 elements
+// per lane, 4 lanes (the wider chunk of launch_paired applies only where k is a multiple of it);
+// the portable kernel needs whole 16-byte vectors, and takes the same shapes.
+constexpr int kAlignK = 64;
+
+#if !LITELLAMA_PORTABLE_KERNELS
 using gemv_detail::Epilogue;
 using gemv_detail::kTileRows;
 using gemv_detail::Params;
 using gemv_detail::sm_count;
-
-// k of any shape: a multiple of the chunk of 2 vectors of 8 elements per lane, 4 lanes (the wider
-// chunk of launch_paired applies only where k is a multiple of it).
-constexpr int kAlignK = 64;
-
-Params make_params(const void* x, const void* w, void* y, int32_t m, int32_t n, int32_t k,
-                   int32_t ldy) {
-  Params p{};
-  p.x = x;
-  p.w = w;
-  p.y = y;
-  p.m = m;
-  p.n = n;
-  p.k = k;
-  p.ldy = ldy;
-  return p;
-}
 
 // k segments per unit for a matrix of long rows (k >= 4096) and no more 16-row tiles than
 // multiprocessors (each of which then streams one tile alone): the segmented configuration <8
@@ -145,6 +138,42 @@ cudaError_t launch_paired(const Params& p, KernelStream stream) {
   return launch<T, T, 2, E, 8, 1, 4, kNorm>(p, stream);
 }
 
+#else  // LITELLAMA_PORTABLE_KERNELS
+
+// The portable kernel has one configuration: a unit of two rows per warp, no k segments.
+using gemv_portable::Epilogue;
+using gemv_portable::Params;
+
+template <typename T, typename OutT, Epilogue E>
+cudaError_t launch_single(const Params& p, KernelStream stream) {
+  return gemv_portable::launch<T, OutT, E>(p, stream);
+}
+
+template <typename T, Epilogue E, bool kNorm = false>
+cudaError_t launch_paired(const Params& p, KernelStream stream) {
+  return gemv_portable::launch<T, T, E, kNorm>(p, stream);
+}
+
+template <typename T, typename OutT, Epilogue E>
+int single_segments(const Params& /*p*/) {
+  return 1;
+}
+
+#endif  // LITELLAMA_PORTABLE_KERNELS
+
+Params make_params(const void* x, const void* w, void* y, int32_t m, int32_t n, int32_t k,
+                   int32_t ldy) {
+  Params p{};
+  p.x = x;
+  p.w = w;
+  p.y = y;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.ldy = ldy;
+  return p;
+}
+
 Status unsupported(const char* what, DType dtype, DType out_dtype, int32_t m, int32_t n,
                    int32_t k) {
   return make_error(StatusCode::kUnsupported, "{}: unsupported {} -> {} with m {} n {} k {}", what,
@@ -160,7 +189,9 @@ bool gemv_supports(DType dtype, DType out_dtype, int32_t m, int32_t k) {
 }
 
 bool gemv_rope_supports(int32_t head_dim) {
+#if !LITELLAMA_PORTABLE_KERNELS
   static_assert(64 % (2 * kTileRows) == 0, "a head's halves are whole tiles");
+#endif
   return head_dim == 64 || head_dim == 128;
 }
 
@@ -241,54 +272,3 @@ Status launch_gemv_qkv_rope(const GemvRope& rope, const void* x, const void* w_q
 }
 
 }  // namespace litellama
-
-#else  // LITELLAMA_PORTABLE_KERNELS
-
-// Portable builds (kernels/gpu_runtime.h) have no GEMV variants: the kernel is mma.sync and
-// ld.global.nc through inline PTX. gemv_supports() is false for every shape, so the runner takes
-// launch_linear and the separate element-wise kernels, as it does for steps of more rows.
-namespace litellama {
-namespace {
-
-Status not_built(const char* what) {
-  return make_error(StatusCode::kUnsupported,
-                    "{}: the tensor-core GEMV variants are not part of a portable build", what);
-}
-
-}  // namespace
-
-bool gemv_supports(DType /*dtype*/, DType /*out_dtype*/, int32_t /*m*/, int32_t /*k*/) {
-  return false;
-}
-
-bool gemv_rope_supports(int32_t /*head_dim*/) {
-  return false;
-}
-
-Status launch_gemv(void*, const void*, const void*, int32_t, int32_t, int32_t, DType, DType,
-                   KernelStream) {
-  return not_built("gemv");
-}
-
-Status launch_gemv_residual_add(void*, const void*, const void*, int32_t, int32_t, int32_t, DType,
-                                KernelStream) {
-  return not_built("gemv_residual_add");
-}
-
-int32_t gemv_residual_add_k_segments(DType, int32_t, int32_t, int32_t) {
-  return 0;
-}
-
-Status launch_gemv_silu_mul(void*, const void*, const void*, int32_t, int32_t, int32_t, DType,
-                            KernelStream) {
-  return not_built("gemv_silu_mul");
-}
-
-Status launch_gemv_qkv_rope(const GemvRope&, const void*, const void*, int32_t, int32_t, DType,
-                            KernelStream, std::optional<GemvRmsNorm>) {
-  return not_built("gemv_qkv_rope");
-}
-
-}  // namespace litellama
-
-#endif

@@ -14,6 +14,10 @@
 // (RunnerOptions::gemv_max_tokens), and the SiLU variant for gate/up at batch 1 to 8 of small
 // models (RunnerOptions::gemv_gate_up_max_tokens). The LM head goes through cuBLAS, whose GEMM
 // streams a matrix that large better than this kernel.
+//
+// Portable builds (LITELLAMA_PORTABLE_KERNELS, every HIP build) run a SIMT kernel of the same
+// variants, shapes and rounding instead (kernels/gemv_portable.cuh), so the runner plans the same
+// decode step on both.
 #pragma once
 
 #include <cstdint>

@@ -64,6 +64,7 @@
 #include <cstdint>
 
 #include "kernels/gemv.h"
+#include "kernels/gemv_epilogue.cuh"
 #include "kernels/kernel_common.cuh"
 #include "kernels/launch.h"
 #include "kernels/mma_common.cuh"
@@ -283,8 +284,7 @@ __device__ __forceinline__ void finish_unit(const Params& p, int unit,
     float total = 0.0f;
 #pragma unroll
     for (int v = 0; v < kWarps; ++v) total += row_squares[v][token];
-    // Correctly rounded 1 / sqrt, as add_rmsnorm computes it.
-    const float inv_rms = __frcp_rn(__fsqrt_rn(total / static_cast<float>(p.k) + p.norm_eps));
+    const float inv_rms = gemv_epilogue::inv_rms(total, p.k, p.norm_eps);
 #pragma unroll
     for (int r = 0; r < kSums; ++r) sum[r] *= inv_rms;
   }
@@ -297,49 +297,16 @@ __device__ __forceinline__ void finish_unit(const Params& p, int unit,
       if constexpr (E == Epilogue::kStore) {
         y[row] = from_float<OutT>(sum[r]);
       } else {
-        y[row] = from_float<OutT>(to_float(y[row]) + to_float(from_float<OutT>(sum[r])));
+        gemv_epilogue::residual_add(&y[row], sum[r]);
       }
     }
   } else if constexpr (E == Epilogue::kSiluMul) {
     const int64_t row = block_row + row_in_tile;
-    if (row < p.tile_stride) {
-      const float gate = to_float(from_float<T>(sum[0]));
-      const float up = to_float(from_float<T>(sum[1]));
-      y[row] = from_float<OutT>(gate / (1.0f + expf(-gate)) * up);
-    }
-  } else {  // kRope: as qkv_rope_kernel, element j of the first half paired with half + j
-    const GemvRope& rope = p.rope;
-    const int half = rope.head_dim / 2;
+    if (row < p.tile_stride) y[row] = gemv_epilogue::silu_mul<T>(sum[0], sum[1]);
+  } else {  // kRope: element j of the head's first half paired with half + j
     const int head = unit / p.blocks_per_group;
     const int j = (unit % p.blocks_per_group) * p.unit_stride + row_in_tile;
-    float lo = to_float(from_float<T>(sum[0]));
-    float hi = to_float(from_float<T>(sum[1]));
-    if (rope.bias != nullptr) {
-      lo += rope.bias[static_cast<int64_t>(head) * rope.head_dim + j];
-      hi += rope.bias[static_cast<int64_t>(head) * rope.head_dim + half + j];
-    }
-    const int64_t slot = rope.token_slot[token];
-    if (head >= rope.n_heads + rope.n_kv_heads) {
-      T* dst = static_cast<T*>(rope.v_pool) +
-               (slot * rope.n_kv_heads + (head - rope.n_heads - rope.n_kv_heads)) * rope.head_dim;
-      dst[j] = from_float<T>(lo);
-      dst[half + j] = from_float<T>(hi);
-      return;
-    }
-    const float pos = static_cast<float>(rope.positions[token]);
-    const int freq_row = rope.token_freq_row != nullptr ? rope.token_freq_row[token] : 0;
-    const float angle = pos * rope.inv_freq[static_cast<int64_t>(freq_row) * half + j];
-    float s, c;
-    sincosf(angle, &s, &c);
-    c *= rope.attention_scaling;
-    s *= rope.attention_scaling;
-    T* dst = head < rope.n_heads
-                 ? static_cast<T*>(rope.q_out) +
-                       (static_cast<int64_t>(token) * rope.n_heads + head) * rope.head_dim
-                 : static_cast<T*>(rope.k_pool) +
-                       (slot * rope.n_kv_heads + (head - rope.n_heads)) * rope.head_dim;
-    dst[j] = from_float<T>(__fsub_rn(__fmul_rn(lo, c), __fmul_rn(hi, s)));
-    dst[half + j] = from_float<T>(__fadd_rn(__fmul_rn(hi, c), __fmul_rn(lo, s)));
+    gemv_epilogue::rope_store<T>(p.rope, head, j, token, sum[0], sum[1]);
   }
 }
 

@@ -64,7 +64,6 @@ struct Fixture {
 };
 
 TEST(ForwardPlan, SmallDecodeStepsTakeTheGemvLayersAndAGraph) {
-  LITELLAMA_SKIP_IN_PORTABLE_BUILD("the tensor-core GEMV");
   Fixture f("llama3.2-1b");
   const ForwardPlan p = f.plan(make_batch(1, 100, 0, false));
   EXPECT_TRUE(p.gemv_layers);
@@ -95,7 +94,6 @@ TEST(ForwardPlan, SmallDecodeStepsTakeTheGemvLayersAndAGraph) {
 }
 
 TEST(ForwardPlan, LargeAndMixedStepsTakeGemmsEagerly) {
-  LITELLAMA_SKIP_IN_PORTABLE_BUILD("the tensor-core GEMV");
   Fixture f("llama3.2-1b");
   const ForwardPlan big = f.plan(make_batch(64, 100, 0, true));
   EXPECT_FALSE(big.gemv_layers);
@@ -117,19 +115,6 @@ TEST(ForwardPlan, LargeAndMixedStepsTakeGemmsEagerly) {
   EXPECT_FALSE(f.plan(make_batch(1, 100, 0, false)).gemv_layers);
 }
 
-// Portable builds have no GEMV variants (kernels/gemv.cu): every step runs the GEMMs of
-// launch_linear, and small decode steps still run as graphs.
-TEST(ForwardPlan, PortableBuildsPlanGemmsForEveryStep) {
-  if (!LITELLAMA_PORTABLE_KERNELS) GTEST_SKIP() << "not a portable build: the GEMV tests cover it";
-  Fixture f("llama3.2-1b");
-  for (int32_t n : {1, 4, 8}) {
-    const ForwardPlan p = f.plan(make_batch(n, 100, 0, false));
-    EXPECT_FALSE(p.gemv_layers) << n;
-    EXPECT_FALSE(p.qkv_gemv || p.o_gemv || p.gate_up_linear_gemv || p.down_gemv) << n;
-    EXPECT_TRUE(p.graph) << n;
-  }
-}
-
 TEST(ForwardPlan, InputEmbeddingRowsAreScatteredAndNeverGraphed) {
   Fixture f("llama3.2-1b");
   StepBatch b = make_batch(1, 100, 0, false);
@@ -144,7 +129,6 @@ TEST(ForwardPlan, InputEmbeddingRowsAreScatteredAndNeverGraphed) {
 }
 
 TEST(ForwardPlan, QkNormModelsRopeOutsideTheGemv) {
-  LITELLAMA_SKIP_IN_PORTABLE_BUILD("the tensor-core GEMV");
   Fixture f("qwen3-tiny");
   const ForwardPlan p = f.plan(make_batch(1, 10, 0, false));
   ASSERT_TRUE(p.gemv_layers);
