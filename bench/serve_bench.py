@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Served-path benchmarks on a GPU machine, each against its own reference in the same run.
 
-  http     HTTP API against the ZeroMQ client path, concurrency 1 and 64 (alternating runs,
-           medians): TTFT, TPOT and output tokens/s, and the scheduler process's CPU time per
-           output token in each (the HTTP server runs in the scheduler process, so the
-           difference is the HTTP server's CPU per token).
+  http     HTTP API against the ZeroMQ client path, concurrency 1 and 64 (five alternating
+           runs each, medians): TTFT, TPOT and output tokens/s; CPU time per output token of the scheduler
+           process, of its HTTP threads (libmicrohttpd's and the pump's) and of the bench client;
+           and the scheduler's own mean time to first token (from its metrics), which tells a
+           delay before the scheduler from one after it.
   cache    prefix cache on against off, two servers side by side (each idle while the other
            runs): shared-prefix, multi-turn, and a workload with no shared prefix (median of five
            alternating runs).
@@ -19,6 +20,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import shutil
 import signal
 import statistics
@@ -82,8 +84,8 @@ class Server:
 
     def api_cpu_seconds(self):
         """CPU time of the HTTP server's threads in the scheduler process: libmicrohttpd's
-        (named MHD-*) and the pump between them and the scheduler (api-pump)."""
-        total = 0.0
+        (named MHD-*) and the pump between them and the scheduler (api-pump), each summed."""
+        total = {"mhd": 0.0, "pump": 0.0}
         for tid in os.listdir(f"/proc/{self.scheduler_pid}/task"):
             try:
                 with open(f"/proc/{self.scheduler_pid}/task/{tid}/stat") as f:
@@ -91,9 +93,10 @@ class Server:
             except OSError:
                 continue
             name = text[text.index("(") + 1:text.rindex(")")]
-            if name.startswith("MHD") or name == "api-pump":
+            kind = "mhd" if name.startswith("MHD") else "pump" if name == "api-pump" else None
+            if kind:
                 fields = text.rsplit(")", 1)[1].split()
-                total += (int(fields[11]) + int(fields[12])) / CLK_TCK
+                total[kind] += (int(fields[11]) + int(fields[12])) / CLK_TCK
         return total
 
     def metric(self, series):
@@ -135,40 +138,66 @@ def bench(bin_dir, target, args):
     return j
 
 
+def children_cpu_seconds():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def part_http(a, model, results):
     s = Server(a.bin, model, "http", 8000, 9400, ["--no-prefix-cache"], a.out, a.device)
     rows = {}
+    ttft_series = "litellama_scheduler_time_to_first_token_seconds"
     try:
         bench(a.bin, s.zmq, ["-n", "8", "-c", "8", "--output-len", "16"])  # warm-up
-        for conc, n in ((1, 32), (64, 256)):
-            for rep in range(3):
+        # c=1: fixed lengths. c=64: lengths uniform in [64, 128], so that requests finish and
+        # arrive one by one as in a served load; with one fixed length the 64 streams run in
+        # synchronized waves (all admitted within a few steps, all finishing in the same steps),
+        # whose TTFT varies by 10 ms and more between runs of the same path.
+        for conc, n, ratio in ((1, 32, "1"), (64, 512, "0.5")):
+            for rep in range(5):
                 for path in ("zmq", "http"):
-                    cpu0, api0 = s.scheduler_cpu_seconds(), s.api_cpu_seconds()
+                    cpu0, api0, client0 = (s.scheduler_cpu_seconds(), s.api_cpu_seconds(),
+                                           children_cpu_seconds())
+                    ttft0 = (s.metric(ttft_series + "_sum"), s.metric(ttft_series + "_count"))
                     j = bench(a.bin, getattr(s, path),
                               ["-n", str(n), "-c", str(conc), "--input-len", "128",
-                               "--output-len", "128", "--seed", str(100 * conc + rep),
-                               "--vocab-size", "128000"])
+                               "--output-len", "128", "--random-range-ratio", ratio,
+                               "--seed", str(100 * conc + rep), "--vocab-size", "128000"])
                     cpu = s.scheduler_cpu_seconds() - cpu0
-                    api = s.api_cpu_seconds() - api0
-                    r = rows.setdefault(f"{path} c={conc}", {"ttft": [], "tpot": [], "tps": [],
-                                                             "cpu_us_per_token": [],
-                                                             "api_us_per_token": []})
-                    r["api_us_per_token"].append(api * 1e6 / j["output_tokens"])
+                    api1 = s.api_cpu_seconds()
+                    client = children_cpu_seconds() - client0
+                    ttft = (s.metric(ttft_series + "_sum") - ttft0[0],
+                            s.metric(ttft_series + "_count") - ttft0[1])
+                    tokens = j["output_tokens"]
+                    r = rows.setdefault(f"{path} c={conc}", {
+                        "ttft": [], "tpot": [], "tps": [], "cpu_us_per_token": [],
+                        "api_us_per_token": [], "mhd_us_per_token": [], "pump_us_per_token": [],
+                        "client_us_per_token": [], "scheduler_ttft_ms": []})
+                    r["mhd_us_per_token"].append((api1["mhd"] - api0["mhd"]) * 1e6 / tokens)
+                    r["pump_us_per_token"].append((api1["pump"] - api0["pump"]) * 1e6 / tokens)
+                    r["api_us_per_token"].append(
+                        r["mhd_us_per_token"][-1] + r["pump_us_per_token"][-1])
+                    r["client_us_per_token"].append(client * 1e6 / tokens)
+                    r["scheduler_ttft_ms"].append(ttft[0] * 1e3 / max(ttft[1], 1))
                     r["ttft"].append(j["ttft"]["p50_ms"])
                     r["tpot"].append(j["tpot"]["p50_ms"])
                     r["tps"].append(j["output_token_throughput"])
-                    r["cpu_us_per_token"].append(cpu * 1e6 / j["output_tokens"])
+                    r["cpu_us_per_token"].append(cpu * 1e6 / tokens)
     finally:
         s.stop()
     med = {k: {m: statistics.median(v) for m, v in r.items()} for k, r in rows.items()}
     results["http"] = {"runs": rows, "median": med}
-    print("\n## HTTP against ZeroMQ (Llama-3.2-1B shape, bf16, 128 + 128 tokens, median of 3)")
+    print("\n## HTTP against ZeroMQ (Llama-3.2-1B shape, bf16; c=1: 128 + 128 tokens; c=64: "
+          "lengths uniform in [64, 128]; median of 5)")
     print("| path | TTFT p50 ms | TPOT p50 ms | output tok/s | scheduler process CPU us/token "
-          "| HTTP threads CPU us/token |")
-    print("|---|---|---|---|---|---|")
+          "| HTTP threads CPU us/token (MHD + pump) | bench client CPU us/token "
+          "| scheduler's TTFT mean ms |")
+    print("|---|---|---|---|---|---|---|---|")
     for k, m in med.items():
         print(f"| {k} | {m['ttft']:.3f} | {m['tpot']:.4f} | {m['tps']:.0f} | "
-              f"{m['cpu_us_per_token']:.1f} | {m['api_us_per_token']:.1f} |")
+              f"{m['cpu_us_per_token']:.1f} | {m['api_us_per_token']:.1f} "
+              f"({m['mhd_us_per_token']:.1f} + {m['pump_us_per_token']:.1f}) | "
+              f"{m['client_us_per_token']:.1f} | {m['scheduler_ttft_ms']:.3f} |")
     for conc in (1, 64):
         z, h = med[f"zmq c={conc}"], med[f"http c={conc}"]
         print(f"c={conc}: TPOT http/zmq {h['tpot'] / z['tpot']:.4f}, TTFT http-zmq "
