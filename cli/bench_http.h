@@ -1,6 +1,7 @@
 // The HTTP side of `litellama bench --base-url`: the same random-token workloads sent to any
 // OpenAI-compatible server as streaming /v1/completions requests (prompt as token ids,
-// ignore_eos, stream_options.include_usage), many at once over libcurl's multi interface.
+// ignore_eos, stream_options.include_usage), many at once over libcurl's multi_socket interface
+// (an epoll set of its sockets: each wake-up drives only the streams with data).
 #pragma once
 
 #include <cstdint>
