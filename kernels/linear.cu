@@ -1,4 +1,4 @@
-// y[m, n] = x[m, k] @ w[n, k]^T through cuBLAS or the portable tiled kernel (kernels/linear.h).
+// y[m, n] = x[m, k] @ w[n, k]^T through cuBLAS or the tiled kernel (kernels/linear.h).
 #include "kernels/linear.h"
 
 #include "kernels/cuda_check.h"
@@ -23,68 +23,6 @@ bool linear_supports(DType dtype, DType out_dtype) {
   }
   return false;
 }
-
-#if LITELLAMA_HAVE_CUBLAS
-// cuBLAS is column-major: the row-major y is the column-major y^T[n, m] = w^T-as-stored (op T
-// over the column-major [k, n] view of w) times x^T[k, m].
-namespace {
-
-cudaDataType_t cuda_type(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return CUDA_R_32F;
-    case DType::kBF16:
-      return CUDA_R_16BF;
-    case DType::kF16:
-      return CUDA_R_16F;
-    case DType::kI32:
-    case DType::kI64:
-    case DType::kU8:
-    case DType::kI8:
-    case DType::kF8E4M3:
-      break;
-  }
-  return CUDA_R_32F;
-}
-
-}  // namespace
-
-Status linear_handle_create(LinearHandle* handle) {
-  LITELLAMA_CUBLAS_RETURN_IF_ERROR(cublasCreate(handle));
-  return Status::ok();
-}
-
-void linear_handle_destroy(LinearHandle handle) {
-  if (handle != nullptr) (void)cublasDestroy(handle);
-}
-
-Status linear_handle_set_workspace(LinearHandle handle, void* workspace, size_t bytes) {
-  LITELLAMA_CUBLAS_RETURN_IF_ERROR(cublasSetWorkspace(handle, workspace, bytes));
-  return Status::ok();
-}
-
-const char* linear_backend_name() {
-  return "cuBLAS";
-}
-
-Status launch_linear(void* y, const void* x, const void* w, int32_t m, int32_t n, int32_t k,
-                     DType dtype, DType out_dtype, LinearHandle handle, KernelStream stream) {
-  if (!linear_supports(dtype, out_dtype)) {
-    return make_error(StatusCode::kUnsupported, "linear: unsupported dtypes {} -> {}",
-                      dtype_torch_name(dtype), dtype_torch_name(out_dtype));
-  }
-  if (m == 0) return Status::ok();
-  const float alpha = 1.0f, beta = 0.0f;
-  const cublasComputeType_t compute =
-      dtype == DType::kF32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
-  LITELLAMA_CUBLAS_RETURN_IF_ERROR(cublasSetStream(handle, stream.stream));
-  LITELLAMA_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
-      handle, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, cuda_type(dtype), k, x,
-      cuda_type(dtype), k, &beta, y, cuda_type(out_dtype), n, compute, CUBLAS_GEMM_DEFAULT));
-  return Status::ok();
-}
-
-#else  // the portable tiled kernel
 
 namespace {
 
@@ -163,6 +101,95 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
+Status launch_linear_tiled(void* y, const void* x, const void* w, int32_t m, int32_t n, int32_t k,
+                           DType dtype, DType out_dtype, KernelStream stream) {
+  if (!linear_supports(dtype, out_dtype)) {
+    return make_error(StatusCode::kUnsupported, "linear: unsupported dtypes {} -> {}",
+                      dtype_torch_name(dtype), dtype_torch_name(out_dtype));
+  }
+  if (m == 0 || n == 0) return Status::ok();
+  const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(n, kTileN)),
+                  static_cast<unsigned>(ceil_div<int64_t>(m, kTileM)));
+  // The kernel has no pdl_wait() (it reads activations from its first instruction), so it is
+  // launched without the PDL attribute.
+  const KernelStream plain(stream.stream);
+  return dispatch_float_dtype(dtype, "linear", [&](auto tag) -> Status {
+    using T = typename decltype(tag)::type;
+    if (out_dtype == DType::kF32) {
+      LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(
+          linear_tiled_kernel<T, float>, grid, dim3(kThreads), 0, plain, static_cast<float*>(y),
+          static_cast<const T*>(x), static_cast<const T*>(w), m, n, k));
+    } else {
+      LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(
+          linear_tiled_kernel<T, T>, grid, dim3(kThreads), 0, plain, static_cast<T*>(y),
+          static_cast<const T*>(x), static_cast<const T*>(w), m, n, k));
+    }
+    return Status::ok();
+  });
+}
+
+#if LITELLAMA_HAVE_CUBLAS
+// cuBLAS is column-major: the row-major y is the column-major y^T[n, m] = w^T-as-stored (op T
+// over the column-major [k, n] view of w) times x^T[k, m].
+namespace {
+
+cudaDataType_t cuda_type(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return CUDA_R_32F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    case DType::kF16:
+      return CUDA_R_16F;
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
+    case DType::kI8:
+    case DType::kF8E4M3:
+      break;
+  }
+  return CUDA_R_32F;
+}
+
+}  // namespace
+
+Status linear_handle_create(LinearHandle* handle) {
+  LITELLAMA_CUBLAS_RETURN_IF_ERROR(cublasCreate(handle));
+  return Status::ok();
+}
+
+void linear_handle_destroy(LinearHandle handle) {
+  if (handle != nullptr) (void)cublasDestroy(handle);
+}
+
+Status linear_handle_set_workspace(LinearHandle handle, void* workspace, size_t bytes) {
+  LITELLAMA_CUBLAS_RETURN_IF_ERROR(cublasSetWorkspace(handle, workspace, bytes));
+  return Status::ok();
+}
+
+const char* linear_backend_name() {
+  return "cuBLAS";
+}
+
+Status launch_linear(void* y, const void* x, const void* w, int32_t m, int32_t n, int32_t k,
+                     DType dtype, DType out_dtype, LinearHandle handle, KernelStream stream) {
+  if (!linear_supports(dtype, out_dtype)) {
+    return make_error(StatusCode::kUnsupported, "linear: unsupported dtypes {} -> {}",
+                      dtype_torch_name(dtype), dtype_torch_name(out_dtype));
+  }
+  if (m == 0) return Status::ok();
+  const float alpha = 1.0f, beta = 0.0f;
+  const cublasComputeType_t compute =
+      dtype == DType::kF32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
+  LITELLAMA_CUBLAS_RETURN_IF_ERROR(cublasSetStream(handle, stream.stream));
+  LITELLAMA_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
+      handle, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, cuda_type(dtype), k, x,
+      cuda_type(dtype), k, &beta, y, cuda_type(out_dtype), n, compute, CUBLAS_GEMM_DEFAULT));
+  return Status::ok();
+}
+
+#else  // the portable builds: the tiled kernel
+
 Status linear_handle_create(LinearHandle* handle) {
   *handle = nullptr;
   return Status::ok();
@@ -180,28 +207,7 @@ const char* linear_backend_name() {
 
 Status launch_linear(void* y, const void* x, const void* w, int32_t m, int32_t n, int32_t k,
                      DType dtype, DType out_dtype, LinearHandle /*handle*/, KernelStream stream) {
-  if (!linear_supports(dtype, out_dtype)) {
-    return make_error(StatusCode::kUnsupported, "linear: unsupported dtypes {} -> {}",
-                      dtype_torch_name(dtype), dtype_torch_name(out_dtype));
-  }
-  if (m == 0 || n == 0) return Status::ok();
-  const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(n, kTileN)),
-                  static_cast<unsigned>(ceil_div<int64_t>(m, kTileM)));
-  // The launch takes no PDL attribute: portable builds have none (kernels/gpu_runtime.h).
-  const KernelStream plain(stream.stream);
-  return dispatch_float_dtype(dtype, "linear", [&](auto tag) -> Status {
-    using T = typename decltype(tag)::type;
-    if (out_dtype == DType::kF32) {
-      LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(
-          linear_tiled_kernel<T, float>, grid, dim3(kThreads), 0, plain, static_cast<float*>(y),
-          static_cast<const T*>(x), static_cast<const T*>(w), m, n, k));
-    } else {
-      LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(
-          linear_tiled_kernel<T, T>, grid, dim3(kThreads), 0, plain, static_cast<T*>(y),
-          static_cast<const T*>(x), static_cast<const T*>(w), m, n, k));
-    }
-    return Status::ok();
-  });
+  return launch_linear_tiled(y, x, w, m, n, k, dtype, out_dtype, stream);
 }
 
 #endif

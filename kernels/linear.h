@@ -5,11 +5,15 @@
 //   - cuBLAS (CUDA builds): bf16 and fp16 on tensor cores; float32 runs
 //     CUBLAS_COMPUTE_32F_PEDANTIC, which never uses TF32, so the float32 path matches the CPU
 //     backend to float32 rounding;
-//   - a portable tiled kernel (builds with LITELLAMA_PORTABLE_KERNELS, every HIP build: Debian's
-//     ROCm has no hipBLAS or rocBLAS): 64x64 output tiles through shared memory, float32 fused
-//     multiply-adds, each 16-wide k slice summed on its own before it joins the total (which keeps
-//     float32 sums over k = 4096 within the 1e-6 relative error CudaKernels.Linear asks of
-//     cuBLAS). Written for correctness first; its speed on AMD GPUs has not been measured.
+//   - a tiled kernel (launch_linear_tiled, in every GPU build; launch_linear's only path with
+//     LITELLAMA_PORTABLE_KERNELS, every HIP build: Debian's ROCm has no hipBLAS or rocBLAS): 64x64
+//     output tiles through shared memory, float32 fused multiply-adds, each 16-wide k slice summed
+//     on its own before it joins the total (which keeps float32 sums over k = 4096 within the
+//     1e-6 relative error CudaKernels.Linear asks of cuBLAS). Every output element is summed in
+//     the same order whatever m is and wherever its row sits in the batch, so its result does not
+//     depend on the batch: the CUDA runner's float32 path relies on that (cuBLAS picks its
+//     kernels, and with them the order of the sums, by the shape). Written for correctness
+//     first; its speed on AMD GPUs has not been measured.
 #pragma once
 
 #include <cstddef>
@@ -44,6 +48,10 @@ Status linear_handle_set_workspace(LinearHandle handle, void* workspace, size_t 
 const char* linear_backend_name();
 
 bool linear_supports(DType dtype, DType out_dtype);
+
+// The tiled kernel in any build (see above): batch-invariant sums, no library handle.
+Status launch_linear_tiled(void* y, const void* x, const void* w, int32_t m, int32_t n, int32_t k,
+                           DType dtype, DType out_dtype, KernelStream stream);
 
 // The stream is set on the handle for this call.
 Status launch_linear(void* y,        // [m, n] of out_dtype

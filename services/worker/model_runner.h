@@ -196,6 +196,11 @@ struct RunnerOptions {
   // for models of hidden size up to 2048, else 4: past those limits gate/up through the GEMV
   // gains nothing over cuBLAS and loses together with the other GEMV layers.
   int32_t gemv_gate_up_max_tokens = -1;
+  // CUDA, float32: batch-invariant steps (a request's ids and logits do not depend on what shares
+  // its steps, on a prefix served from the cache, or on a preemption): every GEMM runs the tiled
+  // kernel and attention the general kernel, both slower than cuBLAS and the tuned attention.
+  // false: cuBLAS and the tuned kernels, results equal to float32 rounding only.
+  bool float32_batch_invariant = true;
   // CUDA, compute capability 9.0+: kernels are launched with programmatic dependent launch, so
   // each one starts (and loads its weights) while the previous one finishes.
   bool use_programmatic_launch = true;

@@ -62,6 +62,7 @@
 #include "common/log.h"
 #include "kernels/add_rmsnorm.h"
 #include "kernels/attention_decode.h"
+#include "kernels/attention_general.h"
 #include "kernels/attention_prefill.h"
 #include "kernels/cuda_check.h"
 #include "kernels/embedding.h"
@@ -177,9 +178,19 @@ class CudaModelRunner final : public ModelRunner {
   const float* rope_table(const StepPlan& plan) const;
   const int32_t* rope_table_rows(const StepPlan& plan) const;
   // y = x @ w^T for n_rows rows, in the compute dtype: the small-batch GEMV when `gemv` (the
-  // plan's choice), else cuBLAS.
+  // plan's choice), else linear().
   Status project(bool gemv, void* y, const void* x, const void* w, int32_t n_rows, int32_t n,
                  int32_t k);
+  // y = x @ w^T through cuBLAS, or the tiled kernel where the step must not depend on its batch
+  // (batch_invariant()).
+  Status linear(void* y, const void* x, const void* w, int32_t n_rows, int32_t n, int32_t k,
+                DType out_dtype);
+  // float32 with RunnerOptions::float32_batch_invariant: every GEMM runs the tiled kernel (each
+  // output element summed in one order whatever the batch, kernels/linear.h) and attention the
+  // general kernel (each query summed over its keys in one order whatever else the step holds,
+  // kernels/attention_general.h), so that a request's ids and logits do not depend on what it is
+  // batched with, on a prefix served from the cache, or on a preemption.
+  bool batch_invariant() const { return dtype_ == DType::kF32 && options_.float32_batch_invariant; }
   // Whether the layers' input norm weights are folded into W.qkv at load, so that the QKV GEMV
   // takes the norm in (kernels/gemv.h, GemvRmsNorm): models whose small steps use the QKV RoPE
   // GEMV, in bfloat16. In fp16, products of small weights and norm weights could fall into the
@@ -621,9 +632,8 @@ Status CudaModelRunner::run_layer_fused(const StepPlan& plan, const ForwardPlan&
       return launch_gemv_silu_mul(act_.data(), normed_.data(), W.gate_up, T, c.intermediate_size, H,
                                   dtype_, stream);
     }
-    LITELLAMA_RETURN_IF_ERROR(launch_linear(wide_.data(), normed_.data(), W.gate_up, T,
-                                            2 * c.intermediate_size, H, dtype_, dtype_,
-                                            ctx_.linear(), stream));
+    LITELLAMA_RETURN_IF_ERROR(
+        linear(wide_.data(), normed_.data(), W.gate_up, T, 2 * c.intermediate_size, H, dtype_));
     return launch_silu_mul(act_.data(), wide_.data(), T, c.intermediate_size, dtype_, stream);
   }));
   return repeat(repeats.down, [&] {
@@ -635,7 +645,15 @@ Status CudaModelRunner::run_layer_fused(const StepPlan& plan, const ForwardPlan&
 Status CudaModelRunner::project(bool gemv, void* y, const void* x, const void* w, int32_t n_rows,
                                 int32_t n, int32_t k) {
   if (gemv) return launch_gemv(y, x, w, n_rows, n, k, dtype_, dtype_, kernel_stream());
-  return launch_linear(y, x, w, n_rows, n, k, dtype_, dtype_, ctx_.linear(), kernel_stream());
+  return linear(y, x, w, n_rows, n, k, dtype_);
+}
+
+Status CudaModelRunner::linear(void* y, const void* x, const void* w, int32_t n_rows, int32_t n,
+                               int32_t k, DType out_dtype) {
+  if (batch_invariant()) {
+    return launch_linear_tiled(y, x, w, n_rows, n, k, dtype_, out_dtype, kernel_stream());
+  }
+  return launch_linear(y, x, w, n_rows, n, k, dtype_, out_dtype, ctx_.linear(), kernel_stream());
 }
 
 Status CudaModelRunner::run_layers(const StepPlan& plan, const ForwardPlan& fp) {
@@ -717,6 +735,19 @@ Status CudaModelRunner::run_attention(const StepPlan& plan, int32_t l) {
                                   table_device_.as<const int32_t>(),
                                   seq_ids};
   };
+  if (batch_invariant()) {
+    if (plan.n_decode > 0) {
+      LITELLAMA_RETURN_IF_ERROR(launch_attention_general(tensors(decode_seqs), plan.n_decode, 1,
+                                                         c.n_heads, c.n_kv_heads, c.head_dim,
+                                                         dtype_, attention_scale_, stream));
+    }
+    if (plan.n_prefill > 0) {
+      LITELLAMA_RETURN_IF_ERROR(launch_attention_general(
+          tensors(prefill_seqs), plan.n_prefill, plan.max_prefill_n_new, c.n_heads, c.n_kv_heads,
+          c.head_dim, dtype_, attention_scale_, stream));
+    }
+    return Status::ok();
+  }
   if (plan.n_decode > 0) {
     LITELLAMA_RETURN_IF_ERROR(launch_attention_decode(
         tensors(decode_seqs), plan.n_decode, plan.max_decode_kv_len, c.n_heads, c.n_kv_heads,
@@ -759,11 +790,10 @@ Status CudaModelRunner::run_head(const StepPlan& plan, const ForwardPlan& fp) {
   LITELLAMA_RETURN_IF_ERROR(launch_add_rmsnorm(last_normed_.data(), residual, delta,
                                                weights_.final_norm, R, H,
                                                static_cast<float>(c.rms_norm_eps), dtype_, stream));
-  // cuBLAS at every batch size: the LM head's GEMM streams a matrix that large better than the
-  // small-batch GEMV.
-  LITELLAMA_RETURN_IF_ERROR(launch_linear(logits_.data(), last_normed_.data(), weights_.lm_head, R,
-                                          c.vocab_size, H, dtype_, DType::kF32, ctx_.linear(),
-                                          stream));
+  // cuBLAS at every batch size (the tiled kernel where batch_invariant()): the LM head's GEMM
+  // streams a matrix that large better than the small-batch GEMV.
+  LITELLAMA_RETURN_IF_ERROR(linear(logits_.data(), last_normed_.data(), weights_.lm_head, R,
+                                   c.vocab_size, H, DType::kF32));
   return run_sampling(plan, fp);
 }
 
