@@ -624,6 +624,12 @@ TEST(Fault, BadFlagsAreRefusedSayingWhatIsWrong) {
                      "the port must be a number from 1 to 65535", 40);
   EXPECT_LT(port.seconds, 6.0);
   expect_refused(bin + "/litellama serve --metrics-port 70000", "'70000' is not a port");
+  // Serving flags users type: a log level that does not exist, and a CPU KV budget below 1 MiB,
+  // are refused before anything starts.
+  expect_refused(bin + "/litellama serve --log-level loud",
+                 "--log-level: loud not in {trace,debug,info,warn,error,off}");
+  expect_refused(bin + "/litellama serve --kv-cache-bytes 10",
+                 "--kv-cache-bytes: Value 10 not in range");
   const CommandResult timeout =
       run_command(bin + "/litellama-scheduler --run-dir " + cluster.run_dir() +
                   " --metrics '' --heartbeat-ms 200 --peer-timeout-ms 100");
