@@ -150,8 +150,10 @@ stage_hip() {
   # Every kernel object with device code (those whose kernels are all compiled out of portable
   # builds have none) carries it for gfx90a, and all of them are linked into the worker.
   local with_code=0 objects o
+  # grep reads readelf's whole output (no -q): leaving early would end readelf with SIGPIPE, and
+  # under pipefail that failed pipeline would drop the object from the count on a busy machine.
   for o in build-hip/kernels/hip/*.o; do
-    if readelf -S "$o" | grep -q '\.hip_fatbin'; then with_code=$((with_code + 1)); fi
+    if readelf -S "$o" | grep '\.hip_fatbin' > /dev/null; then with_code=$((with_code + 1)); fi
   done
   objects="$(roc-obj-ls build-hip/bin/litellama-worker | grep -c 'amdgcn-amd-amdhsa--gfx90a')"
   if [ "$with_code" -eq 0 ] || [ "$objects" -ne "$with_code" ]; then
