@@ -25,14 +25,17 @@
 //   gather the sampled sequences' last rows (skipped when those are all the rows, in order: pure
 //   decode) -> add_rmsnorm(final norm; the cuBLAS path adds the last delta here)
 //   cuBLAS(float32 logits = normed @ Wlm^T) at every batch size -> sampling
+//   (float32 steps, batch_invariant(): the tiled GEMM for every linear layer and the LM head, and
+//   general attention for decode and prefill)
 //   one cudaMemcpyAsync of sampled ids (and top logits) back, then the step's only host sync.
 //
-// Every kernel but cuBLAS's and prefill attention's is launched with programmatic dependent
-// launch (kernels/launch.h): it starts while its predecessor drains (except the gate/up GEMV, which
-// the norm before it releases only after its own wait), GEMVs load their first weights before
-// waiting for their input, and decode attention of up to 8 sequences its first K/V tiles (all but
-// the newest key). That last one relies on no sequence reading, as an earlier key, a slot that the
-// same step writes (each new token gets a slot that no cached key occupies).
+// Every kernel but the GEMMs (cuBLAS, the tiled kernel) and prefill attention is launched with
+// programmatic dependent launch (kernels/launch.h): it starts while its predecessor drains
+// (except the gate/up GEMV, which the norm before it releases only after its own wait), GEMVs
+// load their first weights before waiting for their input, and decode attention of up to 8
+// sequences its first K/V tiles (all but the newest key). That last one relies on no sequence
+// reading, as an earlier key, a slot that the same step writes (each new token gets a slot that
+// no cached key occupies).
 //
 // Which of these paths a step takes, its attention split count, sampler and graph key are decided
 // once per step by plan_forward() (forward_plan.h) before any launch; the code below follows that
