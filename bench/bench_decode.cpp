@@ -100,11 +100,16 @@ struct Args {
   int32_t gemv = RunnerOptions{}.gemv_max_tokens;
   int32_t gemv_gate_up = RunnerOptions{}.gemv_gate_up_max_tokens;
   bool pdl = true;
+  bool cascade = true;  // RunnerOptions::decode_cascade
   bool copy_bandwidth = true;
   std::string kernel_repeats;  // RunnerOptions::layer_kernel_repeats, "qkv=2,attention=0"
-  std::string block_trace;     // CSV file the block timeline of one decode step is appended to
-  bool explain_plan = false;   // print each measured step's forward plan to stderr
-  bool ring = true;            // decode steps through a step ring, as the worker reads them
+  // Decode sequences q and q + share_groups, q + 2 * share_groups, ... use the same slots for
+  // their first share_prefix positions, as requests sharing a cached prefix do.
+  int32_t share_prefix = 0;
+  int32_t share_groups = 0;
+  std::string block_trace;    // CSV file the block timeline of one decode step is appended to
+  bool explain_plan = false;  // print each measured step's forward plan to stderr
+  bool ring = true;           // decode steps through a step ring, as the worker reads them
 };
 
 // Writes decode step `step` of `n` sequences into a ring buffer as the scheduler does: sequence q's
@@ -177,14 +182,20 @@ std::vector<int32_t> parse_ints(const std::string& s, char sep) {
 // runner's configuration and the shape. (nlohmann::json orders keys, so lines print the same
 // however they are built.)
 nlohmann::json result_line(const Args& a, const char* kind, int32_t batch, int32_t context) {
-  return {{"kind", kind},
-          {"preset", a.preset},
-          {"graphs", a.graphs},
-          {"gemv", a.gemv},
-          {"gemv_gate_up", a.gemv_gate_up},
-          {"pdl", a.pdl},
-          {"batch", batch},
-          {"context", context}};
+  nlohmann::json j = {{"kind", kind},
+                      {"preset", a.preset},
+                      {"graphs", a.graphs},
+                      {"gemv", a.gemv},
+                      {"gemv_gate_up", a.gemv_gate_up},
+                      {"pdl", a.pdl},
+                      {"batch", batch},
+                      {"context", context}};
+  if (a.share_groups > 0) {
+    j["share_prefix"] = a.share_prefix;
+    j["share_groups"] = a.share_groups;
+    j["cascade"] = a.cascade;
+  }
+  return j;
 }
 
 int run(const Args& a) {
@@ -254,6 +265,7 @@ int run(const Args& a) {
 #endif
   o.gemv_gate_up_max_tokens = a.gemv_gate_up;
   o.use_programmatic_launch = a.pdl;
+  o.decode_cascade = a.cascade;
   int64_t slots = 0;
   for (int32_t b : batches) {
     slots = std::max<int64_t>(slots, int64_t{b} * (a.context + a.n_warmup + a.n_steps + 2));
@@ -327,6 +339,13 @@ int run(const Args& a) {
     std::vector<int32_t> perm(static_cast<size_t>(b) * per_seq);
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), rng);  // scattered slots, as a pool in use has
+    if (a.share_groups > 0) {
+      const int32_t shared = std::min(a.share_prefix, a.context);
+      for (int32_t q = a.share_groups; q < b; ++q) {
+        std::copy_n(perm.begin() + static_cast<ptrdiff_t>(q % a.share_groups) * per_seq, shared,
+                    perm.begin() + static_cast<ptrdiff_t>(q) * per_seq);
+      }
+    }
     auto slots_of = [&](int32_t s, size_t kv) {
       return std::span<const int32_t>(perm.data() + static_cast<size_t>(s) * per_seq, kv);
     };
@@ -445,6 +464,7 @@ int run(const Args& a) {
     j["bytes"] = bytes;
     j["floor_ms"] = bw > 0 ? bytes / (bw * 1e9) * 1e3 : 0.0;
     j["bandwidth_fraction"] = bw > 0 ? bytes / (m * 1e-3) / (bw * 1e9) : 0.0;
+    j["cascade_steps"] = r.cascade_steps();  // of the runner's life so far
     std::printf("%s\n", j.dump().c_str());
     std::fflush(stdout);
   }
@@ -474,9 +494,15 @@ int main(int argc, char** argv) {
       "GEMV layers: steps of at most this many tokens put gate/up through the GEMV "
       "with SiLU * up too, not cuBLAS (0: never; -1: the runner's choice by model size)");
   app.add_option("--pdl", a.pdl, "programmatic dependent launch (1/0)");
+  app.add_option("--cascade", a.cascade,
+                 "decode: shared prefixes read once per group of sequences (1/0)");
   app.add_option("--ring", a.ring,
                  "decode steps through a shared-memory step ring read in place, as the worker "
                  "reads them (1), or from a StepBatch (0)");
+  app.add_option("--share-prefix", a.share_prefix,
+                 "decode: prompt tokens whose KV slots sequences of one group share");
+  app.add_option("--share-groups", a.share_groups,
+                 "decode: sequence q belongs to group q % N (0: nothing shared)");
   app.add_option("--copy-bandwidth", a.copy_bandwidth, "measure the device copy bandwidth (1/0)");
   app.add_option("--kernel-repeats", a.kernel_repeats,
                  "profiling: launches per layer of GEMV-layer kernels, e.g. qkv=2 or attention=0 "

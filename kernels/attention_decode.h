@@ -76,4 +76,51 @@ Status launch_attention_decode(const AttentionTensors<void>& tensors, int32_t n_
                                int32_t head_dim, DType dtype, float scale, int32_t n_sms,
                                void* workspace, size_t workspace_bytes, KernelStream stream);
 
+// ---- shared-prefix (cascade) decode ----
+//
+// Decode sequences whose tables begin with the same slots (a prefix the scheduler's cache gives
+// them) read those keys once for all of them: a task covers one key range of one table for the
+// query heads of up to attention_decode_cascade_members() sequences whose tables agree over that
+// range (their rows fill the tensor-core tile the group's heads leave empty), writes each
+// member's partial result (normalized output and log-sum-exp) to a part row of the workspace, and
+// a merge kernel combines each sequence's parts. services/worker/cuda/step_staging.cpp plans the
+// tasks on the host. The result equals the plain launch's within rounding (the sums over keys
+// are split differently).
+
+// Fields of one task, kDecodeTaskFields int32 each.
+inline constexpr int32_t kTaskMemberBegin = 0;  // first entry of `members`
+inline constexpr int32_t kTaskMembers = 1;      // entries (sequences) of the task
+inline constexpr int32_t kTaskTableSeq = 2;     // sequence whose table holds the keys
+inline constexpr int32_t kTaskKeyBegin = 3;     // keys key_begin .. key_end - 1
+inline constexpr int32_t kTaskKeyEnd = 4;
+inline constexpr int32_t kDecodeTaskFields = 5;
+
+struct DecodeCascade {
+  const int32_t* n_tasks = nullptr;     // device: how many tasks the arrays hold
+  const int32_t* tasks = nullptr;       // device [max_tasks][kDecodeTaskFields]
+  const int32_t* members = nullptr;     // device pairs (sequence id, part index)
+  const int32_t* part_start = nullptr;  // device [n_work + 1]: work item w's parts
+  int32_t max_tasks = 0;                // the grid: CTAs past *n_tasks return at once
+  int32_t max_parts = 0;                // part rows the workspace must hold, per head
+};
+
+// Sequences one task may cover (16 rows over the heads of a KV group), or 0 where the cascade does
+// not run: float32, untuned head sizes, groups of more than 8 heads, portable builds.
+int32_t attention_decode_cascade_members(DType dtype, int32_t head_dim, int32_t n_heads,
+                                         int32_t n_kv_heads);
+
+// Workspace bytes of a cascade with max_parts part rows per head.
+size_t attention_decode_cascade_workspace_bytes(int32_t max_parts, int32_t n_heads,
+                                                int32_t head_dim);
+
+// Runs the cascade's tasks over the n_work sequences of tensors.seq_ids (each n_new == 1; part
+// rows of work item w are cascade.part_start[w] .. [w + 1] - 1), then merges their parts into
+// `out`. kUnsupported where attention_decode_cascade_members() is 0; kInvalidArgument when the
+// workspace is smaller than attention_decode_cascade_workspace_bytes(cascade.max_parts, ...).
+Status launch_attention_decode_cascade(const AttentionTensors<void>& tensors,
+                                       const DecodeCascade& cascade, int32_t n_work,
+                                       int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                       DType dtype, float scale, void* workspace,
+                                       size_t workspace_bytes, KernelStream stream);
+
 }  // namespace litellama

@@ -204,6 +204,10 @@ struct RunnerOptions {
   // CUDA, compute capability 9.0+: kernels are launched with programmatic dependent launch, so
   // each one starts (and loads its weights) while the previous one finishes.
   bool use_programmatic_launch = true;
+  // CUDA, bf16/fp16: decode sequences whose tables share a prefix of 256 keys or more (a cached
+  // prefix) read it once per group of them (kernels/attention_decode.h's cascade). false: every
+  // sequence reads all of its keys itself.
+  bool decode_cascade = true;
   // Entries of the slot table the runner keeps (ModelRunner::slot_table_capacity); 0: the
   // default, default_slot_table_capacity().
   int64_t slot_table_capacity = 0;
@@ -244,6 +248,9 @@ class ModelRunner {
   // second sight and replays after). Always 0 where there are no graphs.
   virtual int64_t graph_replays() const { return 0; }
   virtual int64_t graph_captures() const { return 0; }
+  // Steps whose decode attention ran as a shared-prefix cascade (RunnerOptions::decode_cascade);
+  // always 0 where there is none.
+  virtual int64_t cascade_steps() const { return 0; }
   // What a step of `batch` would run, one decision per line (litellama-bench --explain-plan);
   // runs nothing.
   virtual std::string explain_step(const StepBatchView& batch) const = 0;

@@ -85,6 +85,8 @@ void serve_and_compare(const std::vector<std::string>& worker_args, DType expect
   // 24-token decodes of one sequence: most steps replay a captured graph.
   EXPECT_GT(metric_value(m, "litellama_worker_graph_steps_total{kind=\"replayed\"}"), 30);
   EXPECT_GE(metric_value(m, "litellama_worker_graph_steps_total{kind=\"captured\"}"), 1);
+  // One sequence at a time shares no prefix: the cascade is exported and never ran.
+  EXPECT_EQ(metric_value(m, "litellama_worker_cascade_steps_total"), 0);
 }
 
 TEST(CudaServices, AutoDtypeIsBfloat16AndOutputsMatchTheRunner) {

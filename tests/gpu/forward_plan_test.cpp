@@ -5,8 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <random>
 #include <vector>
 
+#include "kernels/attention_decode.h"
+#include "services/worker/cuda/step_staging.h"
 #include "services/worker/random_checkpoint.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -133,6 +136,114 @@ TEST(ForwardPlan, QkNormModelsRopeOutsideTheGemv) {
   const ForwardPlan p = f.plan(make_batch(1, 10, 0, false));
   ASSERT_TRUE(p.gemv_layers);
   EXPECT_EQ(p.qkv, QkvPath::kLinearThenRope);
+}
+
+// Decode sequences reach attention ordered by their tables' first slot (those sharing a cached
+// prefix side by side), stably; prefill sequences follow in batch order.
+TEST(StepStaging, DecodeWorkIsOrderedByFirstSlot) {
+  const ModelConfig config = preset_config("llama3.2-1b");
+  StepBatch b;
+  const SamplingParams p;
+  const std::vector<int32_t> one{5}, three{5, 6, 7};
+  const std::vector<std::vector<int32_t>> tables{
+      {10, 11, 12}, {3, 4, 5}, {20, 21, 22}, {10, 11, 13}, {3, 4, 6}};
+  b.add_sequence(three, tables[2], true, p, 0);  // prefill
+  for (const auto& t : tables) b.add_sequence(one, t, true, p, 1);
+  b.add_sequence(three, tables[0], true, p, 0);  // prefill
+  const StepBatchView v = b.view();
+  StepPlan plan = plan_step(v, config);
+  ASSERT_EQ(plan.n_decode, 5);
+  ASSERT_EQ(plan.n_prefill, 2);
+  std::vector<int32_t> table(b.slot_table.size());
+  std::vector<char> host(plan.layout.total_bytes);
+  ASSERT_TRUE(fill_step(v, config, &plan, 64, true, table.data(), host.data()).is_ok());
+  const auto* work = reinterpret_cast<const int32_t*>(host.data() + plan.layout.work_seqs);
+  EXPECT_EQ(std::vector<int32_t>(work, work + 7), (std::vector<int32_t>{2, 5, 1, 4, 3, 0, 6}));
+}
+
+// The cascade plan against a brute-force check over random groupings: every key of every decode
+// sequence is covered by exactly one of the tasks listing it, that task's table holds the
+// sequence's own slot for every key it covers, its members fit one tile, parts are numbered
+// per work item, and prefix tasks cover groups only.
+TEST(StepStaging, CascadeTasksCoverEveryKeyOnceFromTheSequencesOwnSlots) {
+  const ModelConfig config = preset_config("llama3.2-1b");  // 32 heads over 8 KV heads
+  const CascadeOptions opts{4, 132};
+  std::mt19937 rng(7);
+  int32_t cascaded = 0;
+  for (int round = 0; round < 40; ++round) {
+    const int32_t n = std::uniform_int_distribution<int32_t>(16, 40)(rng);
+    const int32_t n_groups = std::uniform_int_distribution<int32_t>(1, 8)(rng);
+    std::vector<std::vector<int32_t>> prefixes(static_cast<size_t>(n_groups));
+    int32_t next = 0;
+    for (auto& pre : prefixes) {
+      const int32_t len = std::uniform_int_distribution<int32_t>(0, 900)(rng);
+      for (int32_t i = 0; i < len; ++i) pre.push_back(next++);
+    }
+    StepBatch b;
+    const std::vector<int32_t> one{5};
+    std::vector<std::vector<int32_t>> tables;
+    for (int32_t s = 0; s < n; ++s) {
+      std::vector<int32_t> t = prefixes[static_cast<size_t>(rng() % n_groups)];
+      const int32_t own = std::uniform_int_distribution<int32_t>(1, 300)(rng);
+      for (int32_t i = 0; i < own; ++i) t.push_back(next++);
+      tables.push_back(t);
+      b.add_sequence(one, tables.back(), true, SamplingParams{}, 1);
+    }
+    const StepBatchView v = b.view();
+    StepPlan plan = plan_step(v, config, /*cascade=*/true);
+    ASSERT_GT(plan.cascade_max_tasks, 0);
+    std::vector<int32_t> table(b.slot_table.size());
+    std::vector<char> host(plan.layout.total_bytes);
+    ASSERT_TRUE(fill_step(v, config, &plan, next, true, table.data(), host.data(), opts).is_ok());
+    if (plan.n_cascade_tasks == 0) continue;
+    ++cascaded;
+    auto arr = [&](size_t off) { return reinterpret_cast<const int32_t*>(host.data() + off); };
+    const int32_t* work = arr(plan.layout.work_seqs);
+    const int32_t* tasks = arr(plan.layout.cascade_tasks);
+    const int32_t* members = arr(plan.layout.cascade_members);
+    const int32_t* part_start = arr(plan.layout.cascade_part_start);
+    ASSERT_EQ(*arr(plan.layout.cascade_n_tasks), plan.n_cascade_tasks);
+    ASSERT_LE(plan.n_cascade_tasks, plan.cascade_max_tasks);
+    ASSERT_LE(part_start[n], plan.cascade_max_parts);
+    std::vector<int32_t> work_of(static_cast<size_t>(n));
+    for (int32_t w = 0; w < n; ++w) work_of[static_cast<size_t>(work[w])] = w;
+    // covered[s][k]: tasks covering key k of sequence s; parts_seen: each part written once.
+    std::vector<std::vector<int32_t>> covered(static_cast<size_t>(n));
+    for (int32_t s = 0; s < n; ++s) covered[static_cast<size_t>(s)].assign(tables[s].size(), 0);
+    std::vector<int32_t> parts_seen(static_cast<size_t>(part_start[n]), 0);
+    for (int32_t t = 0; t < plan.n_cascade_tasks; ++t) {
+      const int32_t* task = tasks + t * kDecodeTaskFields;
+      ASSERT_GE(task[kTaskMembers], 1);
+      ASSERT_LE(task[kTaskMembers], opts.members);
+      ASSERT_LT(task[kTaskKeyBegin], task[kTaskKeyEnd]);
+      const auto& tt = tables[static_cast<size_t>(task[kTaskTableSeq])];
+      for (int32_t m = 0; m < task[kTaskMembers]; ++m) {
+        const int32_t s = members[2 * (task[kTaskMemberBegin] + m)];
+        const int32_t part = members[2 * (task[kTaskMemberBegin] + m) + 1];
+        const int32_t w = work_of[static_cast<size_t>(s)];
+        ASSERT_GE(part, part_start[w]);
+        ASSERT_LT(part, part_start[w + 1]);
+        ++parts_seen[static_cast<size_t>(part)];
+        const auto& own = tables[static_cast<size_t>(s)];
+        ASSERT_LE(task[kTaskKeyEnd], static_cast<int32_t>(own.size()));
+        if (task[kTaskMembers] > 1) {
+          EXPECT_LT(task[kTaskKeyEnd], static_cast<int32_t>(own.size()));  // never the newest
+        }
+        for (int32_t k = task[kTaskKeyBegin]; k < task[kTaskKeyEnd]; ++k) {
+          ASSERT_EQ(tt[static_cast<size_t>(k)], own[static_cast<size_t>(k)]) << "key " << k;
+          ++covered[static_cast<size_t>(s)][static_cast<size_t>(k)];
+        }
+      }
+    }
+    for (int32_t s = 0; s < n; ++s) {
+      for (int32_t c : covered[static_cast<size_t>(s)]) ASSERT_EQ(c, 1) << "sequence " << s;
+    }
+    for (int32_t c : parts_seen) ASSERT_EQ(c, 1);
+  }
+  EXPECT_GT(cascaded, 10);  // most rounds have a group sharing 256 keys or more
+  // Off without members (the dtype has no cascade kernel), and below kCascadeMinDecode.
+  StepBatch small = make_batch(kCascadeMinDecode - 1, 600, 0, false);
+  EXPECT_EQ(plan_step(small.view(), config, true).cascade_max_tasks, 0);
 }
 
 }  // namespace

@@ -629,6 +629,7 @@ TEST(ServicesIntegration, MetricsOverHttpAreConsistent) {
   EXPECT_EQ(metric_value(w, "litellama_worker_step_device_seconds_count"), -1);
   EXPECT_EQ(metric_value(w, "litellama_worker_graph_steps_total{kind=\"replayed\"}"), -1);
   EXPECT_EQ(metric_value(w, "litellama_worker_graph_steps_total{kind=\"captured\"}"), -1);
+  EXPECT_EQ(metric_value(w, "litellama_worker_cascade_steps_total"), -1);
   const std::string t = testing::http_get(cluster.tokenizer_port(), "/metrics").second;
   EXPECT_GE(metric_value(t, "litellama_tokenizer_detokenize_items_total"), 5);
   for (int port : {cluster.scheduler_port(), cluster.worker_port(), cluster.tokenizer_port()}) {

@@ -151,6 +151,7 @@ class CudaModelRunner final : public ModelRunner {
     return last_step_device_seconds_;
   }
   int64_t graph_replays() const override { return graphs_.replays(); }
+  int64_t cascade_steps() const override { return cascade_steps_; }
   int64_t graph_captures() const override { return graphs_.captures(); }
   std::string explain_step(const StepBatchView& batch) const override;
   bool supports_input_embeddings(EmbeddingMemory memory) const override {
@@ -194,6 +195,8 @@ class CudaModelRunner final : public ModelRunner {
   // kernels/attention_general.h), so that a request's ids and logits do not depend on what it is
   // batched with, on a prefix served from the cache, or on a preemption.
   bool batch_invariant() const { return dtype_ == DType::kF32 && options_.float32_batch_invariant; }
+  CascadeOptions cascade_;  // shared-prefix decode planning (members 0: off or none for the dtype)
+  int64_t cascade_steps_ = 0;
   // Whether the layers' input norm weights are folded into W.qkv at load, so that the QKV GEMV
   // takes the norm in (kernels/gemv.h, GemvRmsNorm): models whose small steps use the QKV RoPE
   // GEMV, in bfloat16. In fp16, products of small weights and norm weights could fall into the
@@ -350,8 +353,18 @@ Status CudaModelRunner::allocate_workspaces() {
                                             inv_freq.size() * sizeof(float),
                                             cudaMemcpyHostToDevice));
 
-  const size_t attn_ws = attention_decode_workspace_size_bytes(
-      options_.max_batch_seqs, c.n_heads, c.n_kv_heads, c.head_dim, kMaxKvLenHint, n_sms_);
+  // Shared-prefix decode (fill_step plans it, run_attention launches it) where the kernel exists.
+  cascade_.members = options_.decode_cascade ? attention_decode_cascade_members(
+                                                   dtype_, c.head_dim, c.n_heads, c.n_kv_heads)
+                                             : 0;
+  cascade_.n_sms = n_sms_;
+  const size_t attn_ws = std::max(
+      attention_decode_workspace_size_bytes(options_.max_batch_seqs, c.n_heads, c.n_kv_heads,
+                                            c.head_dim, kMaxKvLenHint, n_sms_),
+      cascade_.members > 0
+          ? attention_decode_cascade_workspace_bytes(
+                options_.max_batch_seqs * (kCascadeMaxPrefixSplits + 1), c.n_heads, c.head_dim)
+          : size_t{0});
   LITELLAMA_ASSIGN_OR_RETURN(attention_workspace_, DeviceBuffer::allocate(attn_ws));
   LITELLAMA_ASSIGN_OR_RETURN(cublas_workspace_, DeviceBuffer::allocate(kCublasWorkspaceBytes));
   LITELLAMA_RETURN_IF_ERROR(
@@ -434,7 +447,9 @@ ForwardPlanContext CudaModelRunner::forward_context() const {
 }
 
 std::string CudaModelRunner::explain_step(const StepBatchView& batch) const {
-  return plan_forward(plan_step(batch, config_), batch.n_top_logits, forward_context()).describe();
+  return plan_forward(plan_step(batch, config_, cascade_.members > 0), batch.n_top_logits,
+                      forward_context())
+      .describe();
 }
 
 Status CudaModelRunner::grow_staging(size_t bytes, PinnedBuffer* host, DeviceBuffer* device) {
@@ -488,7 +503,7 @@ Status CudaModelRunner::step(const StepBatchView& batch, StepOutput* out) {
                       "the CUDA backend returns at most {} top logits (asked for {})",
                       kSamplingMaxTopLogits, batch.n_top_logits);
   }
-  const StepPlan plan = plan_step(batch, config_);
+  StepPlan plan = plan_step(batch, config_, cascade_.members > 0);
   const StepLayout& L = plan.layout;
   LITELLAMA_RETURN_IF_ERROR(ensure_staging(L.total_bytes));
   const size_t history_bytes = batch.history_ids.size() * sizeof(int32_t);
@@ -496,8 +511,8 @@ Status CudaModelRunner::step(const StepBatchView& batch, StepOutput* out) {
   if (history_bytes > 0) LITELLAMA_RETURN_IF_ERROR(ensure_history_staging(2 * history_bytes));
   // New slots in registered memory (the worker's step ring) are copied to the device from there.
   const bool slots_in_place = batch.registered && plan.n_new_slots > 0;
-  LITELLAMA_RETURN_IF_ERROR(fill_step(batch, config_, plan, n_slots_, !slots_in_place,
-                                      table_host_.data(), staging_host_.data()));
+  LITELLAMA_RETURN_IF_ERROR(fill_step(batch, config_, &plan, n_slots_, !slots_in_place,
+                                      table_host_.data(), staging_host_.data(), cascade_));
   if (history_bytes > 0) std::memcpy(history_host_.data(), batch.history_ids.data(), history_bytes);
   cudaStream_t stream = ctx_.stream();
   LITELLAMA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ctx_.step_start(), stream));
@@ -519,6 +534,7 @@ Status CudaModelRunner::step(const StepBatchView& batch, StepOutput* out) {
   }
   const ForwardPlan fp = plan_forward(plan, batch.n_top_logits, forward_context());
   LITELLAMA_RETURN_IF_ERROR(run_forward(plan, fp));
+  if (fp.attention_cascade) ++cascade_steps_;
 
   const auto n_sampled = static_cast<int32_t>(plan.sampled_seqs.size());
   const int32_t n_top = batch.n_top_logits;
@@ -751,7 +767,14 @@ Status CudaModelRunner::run_attention(const StepPlan& plan, int32_t l) {
     }
     return Status::ok();
   }
-  if (plan.n_decode > 0) {
+  if (plan.n_cascade_tasks > 0) {
+    const DecodeCascade cascade{i32(L.cascade_n_tasks), i32(L.cascade_tasks),
+                                i32(L.cascade_members), i32(L.cascade_part_start),
+                                plan.cascade_max_tasks, plan.cascade_max_parts};
+    LITELLAMA_RETURN_IF_ERROR(launch_attention_decode_cascade(
+        tensors(decode_seqs), cascade, plan.n_decode, c.n_heads, c.n_kv_heads, c.head_dim, dtype_,
+        attention_scale_, attention_workspace_.data(), attention_workspace_.size_bytes(), stream));
+  } else if (plan.n_decode > 0) {
     LITELLAMA_RETURN_IF_ERROR(launch_attention_decode(
         tensors(decode_seqs), plan.n_decode, plan.max_decode_kv_len, c.n_heads, c.n_kv_heads,
         c.head_dim, dtype_, attention_scale_, n_sms_, attention_workspace_.data(),

@@ -60,6 +60,8 @@ ForwardPlan plan_forward(const StepPlan& step, int32_t n_top, const ForwardPlanC
       step.n_decode > 0 ? attention_decode_n_splits(step.n_decode, c.n_heads, c.n_kv_heads,
                                                     c.head_dim, step.max_decode_kv_len, ctx.n_sms)
                         : 0;
+  p.attention_cascade = step.n_cascade_tasks > 0;
+  p.attention_cascade_possible = step.cascade_max_tasks > 0;
   p.n_top = n_top;
   p.n_embed = step.n_embed;
   p.logprobs = step.logprobs;
@@ -69,6 +71,7 @@ ForwardPlan plan_forward(const StepPlan& step, int32_t n_top, const ForwardPlanC
   if (p.graph) {
     p.graph_key = (static_cast<uint64_t>(step.logprobs) << 62) |
                   (static_cast<uint64_t>(step.greedy_only) << 61) |
+                  (static_cast<uint64_t>(p.attention_cascade) << 60) |
                   (static_cast<uint64_t>(step.n_seqs) << 40) |
                   (static_cast<uint64_t>(n_top) << 20) | static_cast<uint64_t>(p.attention_splits);
   }
@@ -90,11 +93,15 @@ std::string ForwardPlan::describe() const {
         "  gate/up: {} -> silu_mul\n  down: {}\n",
         via(qkv_gemv), via(o_gemv), via(gate_up_linear_gemv), via(down_gemv));
   }
-  s += attention_splits > 0
+  s += attention_cascade ? std::string(
+                               "attention: decode with shared prefixes read once per group "
+                               "(cascade tasks + merge)\n")
+       : attention_splits > 0
            ? fmt::format(
-                 "attention: decode with {} key splits (+ prefill where rows have more "
+                 "attention: decode with {} key splits{} (+ prefill where rows have more "
                  "than one new token)\n",
-                 attention_splits)
+                 attention_splits,
+                 attention_cascade_possible ? ", or a cascade where tables share a prefix" : "")
            : std::string("attention: prefill only\n");
   s += fmt::format("head: {}final norm -> cuBLAS LM head over {} rows\n",
                    head_gathers ? "gather sampled rows -> " : "", n_sampled);

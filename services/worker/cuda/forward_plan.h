@@ -42,6 +42,10 @@ struct ForwardPlan {
   int32_t n_sampled = 0;
   int32_t n_embed = 0;           // input embedding rows scattered over the looked-up embeddings
   int32_t attention_splits = 0;  // decode attention's key splits (0: no decode sequence)
+  // Decode attention as a shared-prefix cascade (StepPlan::n_cascade_tasks > 0), and whether the
+  // step's layout allows one (fill_step decides from the tables).
+  bool attention_cascade = false;
+  bool attention_cascade_possible = false;
   // The argmax kernel (every row greedy, no penalties, no top-N, no logprobs).
   bool greedy_sampler = false;
   int32_t n_top = 0;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/attention_decode.h"
 #include "kernels/sampling.h"
 #include "services/worker/cuda/device_buffer.h"
 #include "services/worker/rope_scaling.h"
@@ -52,9 +53,102 @@ bool copy_in_range(int32_t* dst, std::span<const int32_t> src, int32_t limit) {
   return outside == 0;
 }
 
+// Orders the decode work list by each table's first slot: sequences that share a cached prefix
+// (the scheduler's prefix cache hands out one copy of it) are then side by side, where the
+// cascade planner below finds them as runs. Any order gives the same results: every sequence is
+// computed on its own.
+void order_by_first_slot(int32_t* work, int32_t n, const StepBatchView& batch,
+                         const int32_t* table) {
+  std::stable_sort(work, work + n, [&](int32_t a, int32_t b) {
+    return table[batch.slot_start[a]] < table[batch.slot_start[b]];
+  });
+}
+
+// The cascade's arrays (kernels/attention_decode.h) for the decode work list `work` (sorted by
+// first slot). A group is a run of sequences with the same first slot; its shared length is the
+// longest prefix all their tables agree on, short of each one's newest key. A group of two or
+// more sharing kCascadeMinSharedKeys keys gets prefix tasks of up to o.members sequences each,
+// the prefix split into key ranges when the tasks are too few to fill the device; every sequence
+// gets one task for the keys past its group's prefix (all of its keys when it has no group).
+// Part rows are numbered work item by work item (its prefix splits, then its own keys). Returns
+// the task count, 0 when no group qualifies (nothing is written then).
+int32_t plan_cascade(const int32_t* work, int32_t n, const StepBatchView& b, const int32_t* table,
+                     const CascadeOptions& o, int32_t n_kv_heads, int32_t* n_tasks_out,
+                     int32_t* tasks, int32_t* members, int32_t* part_start) {
+  struct Group {
+    int32_t begin, end, shared, splits;
+  };
+  std::vector<Group> groups;
+  int32_t n_prefix_tasks = 0;
+  for (int32_t i = 0; i < n;) {
+    const int32_t* lead = table + b.slot_start[work[i]];
+    int32_t shared = b.kv_len[work[i]] - 1;
+    int32_t j = i + 1;
+    for (; j < n && table[b.slot_start[work[j]]] == lead[0]; ++j) {
+      const int32_t* t = table + b.slot_start[work[j]];
+      const int32_t len = std::min(shared, b.kv_len[work[j]] - 1);
+      shared = static_cast<int32_t>(std::mismatch(lead, lead + len, t).first - lead);
+    }
+    if (j - i >= 2 && shared >= kCascadeMinSharedKeys) {
+      groups.push_back({i, j, shared, 1});
+      n_prefix_tasks += (j - i + o.members - 1) / o.members;
+    }
+    i = j;
+  }
+  if (groups.empty()) return 0;
+  // Split the prefixes while the grid is under two CTAs per multiprocessor.
+  const int64_t ctas = static_cast<int64_t>(n_prefix_tasks + n) * n_kv_heads;
+  const auto want = static_cast<int32_t>(std::clamp<int64_t>(
+      (2 * static_cast<int64_t>(o.n_sms) + ctas - 1) / std::max<int64_t>(ctas, 1), 1,
+      kCascadeMaxPrefixSplits));
+  std::vector<int32_t> prefix_splits(static_cast<size_t>(n), 0),
+      shared_of(static_cast<size_t>(n), 0);
+  for (Group& g : groups) {
+    g.splits = std::clamp(g.shared / kCascadeMinSharedKeys, 1, want);
+    for (int32_t k = g.begin; k < g.end; ++k) {
+      prefix_splits[static_cast<size_t>(k)] = g.splits;
+      shared_of[static_cast<size_t>(k)] = g.shared;
+    }
+  }
+  part_start[0] = 0;
+  for (int32_t k = 0; k < n; ++k) {
+    part_start[k + 1] = part_start[k] + prefix_splits[static_cast<size_t>(k)] + 1;
+  }
+  int32_t n_tasks = 0, n_members = 0;
+  auto add_task = [&](int32_t table_seq, int32_t key_begin, int32_t key_end, int32_t first,
+                      int32_t count, int32_t part) {
+    int32_t* t = tasks + static_cast<ptrdiff_t>(n_tasks++) * kDecodeTaskFields;
+    t[kTaskMemberBegin] = n_members;
+    t[kTaskMembers] = count;
+    t[kTaskTableSeq] = table_seq;
+    t[kTaskKeyBegin] = key_begin;
+    t[kTaskKeyEnd] = key_end;
+    for (int32_t k = first; k < first + count; ++k, ++n_members) {
+      members[2 * n_members] = work[k];
+      members[2 * n_members + 1] = part_start[k] + part;
+    }
+  };
+  // The long prefix tasks first, so that the short ones fill in behind them.
+  for (const Group& g : groups) {
+    const int32_t chunk = (g.shared + g.splits - 1) / g.splits;
+    for (int32_t sp = 0; sp < g.splits; ++sp) {
+      const int32_t key_begin = sp * chunk, key_end = std::min(g.shared, key_begin + chunk);
+      for (int32_t k = g.begin; k < g.end; k += o.members) {
+        add_task(work[g.begin], key_begin, key_end, k, std::min(o.members, g.end - k), sp);
+      }
+    }
+  }
+  for (int32_t k = 0; k < n; ++k) {
+    const auto ku = static_cast<size_t>(k);
+    add_task(work[k], shared_of[ku], b.kv_len[work[k]], k, 1, prefix_splits[ku]);
+  }
+  *n_tasks_out = n_tasks;
+  return n_tasks;
+}
+
 }  // namespace
 
-StepPlan plan_step(const StepBatchView& batch, const ModelConfig& config) {
+StepPlan plan_step(const StepBatchView& batch, const ModelConfig& config, bool cascade) {
   StepPlan plan;
   plan.n_tokens = batch.n_tokens();
   plan.n_seqs = batch.n_seqs();
@@ -95,6 +189,17 @@ StepPlan plan_step(const StepBatchView& batch, const ModelConfig& config) {
   l.freq_table = p.take(plan.dynamic_rope
                             ? (n_seq + 1) * static_cast<size_t>(config.head_dim / 2) * sizeof(float)
                             : 0);
+  if (cascade && plan.n_decode >= kCascadeMinDecode) {
+    // Bounds: every decode sequence has at most kCascadeMaxPrefixSplits prefix parts and one of
+    // its own, each part one member entry; tasks have at least one entry each.
+    plan.cascade_max_parts = plan.n_decode * (kCascadeMaxPrefixSplits + 1);
+    plan.cascade_max_tasks = plan.cascade_max_parts;
+    const auto max_tasks = static_cast<size_t>(plan.cascade_max_tasks);
+    l.cascade_n_tasks = p.take(i32);
+    l.cascade_tasks = p.take(max_tasks * kDecodeTaskFields * i32);
+    l.cascade_members = p.take(max_tasks * 2 * i32);
+    l.cascade_part_start = p.take((static_cast<size_t>(plan.n_decode) + 1) * i32);
+  }
   // Past the fixed part: only prefill steps carry embedding rows, and no graph runs them.
   plan.n_embed = static_cast<int32_t>(batch.embed_token_index.size());
   plan.embed_rows = batch.embed_rows;
@@ -106,8 +211,10 @@ StepPlan plan_step(const StepBatchView& batch, const ModelConfig& config) {
   return plan;
 }
 
-Status fill_step(const StepBatchView& batch, const ModelConfig& config, const StepPlan& plan,
-                 int32_t n_kv_slots, bool copy_new_slots, int32_t* table, void* host) {
+Status fill_step(const StepBatchView& batch, const ModelConfig& config, StepPlan* plan_out,
+                 int32_t n_kv_slots, bool copy_new_slots, int32_t* table, void* host,
+                 const CascadeOptions& cascade) {
+  StepPlan& plan = *plan_out;
   const StepLayout& l = plan.layout;
   if (!copy_in_range(copy_new_slots ? at<int32_t>(host, l.new_slots) : nullptr, batch.new_slots,
                      n_kv_slots)) {
@@ -142,6 +249,14 @@ Status fill_step(const StepBatchView& batch, const ModelConfig& config, const St
     } else {
       work[plan.n_decode + n_prefill++] = s;
     }
+  }
+  order_by_first_slot(work, n_decode, batch, table);
+  plan.n_cascade_tasks = 0;
+  if (plan.cascade_max_tasks > 0 && cascade.members >= 2) {
+    plan.n_cascade_tasks =
+        plan_cascade(work, n_decode, batch, table, cascade, config.n_kv_heads,
+                     at<int32_t>(host, l.cascade_n_tasks), at<int32_t>(host, l.cascade_tasks),
+                     at<int32_t>(host, l.cascade_members), at<int32_t>(host, l.cascade_part_start));
   }
 
   if (plan.dynamic_rope) {

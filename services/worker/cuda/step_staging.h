@@ -35,7 +35,13 @@ struct StepLayout {
   size_t sampling_rows = 0;   // SamplingRow [n_seqs]
   size_t freq_table = 0;      // float [n_seqs + 1, head_dim / 2] (dynamic NTK only)
   size_t embed_index = 0;     // int32 [n_embed] StepBatchView::embed_token_index
-  size_t new_slots = 0;       // int32 [n_new_slots] StepBatchView::new_slots (last)
+  // Shared-prefix decode (kernels/attention_decode.h's DecodeCascade), reserved when the step
+  // may take it (StepPlan::cascade_max_tasks > 0).
+  size_t cascade_n_tasks = 0;     // int32 [1]
+  size_t cascade_tasks = 0;       // int32 [cascade_max_tasks][kDecodeTaskFields]
+  size_t cascade_members = 0;     // int32 [cascade_max_tasks][2]
+  size_t cascade_part_start = 0;  // int32 [n_decode + 1]
+  size_t new_slots = 0;           // int32 [n_new_slots] StepBatchView::new_slots (last)
   size_t total_bytes = 0;
 };
 
@@ -56,9 +62,29 @@ struct StepPlan {
   int32_t n_embed = 0;
   const float* embed_rows = nullptr;
   bool logprobs = false;  // StepBatch::logprobs: the sampler returns logprobs
+  // Shared-prefix decode: the bounds the layout reserves (0: none) and, set by fill_step, the
+  // tasks it planned (0: the plain decode kernel runs).
+  int32_t cascade_max_tasks = 0;
+  int32_t cascade_max_parts = 0;
+  int32_t n_cascade_tasks = 0;
 };
 
-StepPlan plan_step(const StepBatchView& batch, const ModelConfig& config);
+// How fill_step plans shared-prefix decode; members 0 turns it off.
+struct CascadeOptions {
+  int32_t members = 0;  // attention_decode_cascade_members() of the runner's model and dtype
+  int32_t n_sms = 0;    // the device's multiprocessors (for the prefix tasks' key splits)
+};
+
+// Decode steps of at least this many sequences reserve the cascade's arrays.
+inline constexpr int32_t kCascadeMinDecode = 16;
+// A group's common prefix must be this long to be read once for all (shorter ones are not
+// worth the merge), and each split of it at least this long.
+inline constexpr int32_t kCascadeMinSharedKeys = 256;
+// Key splits of one group's prefix at most (for parallelism when the groups are few).
+inline constexpr int32_t kCascadeMaxPrefixSplits = 4;
+
+// cascade: whether the step may take the shared-prefix decode (reserves its arrays).
+StepPlan plan_step(const StepBatchView& batch, const ModelConfig& config, bool cascade = false);
 
 // Range-checks the new slots against n_kv_slots (StepBatchView::validate with check_slots = false
 // leaves that to this pass), then writes them into `table` (the host copy of the runner's slot
@@ -66,7 +92,13 @@ StepPlan plan_step(const StepBatchView& batch, const ModelConfig& config);
 // `host` (at least plan.layout.total_bytes). With copy_new_slots false the new slots are left out
 // of `host` (the caller copies them to the device from where they lie). An out-of-range slot is
 // refused with kInvalidArgument before anything is written.
-Status fill_step(const StepBatchView& batch, const ModelConfig& config, const StepPlan& plan,
-                 int32_t n_kv_slots, bool copy_new_slots, int32_t* table, void* host);
+//
+// Decode sequences are listed ordered by their tables' first slot, so that those sharing a cached
+// prefix are side by side. Where the layout reserves the cascade, groups of at least two of them
+// whose tables agree over kCascadeMinSharedKeys keys or more get cascade tasks and
+// plan->n_cascade_tasks says how many.
+Status fill_step(const StepBatchView& batch, const ModelConfig& config, StepPlan* plan,
+                 int32_t n_kv_slots, bool copy_new_slots, int32_t* table, void* host,
+                 const CascadeOptions& cascade = {});
 
 }  // namespace litellama

@@ -99,6 +99,15 @@ WorkerService::WorkerService(WorkerOptions options)
       graph_replays_ = &graph_steps.Add({{"kind", "replayed"}});
       graph_captures_ = &graph_steps.Add({{"kind", "captured"}});
     }
+    if (options_.runner.decode_cascade) {
+      cascade_steps_ = &prometheus::BuildCounter()
+                            .Name("litellama_worker_cascade_steps_total")
+                            .Help(
+                                "Steps whose decode attention read shared prefixes once per group "
+                                "of sequences (bf16/fp16 models; float32 never does)")
+                            .Register(r)
+                            .Add({});
+    }
   }
   model_info_ = &prometheus::BuildGauge()
                      .Name("litellama_model_info")
@@ -360,6 +369,7 @@ std::string WorkerService::run_step(const std::string& doorbell_bytes) {
   };
   add_new(graph_replays_, runner_->graph_replays(), &graph_replays_seen_);
   add_new(graph_captures_, runner_->graph_captures(), &graph_captures_seen_);
+  add_new(cascade_steps_, runner_->cascade_steps(), &cascade_steps_seen_);
   return proto::encode(result);
 }
 

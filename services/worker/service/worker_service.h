@@ -108,6 +108,8 @@ class WorkerService {
   prometheus::Counter* graph_captures_ = nullptr;
   int64_t graph_replays_seen_ = 0;  // likewise
   int64_t graph_captures_seen_ = 0;
+  prometheus::Counter* cascade_steps_ = nullptr;  // cuda only
+  int64_t cascade_steps_seen_ = 0;
   prometheus::Gauge* kv_slots_capacity_ = nullptr;
   prometheus::Family<prometheus::Gauge>* model_info_ = nullptr;
   prometheus::Family<prometheus::Gauge>* weight_bytes_ = nullptr;
