@@ -500,9 +500,11 @@ int main(int argc, char** argv) {
                  "decode steps through a shared-memory step ring read in place, as the worker "
                  "reads them (1), or from a StepBatch (0)");
   app.add_option("--share-prefix", a.share_prefix,
-                 "decode: prompt tokens whose KV slots sequences of one group share");
+                 "decode: prompt tokens whose KV slots sequences of one group share")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--share-groups", a.share_groups,
-                 "decode: sequence q belongs to group q % N (0: nothing shared)");
+                 "decode: sequence q belongs to group q % N (0: nothing shared)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--copy-bandwidth", a.copy_bandwidth, "measure the device copy bandwidth (1/0)");
   app.add_option("--kernel-repeats", a.kernel_repeats,
                  "profiling: launches per layer of GEMV-layer kernels, e.g. qkv=2 or attention=0 "
