@@ -265,6 +265,10 @@ class ServiceCluster {
 
  private:
   void start(const std::string& name, const std::vector<std::string>& argv) {
+    // A restart waits until the process it replaces is gone: a killed process closes its sockets
+    // only after its address space is torn down (slow for a sanitizer's large mappings), and the
+    // new one must bind the same metrics port.
+    if (auto old = processes_.find(name); old != processes_.end()) old->second.stop(5000);
     auto p = net::ChildProcess::spawn(argv, (dir_ / (name + ".log")).string());
     ASSERT_TRUE(p.is_ok()) << p.status().to_string();
     processes_[name] = std::move(p).value();
