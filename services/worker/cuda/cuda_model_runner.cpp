@@ -16,7 +16,7 @@
 //         input norm's weight folded in at load; bias, RoPE, Q and the pool)
 //         (bf16 only, see fold_input_norms(); fp16: add_rmsnorm(normed) -> gemv_qkv_rope;
 //         q/k-norm models: add_rmsnorm(normed) -> gemv(qkv) -> qkv_rope)
-//     attention_decode / attention_prefill
+//     attention_decode (or its shared-prefix cascade, step_staging.h) / attention_prefill
 //     gemv_residual_add(residual += attn @ Wo^T)
 //     add_rmsnorm(normed = RMSNorm(residual)) -> linear(gate_up) -> silu_mul
 //         (steps up to RunnerOptions::gemv_gate_up_max_tokens tokens, by default 8 for small
