@@ -104,7 +104,7 @@ struct DecodeCascade {
   int32_t max_parts = 0;                // part rows the workspace must hold, per head
 };
 
-// Sequences one task may cover (16 rows over the heads of a KV group), or 0 where the cascade does
+// Sequences one task may cover (64 rows over the heads of a KV group), or 0 where the cascade does
 // not run: float32, untuned head sizes, groups of more than 8 heads, portable builds.
 int32_t attention_decode_cascade_members(DType dtype, int32_t head_dim, int32_t n_heads,
                                          int32_t n_kv_heads);

@@ -1,9 +1,12 @@
 // Shared-prefix (cascade) decode attention: attention_decode.h's DecodeCascade. The tasks run the
 // tensor-core decode kernel (attention_decode_tc.cuh) in its kTasks form: each CTA takes one task's
 // key range of one table for the query heads of all its member sequences (member j's heads are
-// rows j * group .. j * group + group - 1 of the mma tile) and writes every row's normalized
-// partial output and base-2 log-sum-exp to the member's part row; the merge kernel then combines
-// each sequence's parts with weights 2^(lse_i - max lse), as the split-K merge does.
+// rows j * group .. j * group + group - 1) and writes every row's normalized partial output and
+// base-2 log-sum-exp to the member's part row; the merge kernel then combines each sequence's
+// parts with weights 2^(lse_i - max lse), as the split-K merge does. A task of up to 16 rows (a
+// sequence's own keys, small groups) runs as the split-K kernel does, its warps splitting each
+// tile's keys over one 16-row mma tile; a larger one (up to 64 rows) gives each warp 16 rows
+// against the whole tile, so a shared prefix is read once for up to 64 / group sequences.
 #include "kernels/attention_decode.h"
 
 #include <algorithm>
@@ -72,7 +75,7 @@ int32_t attention_decode_cascade_members(DType dtype, int32_t head_dim, int32_t 
       !attention_shapes_supported(dtype, n_heads, n_kv_heads)) {
     return 0;
   }
-  const int32_t members = kHeadsPerCta / (n_heads / n_kv_heads);
+  const int32_t members = kCascadeRows / (n_heads / n_kv_heads);
   return members >= 2 ? members : 0;
 }
 

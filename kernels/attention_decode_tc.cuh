@@ -23,9 +23,10 @@ namespace {
 
 constexpr int kThreads = 128;     // 4 warps
 constexpr int kHeadsPerCta = 16;  // query heads of one group per CTA (the mma M dimension)
-constexpr int kBlockN = 64;       // keys per tile (16 per warp on the tensor-core path)
-constexpr int kStages = 3;        // tensor-core path: tiles resident in shared memory
-constexpr int kF32Keys = 32;      // fp32 path: keys per step (one per lane for the scores)
+constexpr int kCascadeRows = 4 * kHeadsPerCta;  // rows of a cascade task: 16 per warp
+constexpr int kBlockN = 64;   // keys per tile (16 per warp on the tensor-core path)
+constexpr int kStages = 3;    // tensor-core path: tiles resident in shared memory
+constexpr int kF32Keys = 32;  // fp32 path: keys per step (one per lane for the scores)
 // Split plan. Under one wave of CTAs, split for parallelism: about kCtasPerSmTarget CTAs per
 // multiprocessor, no split under kMinKeysPerSplit keys. From one wave up, split only against wave
 // quantization (a last, partly filled wave), into splits of at least kMinKeysPerWaveSplit keys.
@@ -139,6 +140,9 @@ struct TcLayout {
   // outputs then [kHeadsPerCta] log-sum-exps.
   static constexpr size_t kResultBytes = (kHeadsPerCta * D + kHeadsPerCta) * sizeof(float);
   static constexpr size_t kSmemBytes = std::max(kStages * kStageBytes, kMergeBytes + kResultBytes);
+  // CTAs that fit a multiprocessor's shared memory: registers must not allow fewer.
+  static constexpr int kCtasPerSm =
+      static_cast<int>(kSmemPerSmBytes / (kSmemBytes + kSmemPerCtaReservedBytes));
   static_assert(kBlockN * kChunksPerRow % kThreads == 0, "whole chunks per thread");
 };
 
@@ -206,6 +210,32 @@ __device__ __forceinline__ void load_kv_row(T* s_k, T* s_v, const DecodeParams<T
   }
 }
 
+// Starts the pipeline: tiles 0 .. kStages - 2 of keys key_begin .. key_end - 1 into their
+// stages, one commit group per stage (empty past n_tiles). The lookups all come before the copies:
+// one round trip for all of them. With kSkip the row of key `skip` is left to load_kv_row.
+template <typename T, int D, bool kSkip>
+__device__ __forceinline__ void start_kv_stages(T* s_stage, const DecodeParams<T>& p,
+                                                const int32_t* slots, int key_begin, int key_end,
+                                                int n_tiles, int kvh, int skip) {
+  using L = TcLayout<T, D>;
+  int32_t first_slots[kStages - 1][L::kChunksPerThread];
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < n_tiles) {
+      lookup_kv_slots<T, D>(first_slots[st], slots, key_begin + st * kBlockN, key_end);
+    }
+  }
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < n_tiles) {
+      T* s_k = s_stage + st * 2 * L::kTileElems;
+      copy_kv_stage<T, D, kSkip>(s_k, s_k + L::kTileElems, p, first_slots[st],
+                                 key_begin + st * kBlockN, key_end, kvh, skip);
+    }
+    cp_async_commit();
+  }
+}
+
 // The cluster's merge (see the top of this file): CTA `rank` of the n_splits in the cluster
 // writes output elements rank * kThreads + threadIdx.x, stepping by n_splits * kThreads, from the
 // results every CTA left in its shared memory (s_res: partial outputs, then log-sum-exps).
@@ -265,9 +295,190 @@ __device__ __forceinline__ const T* query_row(const DecodeParams<T>& p, int work
   }
 }
 
+// Rows row0 .. row0 + 15 of Q straight from global memory into mma A fragments (rows at or past
+// n_rows are zero): a thread holds rows row0 + lane/4 and row0 + lane/4 + 8, columns
+// 2*(lane%4) + {0, 1} and + 8 of each 16-column step.
+template <typename T, int D, bool kTasks>
+__device__ __forceinline__ void load_q_frags(uint32_t (&q_frag)[D / 16][4],
+                                             const DecodeParams<T>& p, int work, int n_rows,
+                                             int head0, int64_t token, int row0, int lane) {
+  const int r0 = row0 + lane / 4;
+  const int r1 = r0 + 8;
+  const T* q_r0 = query_row<T, D, kTasks>(p, work, n_rows, head0, token, r0) + 2 * (lane % 4);
+  const T* q_r1 = query_row<T, D, kTasks>(p, work, n_rows, head0, token, r1) + 2 * (lane % 4);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const T* q0 = q_r0 + kk * 16;
+    const T* q1 = q_r1 + kk * 16;
+    q_frag[kk][0] = r0 < n_rows ? *reinterpret_cast<const uint32_t*>(q0) : 0u;
+    q_frag[kk][1] = r1 < n_rows ? *reinterpret_cast<const uint32_t*>(q1) : 0u;
+    q_frag[kk][2] = r0 < n_rows ? *reinterpret_cast<const uint32_t*>(q0 + 8) : 0u;
+    q_frag[kk][3] = r1 < n_rows ? *reinterpret_cast<const uint32_t*>(q1 + 8) : 0u;
+  }
+}
+
+// The pipeline's step t: waits until tile t has landed for every thread (stage (t-1) % kStages
+// is then free), issues tile t + kStages - 1 into it, and returns tile t's K (its V follows
+// kTileElems later).
+template <typename T, int D>
+__device__ __forceinline__ const T* next_kv_tile(T* s_stage, const DecodeParams<T>& p,
+                                                 const int32_t* slots, int key_begin, int key_end,
+                                                 int n_tiles, int kvh, int t) {
+  using L = TcLayout<T, D>;
+  cp_async_wait<kStages - 2>();
+  __syncthreads();
+  const int next = t + kStages - 1;
+  if (next < n_tiles) {
+    T* s_k = s_stage + (next % kStages) * 2 * L::kTileElems;
+    load_kv_stage<T, D>(s_k, s_k + L::kTileElems, p, slots, key_begin + next * kBlockN, key_end,
+                        kvh);
+  }
+  cp_async_commit();
+  return s_stage + (t % kStages) * 2 * L::kTileElems;
+}
+
+// Raw scores of a warp's 16 query rows against the NT * 8 keys whose K rows start at s_k
+// (n-tile nt holds keys nt * 8 .. nt * 8 + 7).
+template <typename T, int D, int NT>
+__device__ __forceinline__ void tile_scores(float (&s)[NT][4], const uint32_t (&q_frag)[D / 16][4],
+                                            const T* s_k, int lane) {
+  constexpr int kStride = TcLayout<T, D>::kStride;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < NT / 2; ++j) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t b[4];
+      ldmatrix_x4(b, s_k + (j * 16 + lane % 8 + (lane / 16) * 8) * kStride + kk * 16 +
+                         ((lane / 8) % 2) * 8);
+      mma_16816<T>(s[2 * j], q_frag[kk], b[0], b[1]);
+      mma_16816<T>(s[2 * j + 1], q_frag[kk], b[2], b[3]);
+    }
+  }
+}
+
+// The online softmax over those keys (key0 + nt * 8 + ...): scales the scores to base 2, masks
+// keys at or past key_end, updates each of the thread's two rows' running max m and sum l (its
+// quad's share), rescales o, and leaves the probabilities in s.
+template <int D, int NT>
+__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&m)[2], float (&l)[2],
+                                               float (&o)[D / 8][4], float scale_log2, int key0,
+                                               int key_end, int lane) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = key0 + nt * 8 + 2 * (lane % 4) + (e & 1);
+      s[nt][e] = key < key_end ? s[nt][e] * scale_log2 : -INFINITY;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
+    mx = quad_max(mx);
+    const float m_new = fmaxf(m[i], mx);
+    const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no key for this row yet
+    const float corr = exp2f(m[i] - m_use);
+    m[i] = m_new;
+    float sum = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      s[nt][2 * i] = exp2f(s[nt][2 * i] - m_use);
+      s[nt][2 * i + 1] = exp2f(s[nt][2 * i + 1] - m_use);
+      sum += s[nt][2 * i] + s[nt][2 * i + 1];
+    }
+    l[i] = l[i] * corr + sum;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+      o[nt][2 * i] *= corr;
+      o[nt][2 * i + 1] *= corr;
+    }
+  }
+}
+
+// o += P V for the probabilities s of those keys, whose V rows start at s_v.
+template <typename T, int D, int NT>
+__device__ __forceinline__ void accumulate_pv(float (&o)[D / 8][4], const float (&s)[NT][4],
+                                              const T* s_v, int lane) {
+  constexpr int kStride = TcLayout<T, D>::kStride;
+#pragma unroll
+  for (int j = 0; j < NT / 2; ++j) {
+    uint32_t a[4];
+    a[0] = pack2<T>(s[2 * j][0], s[2 * j][1]);
+    a[1] = pack2<T>(s[2 * j][2], s[2 * j][3]);
+    a[2] = pack2<T>(s[2 * j + 1][0], s[2 * j + 1][1]);
+    a[3] = pack2<T>(s[2 * j + 1][2], s[2 * j + 1][3]);
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, s_v + (j * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kStride + dp * 16 +
+                               (lane / 16) * 8);
+      mma_16816<T>(o[2 * dp], a, b[0], b[1]);
+      mma_16816<T>(o[2 * dp + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// A cascade task of more than kHeadsPerCta rows (up to kCascadeRows: attention_decode.h's
+// attention_decode_cascade_members()): warp w takes rows 16w .. 16w + 15 against all kBlockN keys
+// of every tile, so the tile that one pass of shared memory holds serves four times the rows of
+// the split-over-keys form, and each row's (m, l, o) stays in one warp (no merge). Every task has
+// keys and every key is in range (the table's prefix), so l > 0 for every row.
+template <typename T, int D>
+__device__ __forceinline__ void cascade_wide_task(const DecodeParams<T>& p, T* s_stage, int work,
+                                                  int kvh, int head0, int n_rows, int seq,
+                                                  int key_begin, int key_end) {
+  using L = TcLayout<T, D>;
+  const int n_tiles = ceil_div(key_end - key_begin, kBlockN);
+  const int32_t* slots = p.slot_table + p.slot_start[seq];
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int row0 = warp * 16;
+  const bool active = row0 < n_rows;  // warp-uniform: idle warps still load and synchronize
+  start_kv_stages<T, D, false>(s_stage, p, slots, key_begin, key_end, n_tiles, kvh, -1);
+  uint32_t q_frag[D / 16][4];
+  if (active) load_q_frags<T, D, true>(q_frag, p, work, n_rows, head0, 0, row0, lane);
+  const float scale_log2 = p.scale * 1.4426950408889634f;
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.0f, 0.0f};
+  float o[D / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+  for (int t = 0; t < n_tiles; ++t) {
+    const T* s_k = next_kv_tile<T, D>(s_stage, p, slots, key_begin, key_end, n_tiles, kvh, t);
+    if (!active) continue;
+    float s[kBlockN / 8][4];
+    tile_scores<T, D, kBlockN / 8>(s, q_frag, s_k, lane);
+    online_softmax<D, kBlockN / 8>(s, m, l, o, scale_log2, key_begin + t * kBlockN, key_end, lane);
+    accumulate_pv<T, D, kBlockN / 8>(o, s, s_k + L::kTileElems, lane);
+  }
+  cp_async_wait<0>();
+  if (!active) return;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = row0 + lane / 4 + 8 * i;
+    const float sum = quad_sum(l[i]);
+    if (r >= n_rows) continue;
+    const int part = p.members[2 * (work + r / p.group) + 1];
+    const int64_t row = static_cast<int64_t>(part) * p.n_heads + head0 + r % p.group;
+    const float inv = 1.0f / sum;
+    float* dst = p.part_o + row * D + 2 * (lane % 4);
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+      *reinterpret_cast<float2*>(dst + nt * 8) =
+          make_float2(o[nt][2 * i] * inv, o[nt][2 * i + 1] * inv);
+    }
+    if (lane % 4 == 0) p.part_lse[row] = m[i] + log2f(sum);
+  }
+}
+
 // kTasks: a cascade launch (cascade_cta; never with kCluster or kEarly).
 template <typename T, int D, bool kCluster, bool kEarly, bool kTasks = false>
-__global__ void __launch_bounds__(kThreads) attention_decode_tc_kernel(const DecodeParams<T> p) {
+__global__ void __launch_bounds__(kThreads, kTasks ? TcLayout<T, D>::kCtasPerSm : 0)
+    attention_decode_tc_kernel(const DecodeParams<T> p) {
   static_assert(!kTasks || (!kCluster && !kEarly), "cascade CTAs merge through the workspace");
   LITELLAMA_TRACE_START();
   pdl_launch_dependents();  // the o projection may start loading its weights
@@ -296,6 +507,13 @@ __global__ void __launch_bounds__(kThreads) attention_decode_tc_kernel(const Dec
     pdl_wait();  // launch.h: no block leaves before the previous grid is complete
     return;
   }
+  if constexpr (kTasks) {
+    if (n_rows > kHeadsPerCta) {
+      cascade_wide_task<T, D>(p, s_stage, work, kvh, head0, n_rows, seq, key_begin, key_end);
+      LITELLAMA_TRACE_END(BlockTraceKernel::kAttention, 2);
+      return;
+    }
+  }
   const int n_tiles = max(0, ceil_div(key_end - key_begin, kBlockN));
   const int32_t* slots = p.slot_table + p.slot_start[seq];
   const int warp = threadIdx.x / 32;
@@ -307,25 +525,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_tc_kernel(const Dec
   // precedes every kernel of the step, and keys before the newest were written in earlier steps.
   // The newest key's K and V (which the step's QKV kernel is writing) are copied after the wait.
   const int newest = kv_len - 1;
-  {
-    // The first stages' lookups all before their copies: one round trip for all of them.
-    int32_t first_slots[kStages - 1][L::kChunksPerThread];
-#pragma unroll
-    for (int st = 0; st < kStages - 1; ++st) {
-      if (st < n_tiles) {
-        lookup_kv_slots<T, D>(first_slots[st], slots, key_begin + st * kBlockN, key_end);
-      }
-    }
-#pragma unroll
-    for (int st = 0; st < kStages - 1; ++st) {
-      if (st < n_tiles) {
-        T* s_k = s_stage + st * 2 * L::kTileElems;
-        copy_kv_stage<T, D, kEarly>(s_k, s_k + L::kTileElems, p, first_slots[st],
-                                    key_begin + st * kBlockN, key_end, kvh, newest);
-      }
-      cp_async_commit();
-    }
-  }
+  start_kv_stages<T, D, kEarly>(s_stage, p, slots, key_begin, key_end, n_tiles, kvh, newest);
   if constexpr (kEarly) {
     pdl_wait();
     LITELLAMA_TRACE_RELEASED();
@@ -336,25 +536,9 @@ __global__ void __launch_bounds__(kThreads) attention_decode_tc_kernel(const Dec
                         newest, kvh);
     }
   }
-  // Q straight from global memory into mma A fragments (rows past the group are zero) while the
-  // first tiles are in flight: a thread holds rows lane/4 and lane/4 + 8, columns 2*(lane%4) + {0,
-  // 1} and + 8 of each 16-column step.
+  // Q while the first tiles are in flight.
   uint32_t q_frag[D / 16][4];
-  {
-    const int r0 = lane / 4;
-    const int r1 = r0 + 8;
-    const T* q_r0 = query_row<T, D, kTasks>(p, work, n_rows, head0, token, r0) + 2 * (lane % 4);
-    const T* q_r1 = query_row<T, D, kTasks>(p, work, n_rows, head0, token, r1) + 2 * (lane % 4);
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const T* q0 = q_r0 + kk * 16;
-      const T* q1 = q_r1 + kk * 16;
-      q_frag[kk][0] = r0 < n_rows ? *reinterpret_cast<const uint32_t*>(q0) : 0u;
-      q_frag[kk][1] = r1 < n_rows ? *reinterpret_cast<const uint32_t*>(q1) : 0u;
-      q_frag[kk][2] = r0 < n_rows ? *reinterpret_cast<const uint32_t*>(q0 + 8) : 0u;
-      q_frag[kk][3] = r1 < n_rows ? *reinterpret_cast<const uint32_t*>(q1 + 8) : 0u;
-    }
-  }
+  load_q_frags<T, D, kTasks>(q_frag, p, work, n_rows, head0, token, 0, lane);
 
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.0f, 0.0f};
@@ -362,73 +546,15 @@ __global__ void __launch_bounds__(kThreads) attention_decode_tc_kernel(const Dec
 #pragma unroll
   for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
 
+  // Each warp takes 16 keys of every tile for all 16 rows.
   for (int t = 0; t < n_tiles; ++t) {
-    cp_async_wait<kStages - 2>();  // tile t has landed
-    __syncthreads();               // ... for every thread, and stage (t-1) % kStages is free
-    {
-      const int next = t + kStages - 1;
-      if (next < n_tiles) {
-        T* s_k = s_stage + (next % kStages) * 2 * L::kTileElems;
-        load_kv_stage<T, D>(s_k, s_k + L::kTileElems, p, slots, key_begin + next * kBlockN, key_end,
-                            kvh);
-      }
-      cp_async_commit();
-    }
-    const T* s_k = s_stage + (t % kStages) * 2 * L::kTileElems + warp * 16 * kStride;
-    const T* s_v = s_k + L::kTileElems;
-    const int key0 = key_begin + t * kBlockN + warp * 16;
-
-    float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t b[4];
-      ldmatrix_x4(b, s_k + (lane % 8 + (lane / 16) * 8) * kStride + kk * 16 + ((lane / 8) % 2) * 8);
-      mma_16816<T>(s[0], q_frag[kk], b[0], b[1]);
-      mma_16816<T>(s[1], q_frag[kk], b[2], b[3]);
-    }
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = key0 + nt * 8 + 2 * (lane % 4) + (e & 1);
-        s[nt][e] = key < key_end ? s[nt][e] * scale_log2 : -INFINITY;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float mx = fmaxf(fmaxf(s[0][2 * i], s[0][2 * i + 1]), fmaxf(s[1][2 * i], s[1][2 * i + 1]));
-      mx = quad_max(mx);
-      const float m_new = fmaxf(m[i], mx);
-      const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no key for this warp yet
-      const float corr = exp2f(m[i] - m_use);
-      m[i] = m_new;
-      float sum = 0.0f;
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        s[nt][2 * i] = exp2f(s[nt][2 * i] - m_use);
-        s[nt][2 * i + 1] = exp2f(s[nt][2 * i + 1] - m_use);
-        sum += s[nt][2 * i] + s[nt][2 * i + 1];
-      }
-      l[i] = l[i] * corr + sum;
-#pragma unroll
-      for (int nt = 0; nt < D / 8; ++nt) {
-        o[nt][2 * i] *= corr;
-        o[nt][2 * i + 1] *= corr;
-      }
-    }
-    uint32_t a[4];
-    a[0] = pack2<T>(s[0][0], s[0][1]);
-    a[1] = pack2<T>(s[0][2], s[0][3]);
-    a[2] = pack2<T>(s[1][0], s[1][1]);
-    a[3] = pack2<T>(s[1][2], s[1][3]);
-#pragma unroll
-    for (int dp = 0; dp < D / 16; ++dp) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(
-          b, s_v + (lane % 8 + ((lane / 8) % 2) * 8) * kStride + dp * 16 + (lane / 16) * 8);
-      mma_16816<T>(o[2 * dp], a, b[0], b[1]);
-      mma_16816<T>(o[2 * dp + 1], a, b[2], b[3]);
-    }
+    const T* s_k = next_kv_tile<T, D>(s_stage, p, slots, key_begin, key_end, n_tiles, kvh, t) +
+                   warp * 16 * kStride;
+    float s[2][4];
+    tile_scores<T, D, 2>(s, q_frag, s_k, lane);
+    online_softmax<D, 2>(s, m, l, o, scale_log2, key_begin + t * kBlockN + warp * 16, key_end,
+                         lane);
+    accumulate_pv<T, D, 2>(o, s, s_k + L::kTileElems, lane);
   }
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the stages: they become the merge area

@@ -23,7 +23,8 @@ namespace litellama {
 enum class BlockTraceKernel : uint32_t {
   kGemv = 1,       // one unit per block; variant = epilogue * 16 + k segments
   kGemvLoop = 2,   // looping GEMV; variant as kGemv
-  kAttention = 3,  // tensor-core decode attention; variant = 1 in clusters, 0 otherwise
+  kAttention = 3,  // tensor-core decode attention; variant = 1 in clusters, 2 in a cascade
+                   // task of more than 16 rows, 0 otherwise
   kAddRmsNorm = 4,
 };
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <iterator>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -32,8 +33,13 @@ using gpu_test::dtype_label;
 using gpu_test::tolerance;
 using TopLogits = std::vector<std::pair<int32_t, float>>;
 
-constexpr int32_t kGroups = 4;
-constexpr int32_t kMembers = 5;  // per group: 20 decode sequences, past kCascadeMinDecode
+// Members per group (29 decode sequences, past kCascadeMinDecode). At 4 heads per KV head a task
+// holds up to 16 sequences, so the prefix tasks have 64 rows (all four warps full) and 12 (group
+// 0), 20 (a wide task with a partly filled warp), 12 and 8 (the split-over-keys form); at 8 heads
+// per KV head up to 8 sequences: 64, 64, 24, 40, 24 and 16 rows.
+constexpr int32_t kGroupSizes[] = {19, 5, 3, 2};
+constexpr auto kGroups = static_cast<int32_t>(std::size(kGroupSizes));
+constexpr int32_t kSeqs = std::accumulate(std::begin(kGroupSizes), std::end(kGroupSizes), 0);
 constexpr int32_t kPrefix = 300;
 constexpr int32_t kSuffix = 12;
 constexpr int32_t kDecodeSteps = 8;
@@ -47,6 +53,7 @@ struct Seq {
   std::vector<int32_t> ids;    // prompt, then what was generated
   std::vector<int32_t> slots;  // of every position
   int32_t n_prompt = 0;
+  bool first = false;  // the group's first member: its prefill writes the shared prefix
 };
 
 struct Run {
@@ -59,7 +66,7 @@ struct Run {
 // kSuffix ids and slots for the rest.
 std::vector<Seq> make_seqs(int32_t vocab, std::mt19937& rng) {
   std::uniform_int_distribution<int32_t> id(0, vocab - 1);
-  std::vector<int32_t> perm(kGroups * kPrefix + kGroups * kMembers * (kSuffix + kDecodeSteps + 4));
+  std::vector<int32_t> perm(kGroups * kPrefix + kSeqs * (kSuffix + kDecodeSteps + 4));
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
   size_t next = 0;
@@ -70,8 +77,8 @@ std::vector<Seq> make_seqs(int32_t vocab, std::mt19937& rng) {
       prefix_ids.push_back(id(rng));
       prefix_slots.push_back(perm[next++]);
     }
-    for (int32_t m = 0; m < kMembers; ++m) {
-      Seq s{prefix_ids, prefix_slots, kPrefix + kSuffix};
+    for (int32_t m = 0; m < kGroupSizes[g]; ++m) {
+      Seq s{prefix_ids, prefix_slots, kPrefix + kSuffix, m == 0};
       for (int32_t i = 0; i < kSuffix; ++i) s.ids.push_back(id(rng));
       for (int32_t i = 0; i < kSuffix + kDecodeSteps + 4; ++i) s.slots.push_back(perm[next++]);
       seqs.push_back(std::move(s));
@@ -101,7 +108,7 @@ Result<Run> run(const Checkpoint& ckpt, DType dtype, bool cascade, std::vector<S
     batch.n_top_logits = kTop;
     std::vector<size_t> in_batch;
     for (size_t i = 0; i < seqs.size(); ++i) {
-      const bool first = i % kMembers == 0;
+      const bool first = seqs[i].first;
       if (step == 0 && !first) continue;
       if (step == 1 && !first) n_cached[i] = kPrefix;
       Seq& s = seqs[i];
@@ -187,8 +194,8 @@ void check_shape(const Shape& shape, uint64_t seed) {
 
 TEST(CudaDecodeCascade, SharedPrefixDecodeMatchesThePlainKernel) {
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
-  check_shape({8, 2, 512, 64}, 11);    // 4 heads per KV head: 4 sequences per task
-  check_shape({8, 1, 1024, 128}, 12);  // 8 heads per KV head: 2 sequences per task
+  check_shape({8, 2, 512, 64}, 11);    // 4 heads per KV head: 16 sequences per task
+  check_shape({8, 1, 1024, 128}, 12);  // 8 heads per KV head: 8 sequences per task
 }
 
 }  // namespace

@@ -246,5 +246,82 @@ TEST(StepStaging, CascadeTasksCoverEveryKeyOnceFromTheSequencesOwnSlots) {
   EXPECT_EQ(plan_step(small.view(), config, true).cascade_max_tasks, 0);
 }
 
+// The memo changes nothing in the plan: steps over one table (as the worker's step ring lays it
+// out: each sequence at a fixed table start), where sequences append keys, a prefix is rewritten
+// in place, and a sequence leaves its table start to a new one, plan the same tasks with the memo
+// as without it.
+TEST(StepStaging, CascadeMemoPlansWhatAFreshComparisonPlans) {
+  const ModelConfig config = preset_config("llama3.2-1b");
+  const CascadeOptions opts{16, 132};
+  constexpr int32_t kSeqs = 24;
+  constexpr int32_t kRegion = 1200;  // table entries per sequence
+  std::mt19937 rng(3);
+  std::vector<int32_t> prefix(700);
+  std::iota(prefix.begin(), prefix.end(), 0);
+  int32_t next = 700;
+  std::vector<std::vector<int32_t>> tables(kSeqs);
+  auto fresh = [&](int32_t s) {
+    tables[static_cast<size_t>(s)].assign(prefix.begin(),
+                                          prefix.begin() + 300 + static_cast<int32_t>(rng() % 400));
+    tables[static_cast<size_t>(s)].push_back(next++);
+  };
+  for (int32_t s = 0; s < kSeqs; ++s) fresh(s);
+  std::vector<int32_t> table_memo(kSeqs * kRegion), table_plain(kSeqs * kRegion);
+  CascadeMemo memo(table_memo.size());
+  std::vector<int32_t> written(kSeqs, 0);  // entries of each table already in the runner's table
+  int32_t cascaded = 0, rewritten = -1;
+  for (int32_t step = 0; step < 60; ++step) {
+    const int32_t event = static_cast<int32_t>(rng() % 4);
+    const auto s = static_cast<int32_t>(rng() % kSeqs);
+    auto& t = tables[static_cast<size_t>(s)];
+    if (rewritten >= 0 || event == 0) {  // a new sequence takes a table start
+      const int32_t q = rewritten >= 0 ? rewritten : s;
+      fresh(q);
+      written[static_cast<size_t>(q)] = 0;
+      rewritten = -1;
+    } else if (event == 1) {
+      // An entry rewritten in place (the sequence resends its table). Below 256 keys it breaks
+      // the group for this step; the next step gives the table start to a new sequence.
+      t[rng() % (t.size() - 1)] = next++;
+      written[static_cast<size_t>(s)] = 0;
+      rewritten = s;
+    }
+    // The batch's own view, with the table entries as the ring brings them: each sequence at its
+    // table start, only the entries the runner's table does not hold yet.
+    StepBatch b;
+    std::vector<int32_t> slot_start, new_slot_start{0}, new_slots;
+    const std::vector<int32_t> one{5};
+    for (int32_t q = 0; q < kSeqs; ++q) {
+      auto& tq = tables[static_cast<size_t>(q)];
+      if (static_cast<int32_t>(tq.size()) >= kRegion) {
+        fresh(q);
+        written[static_cast<size_t>(q)] = 0;
+      }
+      tq.push_back(next++);  // the decode token's slot
+      b.add_sequence(one, tq, true, SamplingParams{}, 1);
+      slot_start.push_back(q * kRegion);
+      new_slots.insert(new_slots.end(), tq.begin() + written[static_cast<size_t>(q)], tq.end());
+      new_slot_start.push_back(static_cast<int32_t>(new_slots.size()));
+      written[static_cast<size_t>(q)] = static_cast<int32_t>(tq.size());
+    }
+    StepBatchView v = b.view();
+    v.slot_start = slot_start;
+    v.new_slot_start = new_slot_start;
+    v.new_slots = new_slots;
+    StepPlan with = plan_step(v, config, true), without = plan_step(v, config, true);
+    std::vector<char> host_with(with.layout.total_bytes), host_without(without.layout.total_bytes);
+    ASSERT_TRUE(
+        fill_step(v, config, &with, next, true, table_memo.data(), host_with.data(), opts, &memo)
+            .is_ok());
+    ASSERT_TRUE(
+        fill_step(v, config, &without, next, true, table_plain.data(), host_without.data(), opts)
+            .is_ok());
+    ASSERT_EQ(with.n_cascade_tasks, without.n_cascade_tasks) << "step " << step;
+    EXPECT_EQ(host_with, host_without) << "step " << step;
+    if (with.n_cascade_tasks > 0) ++cascaded;
+  }
+  EXPECT_GT(cascaded, 40);
+}
+
 }  // namespace
 }  // namespace litellama

@@ -59,6 +59,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 
@@ -196,6 +197,7 @@ class CudaModelRunner final : public ModelRunner {
   // batched with, on a prefix served from the cache, or on a preemption.
   bool batch_invariant() const { return dtype_ == DType::kF32 && options_.float32_batch_invariant; }
   CascadeOptions cascade_;  // shared-prefix decode planning (members 0: off or none for the dtype)
+  std::optional<CascadeMemo> cascade_memo_;  // over table_host_, once it exists
   int64_t cascade_steps_ = 0;
   // Whether the layers' input norm weights are folded into W.qkv at load, so that the QKV GEMV
   // takes the norm in (kernels/gemv.h, GemvRmsNorm): models whose small steps use the QKV RoPE
@@ -427,6 +429,7 @@ Status CudaModelRunner::allocate_kv_pool() {
   LITELLAMA_ASSIGN_OR_RETURN(table_device_, DeviceBuffer::allocate(table_bytes));
   LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemset(table_device_.data(), 0, table_bytes));
   table_host_.assign(static_cast<size_t>(table_capacity_), 0);
+  cascade_memo_.emplace(table_host_.size());
   return Status::ok();
 }
 
@@ -512,7 +515,8 @@ Status CudaModelRunner::step(const StepBatchView& batch, StepOutput* out) {
   // New slots in registered memory (the worker's step ring) are copied to the device from there.
   const bool slots_in_place = batch.registered && plan.n_new_slots > 0;
   LITELLAMA_RETURN_IF_ERROR(fill_step(batch, config_, &plan, n_slots_, !slots_in_place,
-                                      table_host_.data(), staging_host_.data(), cascade_));
+                                      table_host_.data(), staging_host_.data(), cascade_,
+                                      &*cascade_memo_));
   if (history_bytes > 0) std::memcpy(history_host_.data(), batch.history_ids.data(), history_bytes);
   cudaStream_t stream = ctx_.stream();
   LITELLAMA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ctx_.step_start(), stream));

@@ -64,6 +64,17 @@ void order_by_first_slot(int32_t* work, int32_t n, const StepBatchView& batch,
   });
 }
 
+// How many leading entries a[0 .. n) and b[0 .. n) agree on. memcmp over blocks first (a table
+// pair that shares a prefix agrees over thousands of entries, and memcmp compares many per
+// instruction), then the first block that differs element by element.
+int32_t common_prefix(const int32_t* a, const int32_t* b, int32_t n) {
+  constexpr int32_t kBlock = 256;
+  if (n > 0 && std::memcmp(a, b, static_cast<size_t>(n) * sizeof(int32_t)) == 0) return n;
+  int32_t i = 0;
+  while (i + kBlock <= n && std::memcmp(a + i, b + i, kBlock * sizeof(int32_t)) == 0) i += kBlock;
+  return static_cast<int32_t>(std::mismatch(a + i, a + n, b + i).first - a);
+}
+
 // The cascade's arrays (kernels/attention_decode.h) for the decode work list `work` (sorted by
 // first slot). A group is a run of sequences with the same first slot; its shared length is the
 // longest prefix all their tables agree on, short of each one's newest key. A group of two or
@@ -72,22 +83,48 @@ void order_by_first_slot(int32_t* work, int32_t n, const StepBatchView& batch,
 // gets one task for the keys past its group's prefix (all of its keys when it has no group).
 // Part rows are numbered work item by work item (its prefix splits, then its own keys). Returns
 // the task count, 0 when no group qualifies (nothing is written then).
+// How many leading entries, up to len, the tables at lead_start and start agree on; with a memo,
+// resumed from their agreement of an earlier step when no block of it has been written since, and
+// recorded for the next step.
+int32_t tables_agree(const int32_t* table, int32_t lead_start, int32_t start, int32_t len,
+                     CascadeMemo* memo) {
+  const int32_t* lead = table + lead_start;
+  const int32_t* t = table + start;
+  if (memo == nullptr) return common_prefix(lead, t, len);
+  auto unwritten = [&](int32_t begin, int32_t n, uint64_t since) {
+    if (n <= 0) return true;
+    for (int32_t blk = begin / CascadeMemo::kBlock; blk <= (begin + n - 1) / CascadeMemo::kBlock;
+         ++blk) {
+      if (memo->written[static_cast<size_t>(blk)] > since) return false;
+    }
+    return true;
+  };
+  CascadeMemo::Agreement& a = memo->agreed[static_cast<size_t>(start / CascadeMemo::kBlock)];
+  int32_t from = 0;
+  if (a.start == start && a.lead_start == lead_start && unwritten(lead_start, a.agreed, a.step) &&
+      unwritten(start, a.agreed, a.step)) {
+    from = std::min(a.agreed, len);
+  }
+  const int32_t agreed = from + common_prefix(lead + from, t + from, len - from);
+  a = {start, lead_start, agreed, memo->step};
+  return agreed;
+}
+
 int32_t plan_cascade(const int32_t* work, int32_t n, const StepBatchView& b, const int32_t* table,
-                     const CascadeOptions& o, int32_t n_kv_heads, int32_t* n_tasks_out,
-                     int32_t* tasks, int32_t* members, int32_t* part_start) {
+                     const CascadeOptions& o, int32_t n_kv_heads, CascadeMemo* memo,
+                     int32_t* n_tasks_out, int32_t* tasks, int32_t* members, int32_t* part_start) {
   struct Group {
     int32_t begin, end, shared, splits;
   };
   std::vector<Group> groups;
   int32_t n_prefix_tasks = 0;
   for (int32_t i = 0; i < n;) {
-    const int32_t* lead = table + b.slot_start[work[i]];
+    const int32_t lead_start = b.slot_start[work[i]];
     int32_t shared = b.kv_len[work[i]] - 1;
     int32_t j = i + 1;
-    for (; j < n && table[b.slot_start[work[j]]] == lead[0]; ++j) {
-      const int32_t* t = table + b.slot_start[work[j]];
+    for (; j < n && table[b.slot_start[work[j]]] == table[lead_start]; ++j) {
       const int32_t len = std::min(shared, b.kv_len[work[j]] - 1);
-      shared = static_cast<int32_t>(std::mismatch(lead, lead + len, t).first - lead);
+      shared = tables_agree(table, lead_start, b.slot_start[work[j]], len, memo);
     }
     if (j - i >= 2 && shared >= kCascadeMinSharedKeys) {
       groups.push_back({i, j, shared, 1});
@@ -213,17 +250,24 @@ StepPlan plan_step(const StepBatchView& batch, const ModelConfig& config, bool c
 
 Status fill_step(const StepBatchView& batch, const ModelConfig& config, StepPlan* plan_out,
                  int32_t n_kv_slots, bool copy_new_slots, int32_t* table, void* host,
-                 const CascadeOptions& cascade) {
+                 const CascadeOptions& cascade, CascadeMemo* memo) {
   StepPlan& plan = *plan_out;
   const StepLayout& l = plan.layout;
   if (!copy_in_range(copy_new_slots ? at<int32_t>(host, l.new_slots) : nullptr, batch.new_slots,
                      n_kv_slots)) {
     return check_kv_slots(batch.new_slots, n_kv_slots);  // names the first bad slot
   }
+  if (memo != nullptr) ++memo->step;
   for (int32_t s = 0; s < plan.n_seqs; ++s) {
     const int32_t n_w = batch.new_slot_start[s + 1] - batch.new_slot_start[s];
-    std::copy_n(batch.new_slots.begin() + batch.new_slot_start[s], n_w,
-                table + batch.slot_start[s] + batch.kv_len[s] - n_w);
+    const int32_t at_entry = batch.slot_start[s] + batch.kv_len[s] - n_w;
+    std::copy_n(batch.new_slots.begin() + batch.new_slot_start[s], n_w, table + at_entry);
+    if (memo != nullptr && n_w > 0) {
+      for (int32_t blk = at_entry / CascadeMemo::kBlock;
+           blk <= (at_entry + n_w - 1) / CascadeMemo::kBlock; ++blk) {
+        memo->written[static_cast<size_t>(blk)] = memo->step;
+      }
+    }
   }
   auto copy = [&](size_t offset, std::span<const int32_t> v) {
     if (!v.empty()) std::memcpy(at<char>(host, offset), v.data(), v.size() * sizeof(int32_t));
@@ -254,7 +298,7 @@ Status fill_step(const StepBatchView& batch, const ModelConfig& config, StepPlan
   plan.n_cascade_tasks = 0;
   if (plan.cascade_max_tasks > 0 && cascade.members >= 2) {
     plan.n_cascade_tasks =
-        plan_cascade(work, n_decode, batch, table, cascade, config.n_kv_heads,
+        plan_cascade(work, n_decode, batch, table, cascade, config.n_kv_heads, memo,
                      at<int32_t>(host, l.cascade_n_tasks), at<int32_t>(host, l.cascade_tasks),
                      at<int32_t>(host, l.cascade_members), at<int32_t>(host, l.cascade_part_start));
   }

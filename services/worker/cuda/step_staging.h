@@ -83,6 +83,28 @@ inline constexpr int32_t kCascadeMinSharedKeys = 256;
 // Key splits of one group's prefix at most (for parallelism when the groups are few).
 inline constexpr int32_t kCascadeMaxPrefixSplits = 4;
 
+// What the cascade planner keeps between steps so that it compares two tables only where it has
+// not already found them equal since their last write: the step in which each block of kBlock
+// table entries was last written, and for decode sequences (by their table start, direct-mapped
+// per block: two starts in one block evict each other) the lead each was compared with, how many
+// leading entries they agreed on, and in which step. Agreement over [0, n) still holds in a later
+// step when no block holding those entries of either table has been written since; the
+// comparison then resumes at n. One per runner, sized to its table.
+struct CascadeMemo {
+  static constexpr int32_t kBlock = 256;
+  struct Agreement {
+    int32_t start = -1;  // the sequence's table start (-1: empty)
+    int32_t lead_start = 0;
+    int32_t agreed = 0;
+    uint64_t step = 0;
+  };
+  explicit CascadeMemo(size_t table_capacity)
+      : written(table_capacity / kBlock + 1, 0), agreed(written.size()) {}
+  std::vector<uint64_t> written;  // [table entries / kBlock] step of the block's last write
+  std::vector<Agreement> agreed;  // [table entries / kBlock] by table start / kBlock
+  uint64_t step = 0;
+};
+
 // cascade: whether the step may take the shared-prefix decode (reserves its arrays).
 StepPlan plan_step(const StepBatchView& batch, const ModelConfig& config, bool cascade = false);
 
@@ -96,9 +118,11 @@ StepPlan plan_step(const StepBatchView& batch, const ModelConfig& config, bool c
 // Decode sequences are listed ordered by their tables' first slot, so that those sharing a cached
 // prefix are side by side. Where the layout reserves the cascade, groups of at least two of them
 // whose tables agree over kCascadeMinSharedKeys keys or more get cascade tasks and
-// plan->n_cascade_tasks says how many.
+// plan->n_cascade_tasks says how many. With a memo (the same one for every step over `table`)
+// the planner skips the comparisons of entries found equal in earlier steps and unwritten since;
+// the plan is the same with or without it.
 Status fill_step(const StepBatchView& batch, const ModelConfig& config, StepPlan* plan,
                  int32_t n_kv_slots, bool copy_new_slots, int32_t* table, void* host,
-                 const CascadeOptions& cascade = {});
+                 const CascadeOptions& cascade = {}, CascadeMemo* memo = nullptr);
 
 }  // namespace litellama
