@@ -369,7 +369,9 @@ TEST_F(ApiTest, ChatLogprobsStreamingAndNot) {
     joined += bytes;
   }
   // The tokens' bytes spell the text.
-  if (plain_text) EXPECT_EQ(joined, j["choices"][0]["message"]["content"].get<std::string>());
+  if (plain_text) {
+    EXPECT_EQ(joined, j["choices"][0]["message"]["content"].get<std::string>());
+  }
 
   body["stream"] = true;
   const HttpResponse s = post("/v1/chat/completions", body);
