@@ -77,19 +77,26 @@ double copy_bandwidth_gb_per_s(size_t bytes, int n_repeats) {
   return 2.0 * static_cast<double>(bytes) / (median(ms) * 1e-3) / 1e9;
 }
 
-// Bytes one decode step of `batch` sequences at mean kv_len `kv_len` must read.
+// Bytes one decode step of `batch` sequences at mean kv_len `kv_len` must read. 4-bit projections
+// (quant.group_size > 0 of a 4-bit checkpoint) read half a byte per weight, a byte of zero point
+// and an elem_bytes scale per group.
 double decode_bytes(const ModelConfig& c, size_t elem_bytes, int32_t batch, double kv_len) {
   const double H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
+  const double e = static_cast<double>(elem_bytes);
   const double q_dim = static_cast<double>(c.n_heads) * c.head_dim;
   const double kv_dim = static_cast<double>(c.n_kv_heads) * c.head_dim;
-  const double per_layer = H * (q_dim + 2 * kv_dim) + q_dim * H + 3 * H * I + 2 * H;
-  const double weights = c.n_layers * per_layer + H + V * H + batch * H;
-  const double kv = static_cast<double>(batch) * kv_len * c.n_layers * 2 * kv_dim;
-  return (weights + kv) * static_cast<double>(elem_bytes);
+  const double projections = H * (q_dim + 2 * kv_dim) + q_dim * H + 3 * H * I;
+  const bool int4 = c.quant.method != QuantMethod::kNone && c.quant.bits == 4;
+  const double group = int4 ? static_cast<double>(c.quant.group_rows(c.hidden_size)) : 1.0;
+  const double projection_bytes = int4 ? projections * (0.5 + (1.0 + e) / group) : projections * e;
+  const double weights = c.n_layers * (projection_bytes + 2 * H * e) + (H + V * H + batch * H) * e;
+  const double kv = static_cast<double>(batch) * kv_len * c.n_layers * 2 * kv_dim * e;
+  return weights + kv;
 }
 
 struct Args {
   std::string preset;
+  int32_t int4_group = 0;
   std::string dir;
   std::string batches = "1";
   int32_t context = 512;
@@ -207,6 +214,7 @@ int run(const Args& a) {
   if (!std::filesystem::exists(std::filesystem::path(a.dir) / "config.json")) {
     RandomCheckpointOptions wo;
     wo.storage_dtype = DType::kBF16;
+    wo.int4_group = a.int4_group;
     const auto t0 = Clock::now();
     const Status written = write_random_checkpoint(a.dir, preset->config, wo);
     if (!written.is_ok()) {
@@ -480,6 +488,10 @@ int main(int argc, char** argv) {
   app.add_option("--preset", a.preset, "model shape (litellama make-model presets)")->required();
   app.add_option("--dir", a.dir, "checkpoint directory (written when it has no config.json)")
       ->required();
+  app.add_option("--int4-group", a.int4_group,
+                 "write the checkpoint's layer projections as 4-bit GPTQ in groups of this many "
+                 "input rows (random codes; 0: bf16)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--batches", a.batches, "decode batch sizes, comma-separated");
   app.add_option("--context", a.context, "prompt tokens per sequence before decoding");
   app.add_option("--warmup", a.n_warmup, "untimed decode steps");

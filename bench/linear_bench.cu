@@ -5,9 +5,12 @@
 // programmatic dependent launch, cuBLAS, and a plain streaming read of the same bytes (the rate a
 // kernel of that size can reach at all). With --sweep, every tile configuration of the GEMV
 // kernel (gemv_impl.cuh) is timed too, to choose gemv.cu's policy, with k cut into 2, 4 and 8
-// segments for the shapes of few tiles.
+// segments for the shapes of few tiles. With --w4, the 4-bit GEMV (linear_w4_impl.cuh) instead,
+// in each warps-per-block and ring-depth configuration, on the Llama-3.1-8B and -3.2-1B
+// projections in groups of 128, beside a plain read of the same bytes.
 //
-// Usage: litellama-linear-bench [--m 1] [--reps 20] [--sweep 1]   (one JSON object per line)
+// Usage: litellama-linear-bench [--m 1] [--reps 20] [--sweep 1] [--w4 1]   (one JSON object per
+// line)
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -27,6 +30,8 @@
 #include "kernels/kernel_common.cuh"
 #include "kernels/launch.h"
 #include "kernels/linear.h"
+#include "kernels/linear_w4.h"
+#include "kernels/linear_w4_impl.cuh"
 
 namespace litellama {
 namespace {
@@ -119,13 +124,81 @@ using SiluConfigs =
     std::tuple<Cfg<4, 1, 4>, Cfg<4, 1, 6>, Cfg<4, 2, 2>, Cfg<8, 1, 2>, Cfg<8, 1, 3>, Cfg<8, 1, 4>,
                Cfg<8, 1, 6>, Cfg<8, 2, 2>, Cfg<16, 1, 2>, Cfg<16, 2, 1>, Cfg<16, 3, 1>>;
 
+template <int W, int D1, int D2, int T>
+struct W4Cfg {
+  static constexpr int kWarps = W, kDepth1 = D1, kDepth2 = D2, kTiles = T;
+};
+// (warps per block, ring depth with one / two blocks of tokens, column tiles per block)
+using W4Configs =
+    std::tuple<W4Cfg<4, 1, 1, 1>, W4Cfg<4, 2, 1, 1>, W4Cfg<4, 1, 1, 2>, W4Cfg<4, 2, 1, 2>,
+               W4Cfg<8, 1, 1, 1>, W4Cfg<8, 2, 1, 1>, W4Cfg<8, 1, 1, 2>, W4Cfg<8, 2, 1, 2>,
+               W4Cfg<16, 1, 1, 1>, W4Cfg<16, 2, 1, 1>, W4Cfg<16, 1, 1, 2>>;
+
+// The 4-bit GEMV's configurations on each projection shape (weights of zeros: the kernel's time
+// does not depend on the values).
+void run_w4(int m, int reps, cudaStream_t stream, char* pool, size_t pool_bytes, void* x, void* y,
+            uint32_t* sink) {
+  struct W4Shape {
+    const char* name;
+    int32_t n, k;
+  };
+  const W4Shape shapes[] = {{"8b.qkv", 6144, 4096},      {"8b.o", 4096, 4096},
+                            {"8b.gate_up", 28672, 4096}, {"8b.down", 4096, 14336},
+                            {"1b.qkv", 3072, 2048},      {"1b.gate_up", 16384, 2048},
+                            {"1b.down", 2048, 8192}};
+  constexpr int32_t kGroup = 128;
+  for (const W4Shape& s : shapes) {
+    const size_t codes = static_cast<size_t>(s.n) * s.k / 2;
+    const size_t groups = static_cast<size_t>(s.n) * (s.k / kGroup);
+    const size_t bytes = codes + groups * 3;  // codes, zero points, bf16 scales
+    const size_t stride = (bytes + 255) / 256 * 256;
+    const int copies = static_cast<int>(std::min<size_t>(64, pool_bytes / stride));
+    const int launches = std::max(copies, 8);
+    auto weight = [&](int i) {
+      char* base = pool + static_cast<size_t>(i % copies) * stride;
+      return W4Weight{reinterpret_cast<const uint32_t*>(base),
+                      reinterpret_cast<const uint8_t*>(base + codes),
+                      base + codes + groups,
+                      s.n,
+                      s.k,
+                      kGroup};
+    };
+    KernelStream ks(stream, true);
+    auto report = [&](const std::string& name, float us) {
+      std::printf(
+          "{\"shape\": \"w4.%s\", \"m\": %d, \"variant\": \"%s\", \"us\": %.2f, \"mb\": "
+          "%.1f, \"gb_per_s\": %.0f}\n",
+          s.name, m, name.c_str(), us, bytes / 1e6, bytes / (us * 1e-6) / 1e9);
+      std::fflush(stdout);
+    };
+    report("read+pdl", time_graph(stream, launches, reps, [&](int i) {
+             CHECK(launch_kernel(stream_read_kernel, dim3(132 * 8), dim3(256), 0, ks,
+                                 reinterpret_cast<const uint4*>(weight(i).codes),
+                                 static_cast<int64_t>(bytes / 16), sink));
+           }));
+    auto try_config = [&](auto cfg) {
+      using C = decltype(cfg);
+      report(
+          "w" + std::to_string(C::kWarps) + ".d" + std::to_string(C::kDepth1) + "." +
+              std::to_string(C::kDepth2) + ".t" + std::to_string(C::kTiles),
+          time_graph(stream, launches, reps, [&](int i) {
+            CHECK((
+                w4_detail::launch_gemv<__nv_bfloat16, C::kWarps, C::kDepth1, C::kDepth2, C::kTiles>(
+                    y, x, weight(i), m, ks)));
+          }));
+    };
+    std::apply([&](auto... c) { (try_config(c), ...); }, W4Configs{});
+  }
+}
+
 int run(int argc, char** argv) {
   int m = 1, reps = 20;
-  bool sweep = false;
+  bool sweep = false, w4 = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--m") == 0) m = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--reps") == 0) reps = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--sweep") == 0) sweep = std::atoi(argv[i + 1]) != 0;
+    if (std::strcmp(argv[i], "--w4") == 0) w4 = std::atoi(argv[i + 1]) != 0;
   }
   const Shape shapes[] = {
       {"1b.qkv", 3072, 2048, false},         {"1b.o", 2048, 2048, false},
@@ -143,14 +216,20 @@ int run(int argc, char** argv) {
   void* x = nullptr;
   void* y = nullptr;
   uint32_t* sink = nullptr;
-  CHECK(cudaMalloc(&x, size_t{kGemvMaxRows} * 16384 * 2));
-  CHECK(cudaMemset(x, 0, size_t{kGemvMaxRows} * 16384 * 2));
+  constexpr size_t kMaxRows = std::max(kGemvMaxRows, kW4GemvMaxRows);
+  CHECK(cudaMalloc(&x, kMaxRows * 16384 * 2));
+  CHECK(cudaMemset(x, 0, kMaxRows * 16384 * 2));
   CHECK(cudaMalloc(&y, size_t{kGemvMaxRows} * 128256 * 4));
   CHECK(cudaMalloc(&sink, 4));
   constexpr size_t kPoolBytes = size_t{3} << 30;  // far past L2
   char* pool = nullptr;
   CHECK(cudaMalloc(&pool, kPoolBytes));
   CHECK(cudaMemset(pool, 0, kPoolBytes));
+  if (w4) {
+    run_w4(m, reps, stream, pool, kPoolBytes, x, y, sink);
+    CHECK(cudaFree(pool));
+    return 0;
+  }
   for (const Shape& s : shapes) {
     const int64_t rows = s.silu ? 2 * int64_t{s.n} : s.n;
     const size_t bytes = static_cast<size_t>(rows) * s.k * 2;

@@ -17,6 +17,7 @@
 #include "common/status.h"
 #include "services/worker/llava_config.h"
 #include "services/worker/model_config.h"
+#include "services/worker/quantized_linear.h"
 #include "services/worker/tensor_view.h"
 
 namespace litellama {
@@ -52,6 +53,11 @@ class Checkpoint {
   Result<std::vector<float>> linear_f32(const std::string& weight_name) const;
   // Whether that module is stored quantized.
   bool is_quantized(const std::string& weight_name) const;
+  // That module's 4-bit codes, zero points and scales (AWQ, or 4-bit GPTQ without act-order;
+  // kUnsupported otherwise), for backends that keep the weights quantized.
+  Result<Int4Linear> int4_linear(const std::string& weight_name) const;
+  // [out_features, in_features] of a layer projection named as in LayerTensorNames.
+  Result<std::pair<int64_t, int64_t>> linear_shape(const std::string& weight_name) const;
 
   // LLaVA checkpoints: the vision half of the config and where its tensors are; nullptr else.
   const LlavaConfig* llava() const { return llava_ ? &*llava_ : nullptr; }
@@ -70,8 +76,6 @@ class Checkpoint {
 
  private:
   Status validate() const;
-  // [out_features, in_features] of a layer projection named as in LayerTensorNames.
-  Result<std::pair<int64_t, int64_t>> linear_shape(const std::string& weight_name) const;
 
   std::string dir_;
   ModelConfig config_;

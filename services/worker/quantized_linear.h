@@ -41,6 +41,24 @@ using TensorLookup = std::function<Result<TensorView>(const std::string&)>;
 Result<std::vector<float>> dequantize_linear(const QuantConfig& config, const std::string& module,
                                              int64_t n, int64_t k, const TensorLookup& lookup);
 
+// A 4-bit AWQ or GPTQ module without act-order as integers in the dense weight's [n, k] order:
+// W[col, row] = (codes[col, row] - zeros[col, row / group]) * scales[col, row / group], each
+// product in float32 (dequantize_linear's values, bit for bit). Zero points are as the layout
+// defines them (GPTQ's stored-minus-one added back, so 1..16 there, 0..15 for AWQ).
+struct Int4Linear {
+  int64_t n = 0;
+  int64_t k = 0;
+  int64_t group = 0;           // input rows per group (k when the config says -1)
+  std::vector<uint8_t> codes;  // [n, k], 0..15
+  std::vector<uint8_t> zeros;  // [n, k / group]
+  std::vector<float> scales;   // [n, k / group], the stored scales as float32
+};
+
+// Unpacks `module` (AWQ, or 4-bit GPTQ) into Int4Linear. kUnsupported for other layouts and for
+// act-order, whose groups are not runs of consecutive input rows.
+Result<Int4Linear> unpack_int4_linear(const QuantConfig& config, const std::string& module,
+                                      int64_t n, int64_t k, const TensorLookup& lookup);
+
 // AutoAWQ's GEMM packing puts output column 8w + j of a row in nibble kAwqNibbleOf[j] of packed
 // word w (the packer's order is 0, 2, 4, 6, 1, 3, 5, 7: nibble i holds column kAwqOrder[i]).
 inline constexpr int kAwqOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};

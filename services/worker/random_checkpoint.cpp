@@ -1,6 +1,7 @@
 #include "services/worker/random_checkpoint.h"
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -287,6 +288,37 @@ std::vector<uint8_t> generate_tensor(uint64_t seed, const std::string& name,
   return bytes;
 }
 
+// `weight_name` ([n, k]) as 4-bit GPTQ tensors: random codes, zero points 8 (stored minus one),
+// and fp16 scales half_width / 8, so that values lie in the dense initializer's range.
+std::vector<SafetensorsTensor> int4_projection(uint64_t seed, const std::string& weight_name,
+                                               const std::vector<int64_t>& shape, int64_t group) {
+  const std::string module = weight_name.substr(0, weight_name.size() - 7);  // less ".weight"
+  const int64_t n = shape[0], k = shape[1], groups = k / group;
+  const TensorInit init = init_for(weight_name, shape);
+  std::vector<SafetensorsTensor> out(3);
+  out[0] = {{module + ".qweight", DType::kI32, {k / 8, n}}, {}};
+  out[0].data.resize(static_cast<size_t>(k / 8 * n) * 4);
+  const uint64_t key = tensor_key(seed, out[0].name);
+  const auto n_words = static_cast<int64_t>(out[0].data.size() / 4);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n_words; ++i) {
+    const auto word = static_cast<uint32_t>(splitmix64(key + static_cast<uint64_t>(i)) >> 32);
+    std::memcpy(out[0].data.data() + i * 4, &word, 4);
+  }
+  out[1] = {{module + ".qzeros", DType::kI32, {groups, n / 8}}, {}};
+  out[1].data.assign(static_cast<size_t>(groups * n / 8) * 4, 0x77);
+  out[2] = {{module + ".scales", DType::kF16, {groups, n}}, {}};
+  out[2].data.resize(static_cast<size_t>(groups * n) * 2);
+  const std::vector<float> scales(static_cast<size_t>(groups * n), init.half_width / 8.0f);
+  convert_from_f32(out[2].data.data(), DType::kF16, scales.data(), scales.size());
+  return out;
+}
+
+bool is_layer_projection(const std::string& name) {
+  return name.find(".layers.") != std::string::npos && name.size() > 12 &&
+         name.compare(name.size() - 12, 12, "_proj.weight") == 0;
+}
+
 }  // namespace
 
 float random_checkpoint_unit(uint64_t seed, const std::string& name, uint64_t index) {
@@ -319,6 +351,14 @@ Status write_random_checkpoint(const std::string& dir, json config,
     return make_error(StatusCode::kInvalidArgument, "n_shards must be at least 1");
   }
   config["torch_dtype"] = dtype_torch_name(options.storage_dtype);
+  if (options.int4_group > 0) {
+    config["quantization_config"] = {{"quant_method", "gptq"},
+                                     {"bits", 4},
+                                     {"group_size", options.int4_group},
+                                     {"sym", true},
+                                     {"desc_act", false},
+                                     {"checkpoint_format", "gptq"}};
+  }
   LITELLAMA_ASSIGN_OR_RETURN(ModelConfig mc, parse_model_config(config));
 
   // Tensor names and shapes come from the same table the loader validates against.
@@ -424,10 +464,17 @@ Status write_random_checkpoint(const std::string& dir, json config,
   };
   for (size_t i = 0; i < specs.size(); ++i) {
     const auto& [name, shape] = specs[i];
-    SafetensorsTensor t{name, options.storage_dtype, shape,
-                        generate_tensor(options.seed, name, shape, options.storage_dtype)};
-    shard_bytes += t.data.size();
-    shard.push_back(std::move(t));
+    if (options.int4_group > 0 && is_layer_projection(name)) {
+      for (SafetensorsTensor& t : int4_projection(options.seed, name, shape, options.int4_group)) {
+        shard_bytes += t.data.size();
+        shard.push_back(std::move(t));
+      }
+    } else {
+      SafetensorsTensor t{{name, options.storage_dtype, shape},
+                          generate_tensor(options.seed, name, shape, options.storage_dtype)};
+      shard_bytes += t.data.size();
+      shard.push_back(std::move(t));
+    }
     const size_t remaining_tensors = specs.size() - i - 1;
     const int32_t remaining_shards = options.n_shards - shard_index - 1;
     if (remaining_shards > 0 && (shard_bytes >= shard_target ||

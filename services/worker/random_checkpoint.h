@@ -31,6 +31,10 @@ struct RandomCheckpointOptions {
   DType storage_dtype = DType::kF32;
   int32_t n_shards = 1;       // > 1 writes model-0000i-of-0000n.safetensors + index
   std::string tokenizer_dir;  // copy tokenizer.json / tokenizer_config.json from here if set
+  // > 0: the decoder layers' projections as symmetric 4-bit GPTQ in groups of this many input
+  // rows (random codes, one scale per group that spans the dense initializer's range), for
+  // benchmarks of the 4-bit kernels; embeddings, norms and the LM head stay dense.
+  int32_t int4_group = 0;
 };
 
 // Writes config.json and the safetensors file(s) for `config` into `dir` (created if missing).

@@ -82,6 +82,15 @@ class DevBuf {
   DevBuf(const DevBuf&) = delete;
   DevBuf& operator=(const DevBuf&) = delete;
   DevBuf(DevBuf&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; }
+  DevBuf& operator=(DevBuf&& o) noexcept {
+    if (this != &o) {
+      if (ptr_ != nullptr) (void)cudaFree(ptr_);
+      ptr_ = o.ptr_;
+      bytes_ = o.bytes_;
+      o.ptr_ = nullptr;
+    }
+    return *this;
+  }
   ~DevBuf() {
     if (ptr_ != nullptr) (void)cudaFree(ptr_);
   }

@@ -2,6 +2,7 @@
 // single-file checkpoints load the same tensors, LLaVA's nested names are found.
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include <tuple>
 
@@ -70,6 +71,41 @@ TEST(CheckpointTest, LoadsAndValidatesAModel) {
   ASSERT_TRUE(q_norm.is_ok());
   EXPECT_EQ(q_norm->shape, std::vector<int64_t>{128});
   EXPECT_EQ(ckpt->tensor("nope").status().code(), StatusCode::kNotFound);
+}
+
+// The benchmarks' 4-bit random checkpoints: GPTQ tensors the loader accepts, every weight one of
+// the 16 steps of its group's scale around zero point 8, within the dense initializer's range.
+TEST(CheckpointTest, RandomInt4CheckpointLoadsAsGptq) {
+  test::TempDir tmp;
+  auto preset = find_random_checkpoint_preset("llama3-tiny");
+  ASSERT_TRUE(preset.is_ok());
+  RandomCheckpointOptions options;
+  options.storage_dtype = DType::kBF16;
+  options.int4_group = 32;
+  ASSERT_TRUE(write_random_checkpoint(tmp.path(), preset->config, options).is_ok());
+  auto ckpt = Checkpoint::open(tmp.path());
+  ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
+  EXPECT_EQ(ckpt->config().quant.method, QuantMethod::kGptq);
+  EXPECT_EQ(ckpt->config().quant.group_size, 32);
+  const LayerTensorNames n = ckpt->layer_names(1);
+  ASSERT_TRUE(ckpt->is_quantized(n.down));
+  auto q = ckpt->int4_linear(n.down);
+  ASSERT_TRUE(q.is_ok()) << q.status().to_string();
+  std::set<int> codes;
+  for (uint8_t c : q->codes) codes.insert(c);
+  EXPECT_EQ(codes.size(), 16u);
+  for (uint8_t z : q->zeros) ASSERT_EQ(z, 8);
+  auto w = ckpt->linear_f32(n.down);
+  ASSERT_TRUE(w.is_ok());
+  const float s = q->scales[0];
+  EXPECT_GT(s, 0.0f);
+  for (float v : *w) {
+    ASSERT_GE(v, -8 * s);
+    ASSERT_LE(v, 7 * s);
+  }
+  auto head = ckpt->tensor(ckpt->lm_head_name());
+  ASSERT_TRUE(head.is_ok());
+  EXPECT_EQ(head->dtype, DType::kBF16);
 }
 
 TEST(CheckpointTest, ShardedCheckpointHoldsTheSameTensors) {

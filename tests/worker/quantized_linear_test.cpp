@@ -265,6 +265,46 @@ TEST_F(QuantGolden, EveryLayoutDequantizesBitForBitAsTheReferenceUnpacker) {
   }
 }
 
+// The integers the 4-bit GPU path keeps give the reference unpacker's weights, bit for bit, as
+// float(code - zero) * scale; act-order, 8-bit and 8-bit-float layouts are refused.
+TEST_F(QuantGolden, FourBitLayoutsUnpackToTheReferenceWeights) {
+  int n_unpacked = 0;
+  for (const json& c : listing_["cases"]) {
+    const std::string name = c["case"].get<std::string>();
+    SCOPED_TRACE(name);
+    auto config = parse(c["quantization_config"]);
+    ASSERT_TRUE(config.is_ok());
+    const int64_t n = c["out_features"].get<int64_t>(), k = c["in_features"].get<int64_t>();
+    auto q =
+        unpack_int4_linear(*config, name, n, k, [this](const std::string& t) { return lookup(t); });
+    const bool int4 = config->method == QuantMethod::kAwq ||
+                      (config->method == QuantMethod::kGptq && config->bits == 4);
+    if (!int4 || config->act_order) {
+      ASSERT_FALSE(q.is_ok());
+      EXPECT_EQ(q.status().code(), StatusCode::kUnsupported) << q.status().to_string();
+      continue;
+    }
+    ASSERT_TRUE(q.is_ok()) << q.status().to_string();
+    ASSERT_EQ(q->n, n);
+    ASSERT_EQ(q->k, k);
+    const std::vector<float> want = lookup(name + ".expected")->to_f32();
+    const int64_t groups = k / q->group;
+    size_t differing = 0;
+    for (int64_t col = 0; col < n; ++col) {
+      for (int64_t row = 0; row < k; ++row) {
+        const auto i = static_cast<size_t>(col * k + row);
+        const auto g = static_cast<size_t>(col * groups + row / q->group);
+        ASSERT_LE(q->codes[i], 15);
+        const float w = static_cast<float>(q->codes[i] - q->zeros[g]) * q->scales[g];
+        differing += std::memcmp(&w, &want[i], sizeof(float)) != 0;
+      }
+    }
+    EXPECT_EQ(differing, 0u);
+    ++n_unpacked;
+  }
+  EXPECT_GE(n_unpacked, 4);  // AWQ twice, GPTQ 4-bit symmetric and asymmetric
+}
+
 TEST_F(QuantGolden, GptqGroupIndexOutsideTheScalesIsAnError) {
   const json* gptq = nullptr;
   for (const json& c : listing_["cases"]) {

@@ -27,6 +27,9 @@
 //   cuBLAS(float32 logits = normed @ Wlm^T) at every batch size -> sampling
 //   (float32 steps, batch_invariant(): the tiled GEMM for every linear layer and the LM head, and
 //   general attention for decode and prefill)
+//   (4-bit AWQ / GPTQ checkpoints: the unfused path at every batch size, each projection through
+//   launch_w4_linear: its small-batch W4 GEMV up to kW4GemvMaxRows tokens, else dequantized into
+//   a workspace and multiplied by cuBLAS or the tiled kernel, kernels/linear_w4.h)
 //   one cudaMemcpyAsync of sampled ids (and top logits) back, then the step's only host sync.
 //
 // Every kernel but the GEMMs (cuBLAS, the tiled kernel) and prefill attention is launched with
@@ -135,6 +138,12 @@ class CudaModelRunner final : public ModelRunner {
     options_.gemv_max_tokens = resolved_gemv_max_tokens(options_, config_.hidden_size);
     options_.gemv_gate_up_max_tokens =
         resolved_gemv_gate_up_max_tokens(options_, config_.hidden_size);
+    if (config_.quant.method != QuantMethod::kNone) {
+      // The fused GEMV variants read dense weights; 4-bit projections take launch_w4_linear,
+      // whose small-batch kernel serves the same batches, in the unfused layer path.
+      options_.gemv_max_tokens = 0;
+      options_.gemv_gate_up_max_tokens = 0;
+    }
   }
 
   Status init(const Checkpoint& checkpoint);
@@ -182,10 +191,10 @@ class CudaModelRunner final : public ModelRunner {
   // gives sequences past the original context rows of their own).
   const float* rope_table(const StepPlan& plan) const;
   const int32_t* rope_table_rows(const StepPlan& plan) const;
-  // y = x @ w^T for n_rows rows, in the compute dtype: the small-batch GEMV when `gemv` (the
-  // plan's choice), else linear().
-  Status project(bool gemv, void* y, const void* x, const void* w, int32_t n_rows, int32_t n,
-                 int32_t k);
+  // y = x @ w^T for n_rows rows, in the compute dtype: a 4-bit projection (w4.n > 0) through
+  // launch_w4_linear; else the small-batch GEMV when `gemv` (the plan's choice), else linear().
+  Status project(bool gemv, void* y, const void* x, const void* w, const W4Weight& w4,
+                 int32_t n_rows, int32_t n, int32_t k);
   // y = x @ w^T through cuBLAS, or the tiled kernel where the step must not depend on its batch
   // (batch_invariant()).
   Status linear(void* y, const void* x, const void* w, int32_t n_rows, int32_t n, int32_t k,
@@ -255,6 +264,7 @@ class CudaModelRunner final : public ModelRunner {
   DeviceBuffer rope_inv_freq_;  // [head_dim / 2] the table of every non-dynamic variant
   DeviceBuffer attention_workspace_;
   DeviceBuffer cublas_workspace_;
+  DeviceBuffer w4_workspace_;  // [max 4-bit projection n * k] of the compute dtype, or none
   // Step metadata: the same layout on both sides (StepLayout).
   PinnedBuffer staging_host_;
   DeviceBuffer staging_device_;
@@ -290,12 +300,14 @@ Status CudaModelRunner::init(const Checkpoint& checkpoint) {
                       checkpoint.dir());
   }
 #endif
-  if (c.quant.method != QuantMethod::kNone) {
-    // The quantized GEMV and GEMM kernels are not built yet; the CPU backend dequantizes.
+  const bool int4 = c.quant.method == QuantMethod::kAwq ||
+                    (c.quant.method == QuantMethod::kGptq && c.quant.bits == 4);
+  if (c.quant.method != QuantMethod::kNone && !int4) {
+    // FP8, int8 and 8-bit GPTQ kernels are not built yet; the CPU backend dequantizes them.
     return make_error(StatusCode::kUnsupported,
-                      "'{}' is a {} checkpoint (quantization_config); the CUDA backend runs only "
-                      "unquantized ones for now: use --device cpu",
-                      checkpoint.dir(), quant_method_name(c.quant.method));
+                      "'{}' is a {} {}-bit checkpoint (quantization_config); the CUDA backend runs "
+                      "unquantized and 4-bit AWQ / GPTQ ones: use --device cpu",
+                      checkpoint.dir(), quant_method_name(c.quant.method), c.quant.bits);
   }
   elem_bytes_ = dtype_size_bytes(dtype_);
   qkv_dim_ = (c.n_heads + 2 * c.n_kv_heads) * c.head_dim;
@@ -369,6 +381,13 @@ Status CudaModelRunner::allocate_workspaces() {
           : size_t{0});
   LITELLAMA_ASSIGN_OR_RETURN(attention_workspace_, DeviceBuffer::allocate(attn_ws));
   LITELLAMA_ASSIGN_OR_RETURN(cublas_workspace_, DeviceBuffer::allocate(kCublasWorkspaceBytes));
+  if (weights_.max_w4_elements > 0) {
+    // The dequantizing path's dense copy of one 4-bit projection (steps of more than
+    // kW4GemvMaxRows tokens, float32, portable builds).
+    LITELLAMA_ASSIGN_OR_RETURN(
+        w4_workspace_,
+        DeviceBuffer::allocate(static_cast<size_t>(weights_.max_w4_elements) * elem_bytes_));
+  }
   LITELLAMA_RETURN_IF_ERROR(
       linear_handle_set_workspace(ctx_.linear(), cublas_workspace_.data(), kCublasWorkspaceBytes));
 
@@ -665,8 +684,12 @@ Status CudaModelRunner::run_layer_fused(const StepPlan& plan, const ForwardPlan&
   });
 }
 
-Status CudaModelRunner::project(bool gemv, void* y, const void* x, const void* w, int32_t n_rows,
-                                int32_t n, int32_t k) {
+Status CudaModelRunner::project(bool gemv, void* y, const void* x, const void* w,
+                                const W4Weight& w4, int32_t n_rows, int32_t n, int32_t k) {
+  if (w4.n > 0) {
+    return launch_w4_linear(y, x, w4, n_rows, dtype_, w4_workspace_.data(), batch_invariant(),
+                            ctx_.linear(), kernel_stream());
+  }
   if (gemv) return launch_gemv(y, x, w, n_rows, n, k, dtype_, dtype_, kernel_stream());
   return linear(y, x, w, n_rows, n, k, dtype_);
 }
@@ -703,17 +726,18 @@ Status CudaModelRunner::run_layers(const StepPlan& plan, const ForwardPlan& fp) 
                                                  l == 0 ? nullptr : delta_.data(), W.input_norm, T,
                                                  H, eps, dtype_, stream));
     LITELLAMA_RETURN_IF_ERROR(
-        project(fp.qkv_gemv, wide_.data(), normed_.data(), W.qkv, T, qkv_dim_, H));
+        project(fp.qkv_gemv, wide_.data(), normed_.data(), W.qkv, W.qkv_w4, T, qkv_dim_, H));
     LITELLAMA_RETURN_IF_ERROR(run_qkv_rope(plan, l));
     LITELLAMA_RETURN_IF_ERROR(run_attention(plan, l));
-    LITELLAMA_RETURN_IF_ERROR(project(fp.o_gemv, delta_.data(), attn_.data(), W.o, T, H, q_dim_));
+    LITELLAMA_RETURN_IF_ERROR(
+        project(fp.o_gemv, delta_.data(), attn_.data(), W.o, W.o_w4, T, H, q_dim_));
     LITELLAMA_RETURN_IF_ERROR(launch_add_rmsnorm(normed_.data(), residual_.data(), delta_.data(),
                                                  W.post_norm, T, H, eps, dtype_, stream));
-    LITELLAMA_RETURN_IF_ERROR(
-        project(fp.gate_up_linear_gemv, wide_.data(), normed_.data(), W.gate_up, T, 2 * inter, H));
+    LITELLAMA_RETURN_IF_ERROR(project(fp.gate_up_linear_gemv, wide_.data(), normed_.data(),
+                                      W.gate_up, W.gate_up_w4, T, 2 * inter, H));
     LITELLAMA_RETURN_IF_ERROR(launch_silu_mul(act_.data(), wide_.data(), T, inter, dtype_, stream));
     LITELLAMA_RETURN_IF_ERROR(
-        project(fp.down_gemv, delta_.data(), act_.data(), W.down, T, H, inter));
+        project(fp.down_gemv, delta_.data(), act_.data(), W.down, W.down_w4, T, H, inter));
   }
   return Status::ok();
 }

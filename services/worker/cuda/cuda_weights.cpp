@@ -1,6 +1,8 @@
 #include "services/worker/cuda/cuda_weights.h"
 
+#include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "kernels/cuda_check.h"
@@ -16,6 +18,11 @@ struct Placement {
   // folded into the projection after it).
   std::string column_scale;
   int64_t ones = 0;  // no sources: this many float32 ones
+  // 4-bit sources (kernels/linear_w4.h): codes, then zero points and scales at these offsets
+  // from the placement's; n is the sum of the sources' out_features.
+  bool w4 = false;
+  int64_t n = 0, k = 0, group = 0;
+  size_t zeros_at = 0, scales_at = 0;
   DType dtype = DType::kF32;
   size_t offset = 0;
   size_t size_bytes = 0;
@@ -47,6 +54,46 @@ class UploadPlan {
     return place(std::move(p));
   }
 
+  // The sources kept 4-bit, or nullopt when any of them is stored dense (then add() them).
+  Result<std::optional<size_t>> add_w4(std::vector<std::string> sources, DType dtype) {
+    Placement p;
+    p.w4 = true;
+    p.dtype = dtype;
+    for (const std::string& name : sources) {
+      if (!checkpoint_.is_quantized(name)) return std::optional<size_t>();
+      LITELLAMA_ASSIGN_OR_RETURN(auto shape, checkpoint_.linear_shape(name));
+      const int64_t group = checkpoint_.config().quant.group_rows(shape.second);
+      if ((p.k != 0 && (p.k != shape.second || p.group != group)) ||
+          !w4_layout_supports(shape.first, shape.second, group)) {
+        return make_error(StatusCode::kUnsupported,
+                          "{}: [{}, {}] in groups of {} does not fit the "
+                          "4-bit device layout",
+                          name, shape.first, shape.second, group);
+      }
+      p.n += shape.first;
+      p.k = shape.second;
+      p.group = group;
+    }
+    const auto groups = static_cast<size_t>(p.n * (p.k / p.group));
+    p.zeros_at = align_up(static_cast<size_t>(p.n * p.k / 2), 256);
+    p.scales_at = align_up(p.zeros_at + groups, 256);
+    p.size_bytes = p.scales_at + groups * dtype_size_bytes(dtype);
+    p.sources = std::move(sources);
+    return std::optional<size_t>(place(std::move(p)));
+  }
+
+  W4Weight w4_weight(const DeviceBuffer& storage, size_t index) const {
+    const Placement& p = placements_[index];
+    W4Weight w;
+    w.codes = storage.as<const uint32_t>(p.offset);
+    w.zeros = storage.as<const uint8_t>(p.offset + p.zeros_at);
+    w.scales = storage.as<const char>(p.offset + p.scales_at);
+    w.n = static_cast<int32_t>(p.n);
+    w.k = static_cast<int32_t>(p.k);
+    w.group = static_cast<int32_t>(p.group);
+    return w;
+  }
+
   size_t add_ones(int64_t n) {
     Placement p;
     p.ones = n;
@@ -63,6 +110,10 @@ class UploadPlan {
     std::vector<float> scale;
     for (const Placement& p : placements_) {
       size_t at = p.offset;
+      if (p.w4) {
+        LITELLAMA_RETURN_IF_ERROR(upload_w4(p, storage));
+        continue;
+      }
       if (p.ones > 0) {
         const std::vector<float> ones(static_cast<size_t>(p.ones), 1.0f);
         LITELLAMA_CUDA_RETURN_IF_ERROR(
@@ -100,6 +151,33 @@ class UploadPlan {
   }
 
  private:
+  // One source at a time: unpacked on the host, packed into the device layout, copied to its
+  // columns of each of the three arrays.
+  Status upload_w4(const Placement& p, const DeviceBuffer& storage) const {
+    int64_t col = 0;
+    const int64_t groups = p.k / p.group;
+    std::vector<uint32_t> words;
+    std::vector<uint8_t> scales;
+    for (const std::string& name : p.sources) {
+      LITELLAMA_ASSIGN_OR_RETURN(const Int4Linear q, checkpoint_.int4_linear(name));
+      words.resize(static_cast<size_t>(q.n * q.k / 8));
+      pack_w4_codes(q.codes.data(), q.n, q.k, words.data());
+      scales.resize(q.scales.size() * dtype_size_bytes(p.dtype));
+      convert_from_f32(scales.data(), p.dtype, q.scales.data(), q.scales.size());
+      LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemcpy(storage.as<char>(p.offset) + col * p.k / 2,
+                                                words.data(), words.size() * sizeof(uint32_t),
+                                                cudaMemcpyHostToDevice));
+      LITELLAMA_CUDA_RETURN_IF_ERROR(
+          cudaMemcpy(storage.as<char>(p.offset + p.zeros_at) + col * groups, q.zeros.data(),
+                     q.zeros.size(), cudaMemcpyHostToDevice));
+      LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemcpy(
+          storage.as<char>(p.offset + p.scales_at) + col * groups * dtype_size_bytes(p.dtype),
+          scales.data(), scales.size(), cudaMemcpyHostToDevice));
+      col += q.n;
+    }
+    return Status::ok();
+  }
+
   size_t place(Placement p) {
     p.offset = total_bytes_;
     total_bytes_ = align_up(total_bytes_ + p.size_bytes, 256);
@@ -120,6 +198,16 @@ Result<CudaWeights> CudaWeights::upload(const Checkpoint& checkpoint, DType comp
   UploadPlan plan(checkpoint);
   struct LayerIndex {
     size_t input_norm, qkv, qkv_bias, q_norm, k_norm, o, post_norm, gate_up, down;
+    // The projections kept 4-bit: their placements (qkv, o, gate_up, down are then unused).
+    std::optional<size_t> qkv_w4, o_w4, gate_up_w4, down_w4;
+  };
+  // A fused projection: 4-bit when all its modules are stored so, else dense in compute_dtype.
+  auto add_projection = [&](std::vector<std::string> sources, const std::string& column_scale,
+                            size_t* dense, std::optional<size_t>* w4) -> Status {
+    LITELLAMA_ASSIGN_OR_RETURN(*w4, plan.add_w4(sources, compute_dtype));
+    if (w4->has_value()) return Status::ok();
+    LITELLAMA_ASSIGN_OR_RETURN(*dense, plan.add(std::move(sources), compute_dtype, column_scale));
+    return Status::ok();
   };
   std::vector<LayerIndex> index(static_cast<size_t>(c.n_layers));
   LITELLAMA_ASSIGN_OR_RETURN(const size_t embed,
@@ -140,7 +228,7 @@ Result<CudaWeights> CudaWeights::upload(const Checkpoint& checkpoint, DType comp
     } else {
       LITELLAMA_ASSIGN_OR_RETURN(li.input_norm, plan.add({n.input_norm}, DType::kF32));
     }
-    LITELLAMA_ASSIGN_OR_RETURN(li.qkv, plan.add({n.q, n.k, n.v}, compute_dtype, input_scale));
+    LITELLAMA_RETURN_IF_ERROR(add_projection({n.q, n.k, n.v}, input_scale, &li.qkv, &li.qkv_w4));
     if (c.qkv_bias) {
       LITELLAMA_ASSIGN_OR_RETURN(li.qkv_bias,
                                  plan.add({n.q_bias, n.k_bias, n.v_bias}, DType::kF32));
@@ -149,10 +237,10 @@ Result<CudaWeights> CudaWeights::upload(const Checkpoint& checkpoint, DType comp
       LITELLAMA_ASSIGN_OR_RETURN(li.q_norm, plan.add({n.q_norm}, DType::kF32));
       LITELLAMA_ASSIGN_OR_RETURN(li.k_norm, plan.add({n.k_norm}, DType::kF32));
     }
-    LITELLAMA_ASSIGN_OR_RETURN(li.o, plan.add({n.o}, compute_dtype));
+    LITELLAMA_RETURN_IF_ERROR(add_projection({n.o}, {}, &li.o, &li.o_w4));
     LITELLAMA_ASSIGN_OR_RETURN(li.post_norm, plan.add({n.post_attention_norm}, DType::kF32));
-    LITELLAMA_ASSIGN_OR_RETURN(li.gate_up, plan.add({n.gate, n.up}, compute_dtype));
-    LITELLAMA_ASSIGN_OR_RETURN(li.down, plan.add({n.down}, compute_dtype));
+    LITELLAMA_RETURN_IF_ERROR(add_projection({n.gate, n.up}, {}, &li.gate_up, &li.gate_up_w4));
+    LITELLAMA_RETURN_IF_ERROR(add_projection({n.down}, {}, &li.down, &li.down_w4));
   }
 
   CudaWeights w;
@@ -168,15 +256,26 @@ Result<CudaWeights> CudaWeights::upload(const Checkpoint& checkpoint, DType comp
   for (size_t l = 0; l < index.size(); ++l) {
     const LayerIndex& li = index[l];
     CudaLayerWeights& L = w.layers[l];
+    // A 4-bit projection has no dense matrix; its W4Weight says where its arrays are.
+    auto projection = [&](size_t dense, const std::optional<size_t>& w4, const void** out,
+                          W4Weight* out_w4) {
+      if (w4) {
+        *out_w4 = plan.w4_weight(w.storage, *w4);
+        w.max_w4_elements =
+            std::max(w.max_w4_elements, static_cast<int64_t>(out_w4->n) * out_w4->k);
+      } else {
+        *out = at(dense);
+      }
+    };
     L.input_norm = at_f32(li.input_norm);
-    L.qkv = at(li.qkv);
+    projection(li.qkv, li.qkv_w4, &L.qkv, &L.qkv_w4);
     L.qkv_bias = c.qkv_bias ? at_f32(li.qkv_bias) : nullptr;
     L.q_norm = c.qk_norm ? at_f32(li.q_norm) : nullptr;
     L.k_norm = c.qk_norm ? at_f32(li.k_norm) : nullptr;
-    L.o = at(li.o);
+    projection(li.o, li.o_w4, &L.o, &L.o_w4);
     L.post_norm = at_f32(li.post_norm);
-    L.gate_up = at(li.gate_up);
-    L.down = at(li.down);
+    projection(li.gate_up, li.gate_up_w4, &L.gate_up, &L.gate_up_w4);
+    projection(li.down, li.down_w4, &L.down, &L.down_w4);
   }
   return w;
 }

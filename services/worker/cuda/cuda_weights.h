@@ -9,6 +9,11 @@
 // becomes ones: (rmsnorm(x) * g) @ W^T = rmsnorm(x) @ (W diag(g))^T. The norm kernel then
 // computes what it did (times ones), and the small-batch QKV GEMV can take the whole norm in
 // (kernels/gemv.h, GemvRmsNorm), since no per-column weight is left to apply to its input.
+//
+// 4-bit checkpoints (AWQ, GPTQ 4-bit without act-order): each fused projection whose modules are
+// all stored quantized stays 4-bit on the device, in kernels/linear_w4.h's layout (its codes,
+// zero points and scales concatenated along out_features like the dense matrices), and its dense
+// pointer is null. Input norms are never folded into quantized projections.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +21,7 @@
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "kernels/linear_w4.h"
 #include "services/worker/checkpoint.h"
 #include "services/worker/cuda/device_buffer.h"
 
@@ -31,6 +37,8 @@ struct CudaLayerWeights {
   const float* post_norm = nullptr;   // [hidden]
   const void* gate_up = nullptr;      // [2 * intermediate, hidden]
   const void* down = nullptr;         // [hidden, intermediate]
+  // The same projections kept 4-bit (the dense pointer above is then null); n == 0: dense.
+  W4Weight qkv_w4, o_w4, gate_up_w4, down_w4;
 };
 
 struct CudaWeights {
@@ -40,6 +48,9 @@ struct CudaWeights {
   const void* lm_head = nullptr;      // [vocab, hidden] (== embed when tied)
   const float* final_norm = nullptr;  // [hidden]
   bool input_norms_folded = false;    // layers' input_norm are ones, folded into qkv
+  // Elements of the largest 4-bit projection (n * k; 0 when none): the dequantizing path's
+  // workspace holds that many of the compute dtype.
+  int64_t max_w4_elements = 0;
 
   // Converts and uploads every weight of `checkpoint` (synchronously, at load time).
   static Result<CudaWeights> upload(const Checkpoint& checkpoint, DType compute_dtype,
