@@ -1,7 +1,5 @@
 // `litellama generate` and `make-model` as a user runs them: JSON output, and a clear message
 // with a non-zero exit (never a crash) for every bad input.
-#include <sys/wait.h>
-
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -14,24 +12,10 @@
 namespace litellama {
 namespace {
 
-struct CommandResult {
-  int exit_code = -1;
-  bool signaled = false;
-  std::string output;  // stdout and stderr
-};
+using test::CommandResult;
 
 CommandResult run(const std::string& args) {
-  const std::string cmd = test::bin_dir() + "/litellama " + args + " 2>&1";
-  CommandResult r;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (!pipe) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.output.append(buf, n);
-  const int status = ::pclose(pipe);
-  r.signaled = WIFSIGNALED(status);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return test::run_litellama(args);
 }
 
 class CliGenerateTest : public ::testing::Test {

@@ -1,6 +1,9 @@
 // Helpers of the worker tests: temporary directories, the source tree, cached test models.
 #pragma once
 
+#include <sys/wait.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -39,6 +42,28 @@ inline std::string source_dir() {
 inline std::string bin_dir() {
   const char* env = std::getenv("LITELLAMA_BIN_DIR");
   return env && *env ? env : LITELLAMA_TEST_BIN_DIR;
+}
+
+// What a run of the litellama program gave.
+struct CommandResult {
+  int exit_code = -1;
+  bool signaled = false;
+  std::string output;  // stdout and stderr
+};
+
+// Runs `bin_dir()/litellama ARGS` (through the shell) and collects its output and exit status.
+inline CommandResult run_litellama(const std::string& args) {
+  const std::string cmd = bin_dir() + "/litellama " + args + " 2>&1";
+  CommandResult r;
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (!pipe) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.output.append(buf, n);
+  const int status = ::pclose(pipe);
+  r.signaled = WIFSIGNALED(status);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
 }
 
 // Writes preset `name` (float32 storage unless `dtype` says otherwise) with `seed` into dir.
