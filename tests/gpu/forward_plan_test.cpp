@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/attention_decode.h"
+#include "kernels/linear_w4.h"
 #include "services/worker/cuda/step_staging.h"
 #include "services/worker/random_checkpoint.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -136,6 +137,26 @@ TEST(ForwardPlan, QkNormModelsRopeOutsideTheGemv) {
   const ForwardPlan p = f.plan(make_batch(1, 10, 0, false));
   ASSERT_TRUE(p.gemv_layers);
   EXPECT_EQ(p.qkv, QkvPath::kLinearThenRope);
+}
+
+// 4-bit projections: the GEMM layer path, each projection on the W4 GEMV up to its row limit
+// (CUDA builds; portable builds dequantize at every size), and the plan says so.
+TEST(ForwardPlan, FourBitProjectionsSayWhichKernelTakesThem) {
+  Fixture f("llama3.1-8b");
+  f.options.gemv_max_tokens = 0;  // as the runner sets it for quantized models
+  f.ctx.input_norms_folded = false;
+  f.ctx.w4_group = 128;
+  const ForwardPlan one = f.plan(make_batch(1, 100, 0, false));
+  EXPECT_FALSE(one.gemv_layers);
+  EXPECT_TRUE(one.w4);
+  const bool gemv = w4_gemv_supports(DType::kBF16, 1, f.config.hidden_size, 128);
+  EXPECT_EQ(one.qkv_gemv && one.o_gemv && one.gate_up_linear_gemv && one.down_gemv, gemv);
+  EXPECT_NE(one.describe().find(gemv ? "W4 GEMV" : "W4 dequantize"), std::string::npos)
+      << one.describe();
+  const ForwardPlan big = f.plan(make_batch(kW4GemvMaxRows + 1, 100, 0, false));
+  EXPECT_FALSE(big.qkv_gemv || big.o_gemv || big.gate_up_linear_gemv || big.down_gemv);
+  EXPECT_NE(big.describe().find("W4 dequantize -> GEMM"), std::string::npos) << big.describe();
+  EXPECT_TRUE(big.graph);  // pure decode: graphed as for dense weights
 }
 
 // Decode sequences reach attention ordered by their tables' first slot (those sharing a cached

@@ -464,6 +464,7 @@ ForwardPlanContext CudaModelRunner::forward_context() const {
   ctx.dtype = dtype_;
   ctx.n_sms = n_sms_;
   ctx.input_norms_folded = weights_.input_norms_folded;
+  ctx.w4_group = weights_.w4_group;
   ctx.graphs_available = graphs_.available();
   return ctx;
 }

@@ -263,6 +263,7 @@ Result<CudaWeights> CudaWeights::upload(const Checkpoint& checkpoint, DType comp
         *out_w4 = plan.w4_weight(w.storage, *w4);
         w.max_w4_elements =
             std::max(w.max_w4_elements, static_cast<int64_t>(out_w4->n) * out_w4->k);
+        w.w4_group = out_w4->group;
       } else {
         *out = at(dense);
       }

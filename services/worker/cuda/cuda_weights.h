@@ -51,6 +51,7 @@ struct CudaWeights {
   // Elements of the largest 4-bit projection (n * k; 0 when none): the dequantizing path's
   // workspace holds that many of the compute dtype.
   int64_t max_w4_elements = 0;
+  int32_t w4_group = 0;  // input rows per group of the 4-bit projections (0: none)
 
   // Converts and uploads every weight of `checkpoint` (synchronously, at load time).
   static Result<CudaWeights> upload(const Checkpoint& checkpoint, DType compute_dtype,

@@ -5,6 +5,7 @@
 
 #include "kernels/attention_decode.h"
 #include "kernels/gemv.h"
+#include "kernels/linear_w4.h"
 #include "kernels/sampling.h"
 
 namespace litellama {
@@ -23,7 +24,8 @@ const char* qkv_path_name(QkvPath p) {
   return "?";
 }
 
-const char* via(bool gemv) {
+const char* via(bool gemv, bool w4) {
+  if (w4) return gemv ? "W4 GEMV" : "W4 dequantize -> GEMM";
   return gemv ? "GEMV" : "cuBLAS";
 }
 
@@ -39,9 +41,16 @@ ForwardPlan plan_forward(const StepPlan& step, int32_t n_top, const ForwardPlanC
   auto gemv_takes = [&](int32_t rows, int32_t k) {
     return rows <= o.gemv_max_tokens && gemv_supports(dt, dt, rows, k);
   };
-  p.gemv_layers =
-      gemv_takes(T, c.hidden_size) && gemv_takes(T, q_dim) && gemv_takes(T, c.intermediate_size);
-  if (p.gemv_layers) {
+  p.w4 = ctx.w4_group > 0;
+  p.gemv_layers = !p.w4 && gemv_takes(T, c.hidden_size) && gemv_takes(T, q_dim) &&
+                  gemv_takes(T, c.intermediate_size);
+  if (p.w4) {
+    // launch_w4_linear's choice, per projection (its k).
+    auto w4_takes = [&](int32_t k) { return w4_gemv_supports(dt, T, k, ctx.w4_group); };
+    p.qkv_gemv = p.gate_up_linear_gemv = w4_takes(c.hidden_size);
+    p.o_gemv = w4_takes(q_dim);
+    p.down_gemv = w4_takes(c.intermediate_size);
+  } else if (p.gemv_layers) {
     const bool rope_gemv = !c.qk_norm && gemv_rope_supports(c.head_dim);
     p.qkv = !rope_gemv               ? QkvPath::kLinearThenRope
             : ctx.input_norms_folded ? QkvPath::kFoldedNormGemvRope
@@ -91,7 +100,7 @@ std::string ForwardPlan::describe() const {
     s += fmt::format(
         "layers: GEMMs\n  qkv: add_rmsnorm -> {} -> qkv_rope\n  o: {} -> add_rmsnorm\n"
         "  gate/up: {} -> silu_mul\n  down: {}\n",
-        via(qkv_gemv), via(o_gemv), via(gate_up_linear_gemv), via(down_gemv));
+        via(qkv_gemv, w4), via(o_gemv, w4), via(gate_up_linear_gemv, w4), via(down_gemv, w4));
   }
   s += attention_cascade ? std::string(
                                "attention: decode with shared prefixes read once per group "

@@ -34,6 +34,10 @@ struct ForwardPlan {
   // On the cuBLAS layer path, which projections still take the GEMV (rows and width it
   // supports): the QKV, o, gate/up and down projections.
   bool qkv_gemv = false, o_gemv = false, gate_up_linear_gemv = false, down_gemv = false;
+  // 4-bit projections (ForwardPlanContext::w4_group > 0): the layers take the GEMM path, and
+  // the flags above say which projections the W4 GEMV takes (kernels/linear_w4.h); the others are
+  // dequantized into a workspace and multiplied by cuBLAS (the tiled kernel in float32).
+  bool w4 = false;
   // GEMV layer path: gate/up through gemv_silu_mul (else cuBLAS + silu_mul).
   bool gate_up_gemv = false;
   // The head gathers the sampled rows before the final norm (false when they are all the rows,
@@ -67,6 +71,7 @@ struct ForwardPlanContext {
   int32_t n_sms = 0;
   bool input_norms_folded = false;  // the weights have the input norms folded into W.qkv
   bool graphs_available = false;    // graphs on and no capture has failed
+  int32_t w4_group = 0;  // the layers' projections are 4-bit in groups of this many rows; 0: dense
 };
 
 ForwardPlan plan_forward(const StepPlan& step, int32_t n_top, const ForwardPlanContext& ctx);
