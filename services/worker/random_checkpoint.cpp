@@ -352,6 +352,11 @@ Status write_random_checkpoint(const std::string& dir, json config,
   }
   config["torch_dtype"] = dtype_torch_name(options.storage_dtype);
   if (options.int4_group > 0) {
+    // No GPTQ field keeps a vision tower dense (docs/quantization.md), so LLaVA stays unquantized.
+    if (config.value("model_type", "") == "llava") {
+      return make_error(StatusCode::kInvalidArgument,
+                        "4-bit random checkpoints are written for text models only");
+    }
     config["quantization_config"] = {{"quant_method", "gptq"},
                                      {"bits", 4},
                                      {"group_size", options.int4_group},
@@ -443,6 +448,9 @@ Status write_random_checkpoint(const std::string& dir, json config,
     total_bytes += n;
   }
   const size_t shard_target = (total_bytes + options.n_shards - 1) / options.n_shards;
+  // total_bytes above sizes the shards (4-bit projections are smaller than counted there); the
+  // index records what was written.
+  size_t written_bytes = 0;
   json weight_map = json::object();
   std::vector<SafetensorsTensor> shard;
   size_t shard_bytes = 0;
@@ -455,7 +463,10 @@ Status write_random_checkpoint(const std::string& dir, json config,
   };
   auto flush = [&]() -> Status {
     const std::string name = shard_name(shard_index);
-    for (const auto& t : shard) weight_map[t.name] = name;
+    for (const auto& t : shard) {
+      weight_map[t.name] = name;
+      written_bytes += t.data.size();
+    }
     LITELLAMA_RETURN_IF_ERROR(write_safetensors((fs::path(dir) / name).string(), shard));
     shard.clear();
     shard_bytes = 0;
@@ -484,7 +495,7 @@ Status write_random_checkpoint(const std::string& dir, json config,
   }
   if (!shard.empty() || shard_index < options.n_shards) LITELLAMA_RETURN_IF_ERROR(flush());
   if (options.n_shards > 1) {
-    json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
+    json index = {{"metadata", {{"total_size", written_bytes}}}, {"weight_map", weight_map}};
     std::ofstream out(fs::path(dir) / "model.safetensors.index.json");
     out << index.dump(2) << "\n";
   }

@@ -106,6 +106,20 @@ TEST(CheckpointTest, RandomInt4CheckpointLoadsAsGptq) {
   auto head = ckpt->tensor(ckpt->lm_head_name());
   ASSERT_TRUE(head.is_ok());
   EXPECT_EQ(head->dtype, DType::kBF16);
+
+  // Sharded, the index records the bytes written; LLaVA is refused (its tower must stay dense).
+  options.n_shards = 2;
+  ASSERT_TRUE(write_random_checkpoint(tmp.sub("sharded"), preset->config, options).is_ok());
+  auto sharded = Checkpoint::open(tmp.sub("sharded"));
+  ASSERT_TRUE(sharded.is_ok()) << sharded.status().to_string();
+  const auto shards = sharded->shard_bytes();
+  int64_t sum = 0;
+  for (int64_t b : shards) sum += b;
+  std::ifstream index(tmp.sub("sharded") + "/model.safetensors.index.json");
+  EXPECT_EQ(json::parse(index)["metadata"]["total_size"].get<int64_t>(), sum);
+  auto llava = find_random_checkpoint_preset("llava-tiny");
+  ASSERT_TRUE(llava.is_ok());
+  EXPECT_FALSE(write_random_checkpoint(tmp.sub("llava"), llava->config, options).is_ok());
 }
 
 TEST(CheckpointTest, ShardedCheckpointHoldsTheSameTensors) {
