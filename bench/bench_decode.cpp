@@ -79,7 +79,8 @@ double copy_bandwidth_gb_per_s(size_t bytes, int n_repeats) {
 
 // Bytes one decode step of `batch` sequences at mean kv_len `kv_len` must read. 4-bit projections
 // (quant.group_size > 0 of a 4-bit checkpoint) read half a byte per weight, a byte of zero point
-// and an elem_bytes scale per group.
+// and an elem_bytes scale per group; FP8 projections a byte per weight and a float32 scale per
+// output channel.
 double decode_bytes(const ModelConfig& c, size_t elem_bytes, int32_t batch, double kv_len) {
   const double H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
   const double e = static_cast<double>(elem_bytes);
@@ -88,7 +89,10 @@ double decode_bytes(const ModelConfig& c, size_t elem_bytes, int32_t batch, doub
   const double projections = H * (q_dim + 2 * kv_dim) + q_dim * H + 3 * H * I;
   const bool int4 = c.quant.method != QuantMethod::kNone && c.quant.bits == 4;
   const double group = int4 ? static_cast<double>(c.quant.group_rows(c.hidden_size)) : 1.0;
-  const double projection_bytes = int4 ? projections * (0.5 + (1.0 + e) / group) : projections * e;
+  const bool fp8 = c.quant.method == QuantMethod::kFp8;
+  const double projection_bytes = int4  ? projections * (0.5 + (1.0 + e) / group)
+                                  : fp8 ? projections + 4.0 * ((q_dim + 2 * kv_dim) + H + 2 * I + H)
+                                        : projections * e;
   const double weights = c.n_layers * (projection_bytes + 2 * H * e) + (H + V * H + batch * H) * e;
   const double kv = static_cast<double>(batch) * kv_len * c.n_layers * 2 * kv_dim * e;
   return weights + kv;
@@ -97,6 +101,7 @@ double decode_bytes(const ModelConfig& c, size_t elem_bytes, int32_t batch, doub
 struct Args {
   std::string preset;
   int32_t int4_group = 0;
+  bool fp8 = false;
   std::string dir;
   std::string batches = "1";
   int32_t context = 512;
@@ -215,6 +220,7 @@ int run(const Args& a) {
     RandomCheckpointOptions wo;
     wo.storage_dtype = DType::kBF16;
     wo.int4_group = a.int4_group;
+    wo.fp8 = a.fp8;
     const auto t0 = Clock::now();
     const Status written = write_random_checkpoint(a.dir, preset->config, wo);
     if (!written.is_ok()) {
@@ -492,6 +498,9 @@ int main(int argc, char** argv) {
                  "write the checkpoint's layer projections as 4-bit GPTQ in groups of this many "
                  "input rows (random codes; 0: bf16)")
       ->check(CLI::NonNegativeNumber);
+  app.add_flag("--fp8", a.fp8,
+               "write the checkpoint's layer projections as compressed-tensors FP8 (random e4m3 "
+               "codes, per-channel scales, activations per token)");
   app.add_option("--batches", a.batches, "decode batch sizes, comma-separated");
   app.add_option("--context", a.context, "prompt tokens per sequence before decoding");
   app.add_option("--warmup", a.n_warmup, "untimed decode steps");

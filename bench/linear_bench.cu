@@ -7,10 +7,12 @@
 // kernel (gemv_impl.cuh) is timed too, to choose gemv.cu's policy, with k cut into 2, 4 and 8
 // segments for the shapes of few tiles. With --w4, the 4-bit GEMV (linear_w4_impl.cuh) instead,
 // in each warps-per-block and ring-depth configuration, on the Llama-3.1-8B and -3.2-1B
-// projections in groups of 128, beside a plain read of the same bytes.
+// projections in groups of 128, beside a plain read of the same bytes. With --fp8, the FP8 path
+// on the same projections: for m <= 16 the GEMV (linear_fp8_impl.cuh) in each configuration beside
+// a plain read; for larger m the per-token quantizer + cuBLASLt FP8 GEMM beside cuBLAS in bf16.
 //
-// Usage: litellama-linear-bench [--m 1] [--reps 20] [--sweep 1] [--w4 1]   (one JSON object per
-// line)
+// Usage: litellama-linear-bench [--m 1] [--reps 20] [--sweep 1] [--w4 1] [--fp8 1]   (one JSON
+// object per line)
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -30,6 +32,8 @@
 #include "kernels/kernel_common.cuh"
 #include "kernels/launch.h"
 #include "kernels/linear.h"
+#include "kernels/linear_fp8.h"
+#include "kernels/linear_fp8_impl.cuh"
 #include "kernels/linear_w4.h"
 #include "kernels/linear_w4_impl.cuh"
 
@@ -134,20 +138,101 @@ using W4Configs =
                W4Cfg<8, 1, 1, 1>, W4Cfg<8, 2, 1, 1>, W4Cfg<8, 1, 1, 2>, W4Cfg<8, 2, 1, 2>,
                W4Cfg<16, 1, 1, 1>, W4Cfg<16, 2, 1, 1>, W4Cfg<16, 1, 1, 2>>;
 
+struct QuantShape {
+  const char* name;
+  int32_t n, k;
+};
+const QuantShape kQuantShapes[] = {{"8b.qkv", 6144, 4096},      {"8b.o", 4096, 4096},
+                                   {"8b.gate_up", 28672, 4096}, {"8b.down", 4096, 14336},
+                                   {"1b.qkv", 3072, 2048},      {"1b.gate_up", 16384, 2048},
+                                   {"1b.down", 2048, 8192}};
+
+// (warps per block, ring depth with one / two blocks of tokens, column tiles per block)
+using Fp8Configs = std::tuple<W4Cfg<4, 1, 1, 1>, W4Cfg<4, 2, 1, 1>, W4Cfg<8, 1, 1, 1>,
+                              W4Cfg<8, 2, 1, 1>, W4Cfg<8, 1, 1, 2>, W4Cfg<8, 2, 2, 2>,
+                              W4Cfg<16, 1, 1, 1>, W4Cfg<16, 2, 1, 1>, W4Cfg<16, 1, 1, 2>>;
+
+// The FP8 path on each projection shape (codes of zeros: the kernels' time does not depend on the
+// values). x and y hold m rows of the widest shape; xq / x_scales the quantizer's output.
+void run_fp8(int m, int reps, cudaStream_t stream, char* pool, size_t pool_bytes, void* x, void* y,
+             uint32_t* sink, cublasHandle_t blas) {
+  auto gemm = Fp8Gemm::create();
+  CHECK_OK(gemm.status());
+  void* lt_ws = nullptr;
+  constexpr size_t kLtWorkspace = size_t{32} << 20;
+  CHECK(cudaMalloc(&lt_ws, kLtWorkspace));
+  uint8_t* xq = nullptr;
+  float* x_scales = nullptr;
+  CHECK(cudaMalloc(&xq, static_cast<size_t>(m) * 16384));
+  CHECK(cudaMalloc(&x_scales, static_cast<size_t>(m) * sizeof(float)));
+  for (const QuantShape& s : kQuantShapes) {
+    const size_t codes = static_cast<size_t>(s.n) * s.k;
+    const size_t bytes = codes + static_cast<size_t>(s.n) * 4;
+    const size_t stride = (bytes + 255) / 256 * 256;
+    const int copies = static_cast<int>(std::min<size_t>(64, pool_bytes / stride));
+    const int launches = std::max(copies, 8);
+    auto weight = [&](int i) {
+      char* base = pool + static_cast<size_t>(i % copies) * stride;
+      return Fp8Weight{reinterpret_cast<const uint8_t*>(base),
+                       reinterpret_cast<const float*>(base + codes), s.n, s.k};
+    };
+    KernelStream ks(stream, true);
+    auto report = [&](const std::string& name, float us) {
+      const double flops = 2.0 * m * s.n * s.k;
+      std::printf(
+          "{\"shape\": \"fp8.%s\", \"m\": %d, \"variant\": \"%s\", \"us\": %.2f, \"mb\": "
+          "%.1f, \"gb_per_s\": %.0f, \"tflops\": %.1f}\n",
+          s.name, m, name.c_str(), us, bytes / 1e6, bytes / (us * 1e-6) / 1e9,
+          flops / (us * 1e-6) / 1e12);
+      std::fflush(stdout);
+    };
+    if (m > kFp8GemvMaxRows) {
+      // bf16 reference: the same shape's dense weights (half the copies fit the pool).
+      const size_t dense = codes * 2;
+      const int dense_copies = static_cast<int>(std::min<size_t>(64, pool_bytes / dense));
+      report("cublas.bf16", time_graph(stream, std::max(dense_copies, 8), reps, [&](int i) {
+               CHECK_OK(launch_linear(y, x, pool + static_cast<size_t>(i % dense_copies) * dense, m,
+                                      s.n, s.k, DType::kBF16, DType::kBF16, blas, stream));
+             }));
+      report("quantize", time_graph(stream, launches, reps, [&](int) {
+               CHECK_OK(launch_fp8_quantize_rows(xq, x_scales, x, m, s.k, DType::kBF16, ks));
+             }));
+      report("quantize+lt.fp8", time_graph(stream, launches, reps, [&](int i) {
+               CHECK_OK(launch_fp8_quantize_rows(xq, x_scales, x, m, s.k, DType::kBF16, ks));
+               CHECK_OK((*gemm)->run(y, xq, x_scales, weight(i), m, DType::kBF16, lt_ws,
+                                     kLtWorkspace, ks));
+             }));
+      std::printf("{\"shape\": \"fp8.%s\", \"m\": %d, \"lt_fallback\": %s}\n", s.name, m,
+                  (*gemm)->used_fallback() ? "true" : "false");
+      continue;
+    }
+    report("read+pdl", time_graph(stream, launches, reps, [&](int i) {
+             CHECK(launch_kernel(stream_read_kernel, dim3(132 * 8), dim3(256), 0, ks,
+                                 reinterpret_cast<const uint4*>(weight(i).codes),
+                                 static_cast<int64_t>(bytes / 16), sink));
+           }));
+    auto try_config = [&](auto cfg) {
+      using C = decltype(cfg);
+      report("w" + std::to_string(C::kWarps) + ".d" + std::to_string(C::kDepth1) + "." +
+                 std::to_string(C::kDepth2) + ".t" + std::to_string(C::kTiles),
+             time_graph(stream, launches, reps, [&](int i) {
+               CHECK((fp8_detail::launch_gemv<__nv_bfloat16, C::kWarps, C::kDepth1, C::kDepth2,
+                                              C::kTiles>(y, x, weight(i), m, ks)));
+             }));
+    };
+    std::apply([&](auto... c) { (try_config(c), ...); }, Fp8Configs{});
+  }
+  CHECK(cudaFree(lt_ws));
+  CHECK(cudaFree(xq));
+  CHECK(cudaFree(x_scales));
+}
+
 // The 4-bit GEMV's configurations on each projection shape (weights of zeros: the kernel's time
 // does not depend on the values).
 void run_w4(int m, int reps, cudaStream_t stream, char* pool, size_t pool_bytes, void* x, void* y,
             uint32_t* sink) {
-  struct W4Shape {
-    const char* name;
-    int32_t n, k;
-  };
-  const W4Shape shapes[] = {{"8b.qkv", 6144, 4096},      {"8b.o", 4096, 4096},
-                            {"8b.gate_up", 28672, 4096}, {"8b.down", 4096, 14336},
-                            {"1b.qkv", 3072, 2048},      {"1b.gate_up", 16384, 2048},
-                            {"1b.down", 2048, 8192}};
   constexpr int32_t kGroup = 128;
-  for (const W4Shape& s : shapes) {
+  for (const QuantShape& s : kQuantShapes) {
     const size_t codes = static_cast<size_t>(s.n) * s.k / 2;
     const size_t groups = static_cast<size_t>(s.n) * (s.k / kGroup);
     const size_t bytes = codes + groups * 3;  // codes, zero points, bf16 scales
@@ -193,12 +278,13 @@ void run_w4(int m, int reps, cudaStream_t stream, char* pool, size_t pool_bytes,
 
 int run(int argc, char** argv) {
   int m = 1, reps = 20;
-  bool sweep = false, w4 = false;
+  bool sweep = false, w4 = false, fp8 = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--m") == 0) m = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--reps") == 0) reps = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--sweep") == 0) sweep = std::atoi(argv[i + 1]) != 0;
     if (std::strcmp(argv[i], "--w4") == 0) w4 = std::atoi(argv[i + 1]) != 0;
+    if (std::strcmp(argv[i], "--fp8") == 0) fp8 = std::atoi(argv[i + 1]) != 0;
   }
   const Shape shapes[] = {
       {"1b.qkv", 3072, 2048, false},         {"1b.o", 2048, 2048, false},
@@ -216,15 +302,20 @@ int run(int argc, char** argv) {
   void* x = nullptr;
   void* y = nullptr;
   uint32_t* sink = nullptr;
-  constexpr size_t kMaxRows = std::max(kGemvMaxRows, kW4GemvMaxRows);
-  CHECK(cudaMalloc(&x, kMaxRows * 16384 * 2));
-  CHECK(cudaMemset(x, 0, kMaxRows * 16384 * 2));
-  CHECK(cudaMalloc(&y, size_t{kGemvMaxRows} * 128256 * 4));
+  const size_t max_rows = std::max<size_t>({kGemvMaxRows, kW4GemvMaxRows, static_cast<size_t>(m)});
+  CHECK(cudaMalloc(&x, max_rows * 16384 * 2));
+  CHECK(cudaMemset(x, 0, max_rows * 16384 * 2));
+  CHECK(cudaMalloc(&y, std::max<size_t>(size_t{kGemvMaxRows} * 128256 * 4, max_rows * 28672 * 2)));
   CHECK(cudaMalloc(&sink, 4));
   constexpr size_t kPoolBytes = size_t{3} << 30;  // far past L2
   char* pool = nullptr;
   CHECK(cudaMalloc(&pool, kPoolBytes));
   CHECK(cudaMemset(pool, 0, kPoolBytes));
+  if (fp8) {
+    run_fp8(m, reps, stream, pool, kPoolBytes, x, y, sink, blas);
+    CHECK(cudaFree(pool));
+    return 0;
+  }
   if (w4) {
     run_w4(m, reps, stream, pool, kPoolBytes, x, y, sink);
     CHECK(cudaFree(pool));

@@ -10,14 +10,20 @@
 #include "kernels/cuda_check.h"
 #include "kernels/kernel_common.cuh"
 #include "kernels/launch.h"
+#if !LITELLAMA_PORTABLE_KERNELS
+#include "kernels/fp8_common.cuh"
+#endif
 
 namespace litellama {
 namespace {
 
-template <typename T, int N>
+// With kFp8 (N == 8), pass 2 hands the normalized values to quantize_row_e4m3 (q, q_scales)
+// instead of storing them in `normed`.
+template <typename T, int N, bool kFp8 = false>
 __global__ void add_rmsnorm_kernel(T* __restrict__ normed, T* __restrict__ residual,
                                    const T* __restrict__ delta, const float* __restrict__ weight,
-                                   int hidden, float eps, bool dependents_after_input) {
+                                   int hidden, float eps, bool dependents_after_input,
+                                   uint8_t* __restrict__ q, float* __restrict__ q_scales) {
   LITELLAMA_TRACE_START();
   // The thread's first vector of the norm's weights before the wait (weights: no kernel writes
   // them), so that the normalizing pass does not wait for them after the sum.
@@ -53,6 +59,22 @@ __global__ void add_rmsnorm_kernel(T* __restrict__ normed, T* __restrict__ resid
   const float total = block_sum(sum_sq, scratch);
   // Correctly rounded 1 / sqrt, as the CPU backend computes it.
   const float inv_rms = __frcp_rn(__fsqrt_rn(total / static_cast<float>(hidden) + eps));
+#if !LITELLAMA_PORTABLE_KERNELS
+  if constexpr (kFp8) {
+    static_assert(N == 8, "quantize_row_e4m3 takes vectors of 8");
+    quantize_row_e4m3(q + row * hidden, q_scales + row, hidden, scratch, [&](int i, float(&v)[8]) {
+      const bool is_first = i == first;
+      const Vec<T, N> r = is_first ? r_first : load_vec<T, N>(res + i);
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const float w = is_first ? w_first[j] : weight[i + j];
+        v[j] = to_float(from_float<T>(to_float(r.v[j]) * inv_rms * w));
+      }
+    });
+    LITELLAMA_TRACE_END(BlockTraceKernel::kAddRmsNorm, 0);
+    return;
+  }
+#endif
   T* out = normed + row * hidden;
   for (int i = first; i < hidden; i += blockDim.x * N) {
     const bool is_first = i == first;
@@ -79,16 +101,40 @@ Status launch_typed(void* normed, void* residual, const void* delta, const float
   if (n == 1) {
     LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(add_rmsnorm_kernel<T, 1>, dim3(n_rows),
                                                  dim3(threads), 0, stream, out, res, del, weight,
-                                                 hidden, eps, after));
+                                                 hidden, eps, after, nullptr, nullptr));
   } else {
-    LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(add_rmsnorm_kernel<T, 16 / sizeof(T)>,
-                                                 dim3(n_rows), dim3(threads), 0, stream, out, res,
-                                                 del, weight, hidden, eps, after));
+    LITELLAMA_CUDA_RETURN_IF_ERROR(
+        launch_kernel(add_rmsnorm_kernel<T, 16 / sizeof(T)>, dim3(n_rows), dim3(threads), 0, stream,
+                      out, res, del, weight, hidden, eps, after, nullptr, nullptr));
   }
   return Status::ok();
 }
 
 }  // namespace
+
+Status launch_add_rmsnorm_fp8(uint8_t* q, float* scales, void* residual, const void* delta,
+                              const float* weight, int32_t n_rows, int32_t hidden, float eps,
+                              DType dtype, KernelStream stream) {
+  if (n_rows == 0) return Status::ok();
+  if (hidden % 8 != 0 || (dtype != DType::kBF16 && dtype != DType::kF16)) {
+    return make_error(StatusCode::kInvalidArgument, "add_rmsnorm_fp8: hidden {} dtype {}", hidden,
+                      dtype_torch_name(dtype));
+  }
+#if LITELLAMA_PORTABLE_KERNELS
+  (void)q, (void)scales, (void)residual, (void)delta, (void)weight, (void)eps, (void)stream;
+  return make_error(StatusCode::kUnsupported, "add_rmsnorm_fp8: not in portable builds");
+#else
+  return dispatch_float_dtype(dtype, "add_rmsnorm_fp8", [&](auto type) -> Status {
+    using T = typename decltype(type)::type;
+    const int threads = std::min(1024, std::max(32, (hidden / 8 + 31) / 32 * 32));
+    LITELLAMA_CUDA_RETURN_IF_ERROR(
+        launch_kernel(add_rmsnorm_kernel<T, 8, true>, dim3(n_rows), dim3(threads), 0, stream,
+                      static_cast<T*>(nullptr), static_cast<T*>(residual),
+                      static_cast<const T*>(delta), weight, hidden, eps, false, q, scales));
+    return Status::ok();
+  });
+#endif
+}
 
 bool add_rmsnorm_supports(DType dtype) {
   return is_float_compute_dtype(dtype);

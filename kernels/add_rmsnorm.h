@@ -29,4 +29,16 @@ Status launch_add_rmsnorm(void* normed,         // [n_rows, hidden] out
                           int32_t n_rows, int32_t hidden, float eps, DType dtype,
                           KernelStream stream, bool dependents_after_input = false);
 
+// The same with the normalized rows quantized to e4m3 per row instead of stored (the input of an
+// FP8 GEMM, kernels/linear_fp8.h): q and scales are exactly launch_fp8_quantize_rows of the
+// `normed` that launch_add_rmsnorm would store. bf16 / fp16, hidden a multiple of 8; CUDA builds
+// only (kUnsupported in portable builds).
+Status launch_add_rmsnorm_fp8(uint8_t* q,           // [n_rows, hidden] e4m3 out
+                              float* scales,        // [n_rows] out
+                              void* residual,       // [n_rows, hidden] in/out
+                              const void* delta,    // [n_rows, hidden] or nullptr
+                              const float* weight,  // [hidden]
+                              int32_t n_rows, int32_t hidden, float eps, DType dtype,
+                              KernelStream stream);
+
 }  // namespace litellama

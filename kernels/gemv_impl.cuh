@@ -154,14 +154,6 @@ __device__ __forceinline__ float sum_squares(const uint4& v) {
   return s;
 }
 
-__device__ __forceinline__ uint4 load_weights(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
 // Chunk `chunk` of this lane's rows of a unit (kVecs 16-byte vectors of rows g and g + 8 of each
 // tile) into dst; a null row (past n) reads nothing and holds zeros.
 template <typename T, int kTiles, int kVecs>
@@ -174,9 +166,10 @@ __device__ __forceinline__ void load_unit_chunk(uint4 (&dst)[kTiles][2][kVecs],
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
       for (int v = 0; v < kVecs; ++v) {
-        dst[r][h][v] = rows[r][h] != nullptr
-                           ? load_weights(rows[r][h] + static_cast<int64_t>(chunk) * kChunk + 8 * v)
-                           : make_uint4(0, 0, 0, 0);
+        dst[r][h][v] =
+            rows[r][h] != nullptr
+                ? load_streamed_16(rows[r][h] + static_cast<int64_t>(chunk) * kChunk + 8 * v)
+                : make_uint4(0, 0, 0, 0);
       }
     }
   }

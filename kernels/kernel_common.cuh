@@ -5,6 +5,7 @@
 // bit-identical keeps the helper it uses.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -160,6 +161,19 @@ __device__ __forceinline__ float block_sum(float x, float* scratch) {
   const int n_warps = blockDim.x >> 5;
   float total = lane < n_warps ? scratch[lane] : 0.0f;
   return warp_sum(total);
+}
+
+// Largest value over the block (blockDim.x a multiple of 32, at most 1024); `scratch` holds 32
+// floats. Every thread gets it.
+__device__ __forceinline__ float block_max(float x, float* scratch) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  x = warp_max(x);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = x;
+  __syncthreads();
+  const int n_warps = blockDim.x >> 5;
+  return warp_max(lane < n_warps ? scratch[lane] : -INFINITY);
 }
 
 // The compute dtypes every kernel of this directory takes.

@@ -27,14 +27,6 @@ namespace litellama::w4_detail {
 // ring of kDepth slices' weights in registers, refilled as each is used (the first kDepth loaded
 // before the kernel waits for its input: programmatic dependent launch), and x one slice ahead.
 // Partial sums meet in shared memory.
-__device__ __forceinline__ uint4 load_streamed(const uint32_t* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
 template <typename T>
 struct Pair;
 template <>
@@ -65,12 +57,6 @@ __device__ __forceinline__ uint32_t dequant_pair(uint32_t word, int i,
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-// What a lane reads of one slice besides x: the 16-byte vectors of its two columns and their
-// group's zero point (plus the magic offset) and scale, as pairs.
 // What a lane reads of one slice besides x, for each of its kTiles tiles: the 16-byte vectors of
 // its two columns and their group's zero point (plus the magic offset) and scale, as pairs.
 template <typename T, int kTiles>
@@ -118,7 +104,7 @@ __global__ void __launch_bounds__(32 * kWarps)
           dst.offset_zero[r][h] = dst.scale[r][h] = P::splat(0.0f);
           continue;
         }
-        dst.codes[r][h] = load_streamed(w_col[r][h] + slice * 16);
+        dst.codes[r][h] = load_streamed_16(w_col[r][h] + slice * 16);
         dst.offset_zero[r][h] = P::splat(P::kOffset + static_cast<float>(z_col[r][h][gi]));
         dst.scale[r][h] = P::splat(to_float(s_col[r][h][gi]));
       }

@@ -62,6 +62,21 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
   }
 }
 
+// A 16-byte load of weights that are read once per kernel: through the non-coherent path, not
+// kept in L1 (the GEMV kernels' weight streams).
+__device__ __forceinline__ uint4 load_streamed_16(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// Word i (0..3) of a 16-byte vector.
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
 // Two floats as one 32-bit register of two T (lo = first element).
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {

@@ -253,6 +253,15 @@ Result<Int4Linear> Checkpoint::int4_linear(const std::string& weight_name) const
                             [this](const std::string& name) { return tensor(name); });
 }
 
+Result<Fp8Linear> Checkpoint::fp8_linear(const std::string& weight_name) const {
+  LITELLAMA_ASSIGN_OR_RETURN(auto shape, linear_shape(weight_name));
+  if (!is_quantized(weight_name)) {
+    return make_error(StatusCode::kInvalidArgument, "'{}' is stored dense", weight_name);
+  }
+  return fp8_linear_parts(config_.quant, module_of(weight_name), shape.first, shape.second,
+                          [this](const std::string& name) { return tensor(name); });
+}
+
 size_t Checkpoint::size_bytes() const {
   size_t total = 0;
   for (const auto& [name, view] : tensors_) total += view.size_bytes;

@@ -56,6 +56,8 @@ class Checkpoint {
   // That module's 4-bit codes, zero points and scales (AWQ, or 4-bit GPTQ without act-order;
   // kUnsupported otherwise), for backends that keep the weights quantized.
   Result<Int4Linear> int4_linear(const std::string& weight_name) const;
+  // That module's e4m3 codes and per-column scales (FP8 checkpoints; kUnsupported otherwise).
+  Result<Fp8Linear> fp8_linear(const std::string& weight_name) const;
   // [out_features, in_features] of a layer projection named as in LayerTensorNames.
   Result<std::pair<int64_t, int64_t>> linear_shape(const std::string& weight_name) const;
 

@@ -261,47 +261,6 @@ Result<std::vector<SafetensorsTensor>> awq_pack(const std::string& module,
   return out;
 }
 
-json quantization_config(const QuantizeOptions& options, const ModelConfig& model) {
-  if (options.method == QuantizeMethod::kGptqRtn) {
-    return {{"quant_method", "gptq"},
-            {"bits", 4},
-            {"group_size", options.group_size},
-            {"sym", false},
-            {"desc_act", false},
-            {"static_groups", false},
-            {"lm_head", false},
-            {"checkpoint_format", "gptq"},
-            {"damp_percent", 0.01},  // unused by round to nearest; readers require (0, 1)
-            {"true_sequential", true}};
-  }
-  // Only the text model's layers are quantized: a LLaVA checkpoint's vision tower and projector
-  // stay dense, and readers must be told.
-  const json not_converted = model.arch == Architecture::kLlava
-                                 ? json{"vision_tower", "multi_modal_projector"}
-                                 : json(nullptr);
-  if (options.method == QuantizeMethod::kAwq) {
-    return {
-        {"quant_method", "awq"}, {"bits", 4},         {"group_size", options.group_size},
-        {"zero_point", true},    {"version", "gemm"}, {"modules_to_not_convert", not_converted}};
-  }
-  const char* type = options.method == QuantizeMethod::kW8a8 ? "int" : "float";
-  json weights = {{"num_bits", 8},     {"type", type},     {"strategy", "channel"},
-                  {"symmetric", true}, {"dynamic", false}, {"group_size", nullptr}};
-  json inputs = {{"num_bits", 8},     {"type", type},    {"strategy", "token"},
-                 {"symmetric", true}, {"dynamic", true}, {"group_size", nullptr}};
-  return {{"quant_method", "compressed-tensors"},
-          {"format", options.method == QuantizeMethod::kW8a8 ? "int-quantized" : "float-quantized"},
-          {"quantization_status", "compressed"},
-          {"config_groups",
-           {{"group_0",
-             {{"targets", {"Linear"}},
-              {"weights", weights},
-              {"input_activations", inputs},
-              {"output_activations", nullptr}}}}},
-          {"ignore", {"lm_head", "re:.*vision_tower.*", "re:.*multi_modal_projector.*"}},
-          {"kv_cache_scheme", nullptr}};
-}
-
 // Collects tensors into shards and writes them, with an index when there is more than one.
 class ShardWriter {
  public:
@@ -362,6 +321,47 @@ class ShardWriter {
 };
 
 }  // namespace
+
+json quantization_config(const QuantizeOptions& options, const ModelConfig& model) {
+  if (options.method == QuantizeMethod::kGptqRtn) {
+    return {{"quant_method", "gptq"},
+            {"bits", 4},
+            {"group_size", options.group_size},
+            {"sym", false},
+            {"desc_act", false},
+            {"static_groups", false},
+            {"lm_head", false},
+            {"checkpoint_format", "gptq"},
+            {"damp_percent", 0.01},  // unused by round to nearest; readers require (0, 1)
+            {"true_sequential", true}};
+  }
+  // Only the text model's layers are quantized: a LLaVA checkpoint's vision tower and projector
+  // stay dense, and readers must be told.
+  const json not_converted = model.arch == Architecture::kLlava
+                                 ? json{"vision_tower", "multi_modal_projector"}
+                                 : json(nullptr);
+  if (options.method == QuantizeMethod::kAwq) {
+    return {
+        {"quant_method", "awq"}, {"bits", 4},         {"group_size", options.group_size},
+        {"zero_point", true},    {"version", "gemm"}, {"modules_to_not_convert", not_converted}};
+  }
+  const char* type = options.method == QuantizeMethod::kW8a8 ? "int" : "float";
+  json weights = {{"num_bits", 8},     {"type", type},     {"strategy", "channel"},
+                  {"symmetric", true}, {"dynamic", false}, {"group_size", nullptr}};
+  json inputs = {{"num_bits", 8},     {"type", type},    {"strategy", "token"},
+                 {"symmetric", true}, {"dynamic", true}, {"group_size", nullptr}};
+  return {{"quant_method", "compressed-tensors"},
+          {"format", options.method == QuantizeMethod::kW8a8 ? "int-quantized" : "float-quantized"},
+          {"quantization_status", "compressed"},
+          {"config_groups",
+           {{"group_0",
+             {{"targets", {"Linear"}},
+              {"weights", weights},
+              {"input_activations", inputs},
+              {"output_activations", nullptr}}}}},
+          {"ignore", {"lm_head", "re:.*vision_tower.*", "re:.*multi_modal_projector.*"}},
+          {"kv_cache_scheme", nullptr}};
+}
 
 namespace {
 

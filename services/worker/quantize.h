@@ -22,7 +22,10 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "common/status.h"
+#include "services/worker/model_config.h"
 
 namespace litellama {
 
@@ -44,6 +47,9 @@ struct QuantizeReport {
   int64_t bytes_out = 0;       // of all tensors as written
   double max_abs_error = 0.0;  // largest |dequantized - original| over quantized weights
 };
+
+// The quantization_config that a checkpoint quantized with `options` declares (config.json).
+nlohmann::json quantization_config(const QuantizeOptions& options, const ModelConfig& model);
 
 // Reads the checkpoint in `in_dir` (unquantized), writes the quantized one to `out_dir` (created;
 // must not hold a checkpoint already). Other files of in_dir (tokenizer, generation config, chat

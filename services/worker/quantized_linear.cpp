@@ -226,4 +226,30 @@ Result<Int4Linear> unpack_int4_linear(const QuantConfig& config, const std::stri
   return out;
 }
 
+Result<Fp8Linear> fp8_linear_parts(const QuantConfig& config, const std::string& module, int64_t n,
+                                   int64_t k, const TensorLookup& lookup) {
+  if (config.method != QuantMethod::kFp8) {
+    return make_error(StatusCode::kUnsupported, "{}: {} is not an FP8 layout", module,
+                      quant_method_name(config.method));
+  }
+  Fp8Linear out;
+  out.n = n;
+  out.k = k;
+  LITELLAMA_ASSIGN_OR_RETURN(out.codes, lookup(module + ".weight"));
+  LITELLAMA_ASSIGN_OR_RETURN(TensorView scale_t, lookup(module + ".weight_scale"));
+  if (out.codes.dtype != DType::kF8E4M3 || out.codes.shape != std::vector<int64_t>{n, k}) {
+    return make_error(StatusCode::kInvalidArgument, "{}.weight: expected float8_e4m3fn [{}, {}]",
+                      module, n, k);
+  }
+  const std::vector<float> scale = scale_t.to_f32();
+  const bool per_row = config.weight_scale == ScaleStrategy::kChannel;
+  if (scale.size() != static_cast<size_t>(per_row ? n : 1)) {
+    return make_error(StatusCode::kInvalidArgument, "{}.weight_scale: {} values for {} columns",
+                      module, scale.size(), n);
+  }
+  out.scales.resize(static_cast<size_t>(n));
+  for (int64_t c = 0; c < n; ++c) out.scales[static_cast<size_t>(c)] = scale[per_row ? c : 0];
+  return out;
+}
+
 }  // namespace litellama

@@ -59,6 +59,20 @@ struct Int4Linear {
 Result<Int4Linear> unpack_int4_linear(const QuantConfig& config, const std::string& module,
                                       int64_t n, int64_t k, const TensorLookup& lookup);
 
+// An FP8 module as backends that keep it 8-bit take it: the e4m3 codes as stored ([n, k], the
+// checkpoint's tensor) and the weight scale of each output column as float32 (a per-tensor scale
+// repeated), so that W[col, row] = e4m3(codes[col, row]) * scales[col].
+struct Fp8Linear {
+  int64_t n = 0;
+  int64_t k = 0;
+  TensorView codes;
+  std::vector<float> scales;  // [n]
+};
+
+// `module` of an FP8 checkpoint as Fp8Linear; kUnsupported for other layouts.
+Result<Fp8Linear> fp8_linear_parts(const QuantConfig& config, const std::string& module, int64_t n,
+                                   int64_t k, const TensorLookup& lookup);
+
 // AutoAWQ's GEMM packing puts output column 8w + j of a row in nibble kAwqNibbleOf[j] of packed
 // word w (the packer's order is 0, 2, 4, 6, 1, 3, 5, 7: nibble i holds column kAwqOrder[i]).
 inline constexpr int kAwqOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};

@@ -8,6 +8,7 @@
 #include "common/splitmix64.h"
 #include "services/worker/llava_config.h"
 #include "services/worker/model_config.h"
+#include "services/worker/quantize.h"
 #include "services/worker/safetensors.h"
 
 namespace litellama {
@@ -314,6 +315,33 @@ std::vector<SafetensorsTensor> int4_projection(uint64_t seed, const std::string&
   return out;
 }
 
+// `weight_name` ([n, k]) as FP8 tensors: random e4m3 codes (the NaN codes 0x7f / 0xff replaced by
+// the largest finite ones) and float32 scales half_width / 448 per output channel.
+std::vector<SafetensorsTensor> fp8_projection(uint64_t seed, const std::string& weight_name,
+                                              const std::vector<int64_t>& shape) {
+  const std::string module = weight_name.substr(0, weight_name.size() - 7);  // less ".weight"
+  const int64_t n = shape[0], k = shape[1];
+  const TensorInit init = init_for(weight_name, shape);
+  std::vector<SafetensorsTensor> out(2);
+  out[0] = {{weight_name, DType::kF8E4M3, {n, k}}, {}};
+  out[0].data.resize(static_cast<size_t>(n * k));
+  const uint64_t key = tensor_key(seed, weight_name);
+  const auto n_words = static_cast<int64_t>(out[0].data.size() / 8);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n_words; ++i) {
+    uint64_t word = splitmix64(key + static_cast<uint64_t>(i));
+    for (int b = 0; b < 8; ++b) {
+      if (((word >> (8 * b)) & 0x7f) == 0x7f) word ^= uint64_t{1} << (8 * b);  // 0x7e / 0xfe
+    }
+    std::memcpy(out[0].data.data() + i * 8, &word, 8);
+  }
+  out[1] = {{module + ".weight_scale", DType::kF32, {n, 1}}, {}};
+  const std::vector<float> scales(static_cast<size_t>(n), init.half_width / 448.0f);
+  out[1].data.resize(scales.size() * sizeof(float));
+  std::memcpy(out[1].data.data(), scales.data(), out[1].data.size());
+  return out;
+}
+
 bool is_layer_projection(const std::string& name) {
   return name.find(".layers.") != std::string::npos && name.size() > 12 &&
          name.compare(name.size() - 12, 12, "_proj.weight") == 0;
@@ -351,12 +379,21 @@ Status write_random_checkpoint(const std::string& dir, json config,
     return make_error(StatusCode::kInvalidArgument, "n_shards must be at least 1");
   }
   config["torch_dtype"] = dtype_torch_name(options.storage_dtype);
-  if (options.int4_group > 0) {
+  if (options.int4_group > 0 && options.fp8) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "a random checkpoint is 4-bit or FP8, not both");
+  }
+  if ((options.int4_group > 0 || options.fp8) && config.value("model_type", "") == "llava") {
     // No GPTQ field keeps a vision tower dense (docs/quantization.md), so LLaVA stays unquantized.
-    if (config.value("model_type", "") == "llava") {
-      return make_error(StatusCode::kInvalidArgument,
-                        "4-bit random checkpoints are written for text models only");
-    }
+    return make_error(StatusCode::kInvalidArgument,
+                      "quantized random checkpoints are written for text models only");
+  }
+  if (options.fp8) {
+    QuantizeOptions fp8;
+    fp8.method = QuantizeMethod::kFp8;
+    config["quantization_config"] = quantization_config(fp8, ModelConfig{});
+  }
+  if (options.int4_group > 0) {
     config["quantization_config"] = {{"quant_method", "gptq"},
                                      {"bits", 4},
                                      {"group_size", options.int4_group},
@@ -475,8 +512,10 @@ Status write_random_checkpoint(const std::string& dir, json config,
   };
   for (size_t i = 0; i < specs.size(); ++i) {
     const auto& [name, shape] = specs[i];
-    if (options.int4_group > 0 && is_layer_projection(name)) {
-      for (SafetensorsTensor& t : int4_projection(options.seed, name, shape, options.int4_group)) {
+    if ((options.int4_group > 0 || options.fp8) && is_layer_projection(name)) {
+      for (SafetensorsTensor& t :
+           options.fp8 ? fp8_projection(options.seed, name, shape)
+                       : int4_projection(options.seed, name, shape, options.int4_group)) {
         shard_bytes += t.data.size();
         shard.push_back(std::move(t));
       }

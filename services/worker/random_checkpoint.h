@@ -35,6 +35,10 @@ struct RandomCheckpointOptions {
   // rows (random codes, one scale per group that spans the dense initializer's range), for
   // benchmarks of the 4-bit kernels; embeddings, norms and the LM head stay dense.
   int32_t int4_group = 0;
+  // The decoder layers' projections as compressed-tensors FP8 (random e4m3 codes, one scale per
+  // output channel that maps the largest code onto the dense initializer's range, activations
+  // quantized per token), for benchmarks of the FP8 kernels. Excludes int4_group.
+  bool fp8 = false;
 };
 
 // Writes config.json and the safetensors file(s) for `config` into `dir` (created if missing).

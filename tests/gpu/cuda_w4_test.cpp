@@ -279,20 +279,5 @@ TEST(CudaW4, QuantizedCheckpointsMatchTheCpuRunner) {
   }
 }
 
-TEST(CudaW4, RefusesWhatItDoesNotRunNamingTheFormat) {
-  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
-  QuantizedModels models;
-  LITELLAMA_ASSERT_OK(write_quantized_models(models));
-  QuantizeOptions q;
-  q.method = QuantizeMethod::kFp8;
-  LITELLAMA_ASSERT_OK(quantize_checkpoint(models.dense(), models.quantized("fp8"), q).status());
-  auto ckpt = Checkpoint::open(models.quantized("fp8"));
-  LITELLAMA_ASSERT_OK(ckpt.status());
-  auto cuda = create_cuda_model_runner(*ckpt, runner_options(Device::kCuda, DType::kBF16));
-  ASSERT_FALSE(cuda.is_ok());
-  EXPECT_EQ(cuda.status().code(), StatusCode::kUnsupported);
-  EXPECT_NE(cuda.status().message().find("fp8"), std::string::npos) << cuda.status().to_string();
-}
-
 }  // namespace
 }  // namespace litellama

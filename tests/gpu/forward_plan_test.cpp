@@ -159,6 +159,33 @@ TEST(ForwardPlan, FourBitProjectionsSayWhichKernelTakesThem) {
   EXPECT_TRUE(big.graph);  // pure decode: graphed as for dense weights
 }
 
+TEST(ForwardPlan, Fp8ProjectionsSayWhichPathTakesThemAndWhoQuantizes) {
+  Fixture f("llama3.1-8b");
+  f.options.gemv_max_tokens = 0;
+  f.ctx.input_norms_folded = false;
+  f.ctx.fp8 = true;
+  f.ctx.fp8_gemm = true;
+  const ForwardPlan one = f.plan(make_batch(1, 100, 0, false));
+  EXPECT_FALSE(one.gemv_layers);
+  EXPECT_TRUE(one.fp8);
+  const Fp8Path small = fp8_linear_path(DType::kBF16, 1, f.config.hidden_size, true);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(one.fp8_paths[i], small);
+    EXPECT_FALSE(one.fp8_fused_inputs[i]);
+  }
+  EXPECT_NE(one.describe().find(fp8_path_name(small)), std::string::npos) << one.describe();
+  const ForwardPlan big = f.plan(make_batch(kFp8GemvMaxRows + 1, 100, 0, false));
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(big.fp8_paths[i], Fp8Path::kGemm);
+  // The norms and silu_mul quantize for the GEMM; attention's output is quantized by the linear.
+  EXPECT_TRUE(big.fp8_fused_inputs[0] && big.fp8_fused_inputs[2] && big.fp8_fused_inputs[3]);
+  EXPECT_FALSE(big.fp8_fused_inputs[1]);
+  EXPECT_NE(big.describe().find("silu_mul with e4m3 output"), std::string::npos) << big.describe();
+  f.ctx.fp8_gemm = false;  // no FP8 tensor cores: the dequantizing path, nothing quantized
+  const ForwardPlan old = f.plan(make_batch(kFp8GemvMaxRows + 1, 100, 0, false));
+  EXPECT_EQ(old.fp8_paths[3], Fp8Path::kDequantize);
+  EXPECT_FALSE(old.fp8_fused_inputs[3]);
+}
+
 // Decode sequences reach attention ordered by their tables' first slot (those sharing a cached
 // prefix side by side), stably; prefill sequences follow in batch order.
 TEST(StepStaging, DecodeWorkIsOrderedByFirstSlot) {

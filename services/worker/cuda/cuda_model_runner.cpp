@@ -29,7 +29,10 @@
 //   general attention for decode and prefill)
 //   (4-bit AWQ / GPTQ checkpoints: the unfused path at every batch size, each projection through
 //   launch_w4_linear: its small-batch W4 GEMV up to kW4GemvMaxRows tokens, else dequantized into
-//   a workspace and multiplied by cuBLAS or the tiled kernel, kernels/linear_w4.h)
+//   a workspace and multiplied by cuBLAS or the tiled kernel, kernels/linear_w4.h; FP8 ones
+//   likewise through launch_fp8_linear: its GEMV up to kFp8GemvMaxRows tokens, else per-token
+//   activation quantization and the cuBLASLt FP8 GEMM, or the dequantizing path in float32,
+//   kernels/linear_fp8.h)
 //   one cudaMemcpyAsync of sampled ids (and top logits) back, then the step's only host sync.
 //
 // Every kernel but the GEMMs (cuBLAS, the tiled kernel) and prefill attention is launched with
@@ -62,6 +65,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <unordered_map>
 #include <utility>
@@ -77,10 +81,12 @@
 #include "kernels/gemv.h"
 #include "kernels/launch.h"
 #include "kernels/linear.h"
+#include "kernels/linear_fp8.h"
 #include "kernels/qkv_rope.h"
 #include "kernels/sampling.h"
 #include "kernels/silu_mul.h"
 #include "services/worker/checkpoint.h"
+#include "services/worker/cuda/cuda_context.h"
 #include "services/worker/cuda/cuda_weights.h"
 #include "services/worker/cuda/device_buffer.h"
 #include "services/worker/cuda/forward_plan.h"
@@ -98,38 +104,6 @@ constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 constexpr int32_t kMaxKvLenHint = int32_t{1} << 30;
 // Captured decode graphs kept at once; the least recently used is dropped beyond this.
 constexpr size_t kMaxDecodeGraphs = 64;
-
-// Owns a stream, a cuBLAS handle and the two events that time a step on the device; destroyed in
-// reverse order of creation.
-class CudaContext {
- public:
-  CudaContext() = default;
-  CudaContext(const CudaContext&) = delete;
-  CudaContext& operator=(const CudaContext&) = delete;
-  ~CudaContext() {
-    if (step_end_ != nullptr) (void)cudaEventDestroy(step_end_);
-    if (step_start_ != nullptr) (void)cudaEventDestroy(step_start_);
-    linear_handle_destroy(linear_);
-    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
-  }
-  Status init() {
-    LITELLAMA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    LITELLAMA_RETURN_IF_ERROR(linear_handle_create(&linear_));
-    LITELLAMA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&step_start_));
-    LITELLAMA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&step_end_));
-    return Status::ok();
-  }
-  cudaStream_t stream() const { return stream_; }
-  LinearHandle linear() const { return linear_; }
-  cudaEvent_t step_start() const { return step_start_; }
-  cudaEvent_t step_end() const { return step_end_; }
-
- private:
-  cudaStream_t stream_ = nullptr;
-  LinearHandle linear_ = nullptr;
-  cudaEvent_t step_start_ = nullptr;
-  cudaEvent_t step_end_ = nullptr;
-};
 
 class CudaModelRunner final : public ModelRunner {
  public:
@@ -193,8 +167,10 @@ class CudaModelRunner final : public ModelRunner {
   const int32_t* rope_table_rows(const StepPlan& plan) const;
   // y = x @ w^T for n_rows rows, in the compute dtype: a 4-bit projection (w4.n > 0) through
   // launch_w4_linear; else the small-batch GEMV when `gemv` (the plan's choice), else linear().
+  // x_fp8: an FP8 projection's input is already in fp8_activations_ (the kernel before it wrote
+  // it quantized, as the plan's fp8_fused_inputs say).
   Status project(bool gemv, void* y, const void* x, const void* w, const W4Weight& w4,
-                 int32_t n_rows, int32_t n, int32_t k);
+                 const Fp8Weight& fp8, int32_t n_rows, int32_t n, int32_t k, bool x_fp8 = false);
   // y = x @ w^T through cuBLAS, or the tiled kernel where the step must not depend on its batch
   // (batch_invariant()).
   Status linear(void* y, const void* x, const void* w, int32_t n_rows, int32_t n, int32_t k,
@@ -264,7 +240,14 @@ class CudaModelRunner final : public ModelRunner {
   DeviceBuffer rope_inv_freq_;  // [head_dim / 2] the table of every non-dynamic variant
   DeviceBuffer attention_workspace_;
   DeviceBuffer cublas_workspace_;
-  DeviceBuffer w4_workspace_;  // [max 4-bit projection n * k] of the compute dtype, or none
+  // [max quantized projection n * k] of the compute dtype where a dequantizing path may run, or
+  // none.
+  DeviceBuffer dequant_workspace_;
+  // FP8 checkpoints: activations quantized per token ([T, max k] e4m3 and [T] scales) and the
+  // cuBLASLt state where the device has FP8 tensor cores (null otherwise).
+  DeviceBuffer fp8_activations_;
+  DeviceBuffer fp8_scales_;
+  std::unique_ptr<Fp8Gemm> fp8_gemm_;
   // Step metadata: the same layout on both sides (StepLayout).
   PinnedBuffer staging_host_;
   DeviceBuffer staging_device_;
@@ -302,11 +285,11 @@ Status CudaModelRunner::init(const Checkpoint& checkpoint) {
 #endif
   const bool int4 = c.quant.method == QuantMethod::kAwq ||
                     (c.quant.method == QuantMethod::kGptq && c.quant.bits == 4);
-  if (c.quant.method != QuantMethod::kNone && !int4) {
-    // FP8, int8 and 8-bit GPTQ kernels are not built yet; the CPU backend dequantizes them.
+  if (c.quant.method != QuantMethod::kNone && !int4 && c.quant.method != QuantMethod::kFp8) {
+    // int8 and 8-bit GPTQ kernels are not built yet; the CPU backend dequantizes them.
     return make_error(StatusCode::kUnsupported,
                       "'{}' is a {} {}-bit checkpoint (quantization_config); the CUDA backend runs "
-                      "unquantized and 4-bit AWQ / GPTQ ones: use --device cpu",
+                      "unquantized, FP8 and 4-bit AWQ / GPTQ ones: use --device cpu",
                       checkpoint.dir(), quant_method_name(c.quant.method), c.quant.bits);
   }
   elem_bytes_ = dtype_size_bytes(dtype_);
@@ -381,12 +364,21 @@ Status CudaModelRunner::allocate_workspaces() {
           : size_t{0});
   LITELLAMA_ASSIGN_OR_RETURN(attention_workspace_, DeviceBuffer::allocate(attn_ws));
   LITELLAMA_ASSIGN_OR_RETURN(cublas_workspace_, DeviceBuffer::allocate(kCublasWorkspaceBytes));
-  if (weights_.max_w4_elements > 0) {
-    // The dequantizing path's dense copy of one 4-bit projection (steps of more than
-    // kW4GemvMaxRows tokens, float32, portable builds).
+  if (weights_.max_fp8_elements > 0 && (dtype_ == DType::kBF16 || dtype_ == DType::kF16) &&
+      fp8_gemm_available()) {
+    LITELLAMA_ASSIGN_OR_RETURN(fp8_gemm_, Fp8Gemm::create());
+    const size_t max_k = std::max({H, inter, static_cast<size_t>(q_dim_)});
+    LITELLAMA_ASSIGN_OR_RETURN(fp8_activations_, DeviceBuffer::allocate(T * max_k));
+    LITELLAMA_ASSIGN_OR_RETURN(fp8_scales_, DeviceBuffer::allocate(T * sizeof(float)));
+  }
+  // The dequantizing path's dense copy of one projection: 4-bit steps of more than
+  // kW4GemvMaxRows tokens, float32, portable builds; FP8 where no FP8 GEMM runs.
+  const int64_t dequant_elements =
+      std::max(weights_.max_w4_elements, fp8_gemm_ ? int64_t{0} : weights_.max_fp8_elements);
+  if (dequant_elements > 0) {
     LITELLAMA_ASSIGN_OR_RETURN(
-        w4_workspace_,
-        DeviceBuffer::allocate(static_cast<size_t>(weights_.max_w4_elements) * elem_bytes_));
+        dequant_workspace_,
+        DeviceBuffer::allocate(static_cast<size_t>(dequant_elements) * elem_bytes_));
   }
   LITELLAMA_RETURN_IF_ERROR(
       linear_handle_set_workspace(ctx_.linear(), cublas_workspace_.data(), kCublasWorkspaceBytes));
@@ -465,6 +457,8 @@ ForwardPlanContext CudaModelRunner::forward_context() const {
   ctx.n_sms = n_sms_;
   ctx.input_norms_folded = weights_.input_norms_folded;
   ctx.w4_group = weights_.w4_group;
+  ctx.fp8 = weights_.max_fp8_elements > 0;
+  ctx.fp8_gemm = fp8_gemm_ != nullptr;
   ctx.graphs_available = graphs_.available();
   return ctx;
 }
@@ -686,10 +680,23 @@ Status CudaModelRunner::run_layer_fused(const StepPlan& plan, const ForwardPlan&
 }
 
 Status CudaModelRunner::project(bool gemv, void* y, const void* x, const void* w,
-                                const W4Weight& w4, int32_t n_rows, int32_t n, int32_t k) {
+                                const W4Weight& w4, const Fp8Weight& fp8, int32_t n_rows, int32_t n,
+                                int32_t k, bool x_fp8) {
   if (w4.n > 0) {
-    return launch_w4_linear(y, x, w4, n_rows, dtype_, w4_workspace_.data(), batch_invariant(),
+    return launch_w4_linear(y, x, w4, n_rows, dtype_, dequant_workspace_.data(), batch_invariant(),
                             ctx_.linear(), kernel_stream());
+  }
+  if (fp8.n > 0) {
+    Fp8Scratch scratch;
+    scratch.xq = fp8_activations_.as<uint8_t>();
+    scratch.x_scales = fp8_scales_.as<float>();
+    scratch.x_quantized = x_fp8;
+    scratch.dense = dequant_workspace_.data();
+    scratch.gemm = fp8_gemm_.get();
+    scratch.gemm_workspace = cublas_workspace_.data();
+    scratch.gemm_workspace_bytes = kCublasWorkspaceBytes;
+    return launch_fp8_linear(y, x, fp8, n_rows, dtype_, scratch, batch_invariant(), ctx_.linear(),
+                             kernel_stream());
   }
   if (gemv) return launch_gemv(y, x, w, n_rows, n, k, dtype_, dtype_, kernel_stream());
   return linear(y, x, w, n_rows, n, k, dtype_);
@@ -723,22 +730,32 @@ Status CudaModelRunner::run_layers(const StepPlan& plan, const ForwardPlan& fp) 
       continue;
     }
     const CudaLayerWeights& W = weights_.layers[static_cast<size_t>(l)];
-    LITELLAMA_RETURN_IF_ERROR(launch_add_rmsnorm(normed_.data(), residual_.data(),
-                                                 l == 0 ? nullptr : delta_.data(), W.input_norm, T,
-                                                 H, eps, dtype_, stream));
-    LITELLAMA_RETURN_IF_ERROR(
-        project(fp.qkv_gemv, wide_.data(), normed_.data(), W.qkv, W.qkv_w4, T, qkv_dim_, H));
+    // The norms and silu_mul write their output as e4m3 where the FP8 GEMM takes it.
+    const bool* q = fp.fp8_fused_inputs;
+    auto norm = [&](const void* delta, const float* weight, bool fp8) {
+      return fp8 ? launch_add_rmsnorm_fp8(fp8_activations_.as<uint8_t>(), fp8_scales_.as<float>(),
+                                          residual_.data(), delta, weight, T, H, eps, dtype_,
+                                          stream)
+                 : launch_add_rmsnorm(normed_.data(), residual_.data(), delta, weight, T, H, eps,
+                                      dtype_, stream);
+    };
+    LITELLAMA_RETURN_IF_ERROR(norm(l == 0 ? nullptr : delta_.data(), W.input_norm, q[0]));
+    LITELLAMA_RETURN_IF_ERROR(project(fp.qkv_gemv, wide_.data(), normed_.data(), W.qkv, W.qkv_w4,
+                                      W.qkv_fp8, T, qkv_dim_, H, q[0]));
     LITELLAMA_RETURN_IF_ERROR(run_qkv_rope(plan, l));
     LITELLAMA_RETURN_IF_ERROR(run_attention(plan, l));
     LITELLAMA_RETURN_IF_ERROR(
-        project(fp.o_gemv, delta_.data(), attn_.data(), W.o, W.o_w4, T, H, q_dim_));
-    LITELLAMA_RETURN_IF_ERROR(launch_add_rmsnorm(normed_.data(), residual_.data(), delta_.data(),
-                                                 W.post_norm, T, H, eps, dtype_, stream));
+        project(fp.o_gemv, delta_.data(), attn_.data(), W.o, W.o_w4, W.o_fp8, T, H, q_dim_));
+    LITELLAMA_RETURN_IF_ERROR(norm(delta_.data(), W.post_norm, q[2]));
     LITELLAMA_RETURN_IF_ERROR(project(fp.gate_up_linear_gemv, wide_.data(), normed_.data(),
-                                      W.gate_up, W.gate_up_w4, T, 2 * inter, H));
-    LITELLAMA_RETURN_IF_ERROR(launch_silu_mul(act_.data(), wide_.data(), T, inter, dtype_, stream));
+                                      W.gate_up, W.gate_up_w4, W.gate_up_fp8, T, 2 * inter, H,
+                                      q[2]));
     LITELLAMA_RETURN_IF_ERROR(
-        project(fp.down_gemv, delta_.data(), act_.data(), W.down, W.down_w4, T, H, inter));
+        q[3] ? launch_silu_mul_fp8(fp8_activations_.as<uint8_t>(), fp8_scales_.as<float>(),
+                                   wide_.data(), T, inter, dtype_, stream)
+             : launch_silu_mul(act_.data(), wide_.data(), T, inter, dtype_, stream));
+    LITELLAMA_RETURN_IF_ERROR(project(fp.down_gemv, delta_.data(), act_.data(), W.down, W.down_w4,
+                                      W.down_fp8, T, H, inter, q[3]));
   }
   return Status::ok();
 }

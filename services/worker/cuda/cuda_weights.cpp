@@ -21,6 +21,8 @@ struct Placement {
   // 4-bit sources (kernels/linear_w4.h): codes, then zero points and scales at these offsets
   // from the placement's; n is the sum of the sources' out_features.
   bool w4 = false;
+  // FP8 sources (kernels/linear_fp8.h): codes [n, k], then float32 scales [n] at scales_at.
+  bool fp8 = false;
   int64_t n = 0, k = 0, group = 0;
   size_t zeros_at = 0, scales_at = 0;
   DType dtype = DType::kF32;
@@ -82,6 +84,38 @@ class UploadPlan {
     return std::optional<size_t>(place(std::move(p)));
   }
 
+  // The sources kept FP8, or nullopt when any of them is stored dense (then add() them).
+  Result<std::optional<size_t>> add_fp8(std::vector<std::string> sources) {
+    Placement p;
+    p.fp8 = true;
+    for (const std::string& name : sources) {
+      if (!checkpoint_.is_quantized(name)) return std::optional<size_t>();
+      LITELLAMA_ASSIGN_OR_RETURN(auto shape, checkpoint_.linear_shape(name));
+      if ((p.k != 0 && p.k != shape.second) || shape.second % 16 != 0) {
+        return make_error(StatusCode::kUnsupported,
+                          "{}: [{}, {}] does not fit the FP8 device layout (in_features a "
+                          "multiple of 16, one for all fused modules)",
+                          name, shape.first, shape.second);
+      }
+      p.n += shape.first;
+      p.k = shape.second;
+    }
+    p.scales_at = align_up(static_cast<size_t>(p.n * p.k), 256);
+    p.size_bytes = p.scales_at + static_cast<size_t>(p.n) * sizeof(float);
+    p.sources = std::move(sources);
+    return std::optional<size_t>(place(std::move(p)));
+  }
+
+  Fp8Weight fp8_weight(const DeviceBuffer& storage, size_t index) const {
+    const Placement& p = placements_[index];
+    Fp8Weight w;
+    w.codes = storage.as<const uint8_t>(p.offset);
+    w.scales = storage.as<const float>(p.offset + p.scales_at);
+    w.n = static_cast<int32_t>(p.n);
+    w.k = static_cast<int32_t>(p.k);
+    return w;
+  }
+
   W4Weight w4_weight(const DeviceBuffer& storage, size_t index) const {
     const Placement& p = placements_[index];
     W4Weight w;
@@ -112,6 +146,10 @@ class UploadPlan {
       size_t at = p.offset;
       if (p.w4) {
         LITELLAMA_RETURN_IF_ERROR(upload_w4(p, storage));
+        continue;
+      }
+      if (p.fp8) {
+        LITELLAMA_RETURN_IF_ERROR(upload_fp8(p, storage));
         continue;
       }
       if (p.ones > 0) {
@@ -151,6 +189,22 @@ class UploadPlan {
   }
 
  private:
+  // One source at a time: its codes as stored, its scales per column.
+  Status upload_fp8(const Placement& p, const DeviceBuffer& storage) const {
+    int64_t col = 0;
+    for (const std::string& name : p.sources) {
+      LITELLAMA_ASSIGN_OR_RETURN(const Fp8Linear q, checkpoint_.fp8_linear(name));
+      LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemcpy(storage.as<char>(p.offset) + col * p.k,
+                                                q.codes.data, static_cast<size_t>(q.n * q.k),
+                                                cudaMemcpyHostToDevice));
+      LITELLAMA_CUDA_RETURN_IF_ERROR(
+          cudaMemcpy(storage.as<char>(p.offset + p.scales_at) + col * sizeof(float),
+                     q.scales.data(), q.scales.size() * sizeof(float), cudaMemcpyHostToDevice));
+      col += q.n;
+    }
+    return Status::ok();
+  }
+
   // One source at a time: unpacked on the host, packed into the device layout, copied to its
   // columns of each of the three arrays.
   Status upload_w4(const Placement& p, const DeviceBuffer& storage) const {
@@ -198,14 +252,21 @@ Result<CudaWeights> CudaWeights::upload(const Checkpoint& checkpoint, DType comp
   UploadPlan plan(checkpoint);
   struct LayerIndex {
     size_t input_norm, qkv, qkv_bias, q_norm, k_norm, o, post_norm, gate_up, down;
-    // The projections kept 4-bit: their placements (qkv, o, gate_up, down are then unused).
-    std::optional<size_t> qkv_w4, o_w4, gate_up_w4, down_w4;
+    // The projections kept 4-bit or FP8 (as the checkpoint's method says): their placements
+    // (qkv, o, gate_up, down are then unused).
+    std::optional<size_t> qkv_q, o_q, gate_up_q, down_q;
   };
-  // A fused projection: 4-bit when all its modules are stored so, else dense in compute_dtype.
+  const bool fp8 = c.quant.method == QuantMethod::kFp8;
+  // A fused projection: 4-bit or FP8 when all its modules are stored so, else dense in
+  // compute_dtype.
   auto add_projection = [&](std::vector<std::string> sources, const std::string& column_scale,
-                            size_t* dense, std::optional<size_t>* w4) -> Status {
-    LITELLAMA_ASSIGN_OR_RETURN(*w4, plan.add_w4(sources, compute_dtype));
-    if (w4->has_value()) return Status::ok();
+                            size_t* dense, std::optional<size_t>* quantized) -> Status {
+    if (fp8) {
+      LITELLAMA_ASSIGN_OR_RETURN(*quantized, plan.add_fp8(sources));
+    } else {
+      LITELLAMA_ASSIGN_OR_RETURN(*quantized, plan.add_w4(sources, compute_dtype));
+    }
+    if (quantized->has_value()) return Status::ok();
     LITELLAMA_ASSIGN_OR_RETURN(*dense, plan.add(std::move(sources), compute_dtype, column_scale));
     return Status::ok();
   };
@@ -228,7 +289,7 @@ Result<CudaWeights> CudaWeights::upload(const Checkpoint& checkpoint, DType comp
     } else {
       LITELLAMA_ASSIGN_OR_RETURN(li.input_norm, plan.add({n.input_norm}, DType::kF32));
     }
-    LITELLAMA_RETURN_IF_ERROR(add_projection({n.q, n.k, n.v}, input_scale, &li.qkv, &li.qkv_w4));
+    LITELLAMA_RETURN_IF_ERROR(add_projection({n.q, n.k, n.v}, input_scale, &li.qkv, &li.qkv_q));
     if (c.qkv_bias) {
       LITELLAMA_ASSIGN_OR_RETURN(li.qkv_bias,
                                  plan.add({n.q_bias, n.k_bias, n.v_bias}, DType::kF32));
@@ -237,10 +298,10 @@ Result<CudaWeights> CudaWeights::upload(const Checkpoint& checkpoint, DType comp
       LITELLAMA_ASSIGN_OR_RETURN(li.q_norm, plan.add({n.q_norm}, DType::kF32));
       LITELLAMA_ASSIGN_OR_RETURN(li.k_norm, plan.add({n.k_norm}, DType::kF32));
     }
-    LITELLAMA_RETURN_IF_ERROR(add_projection({n.o}, {}, &li.o, &li.o_w4));
+    LITELLAMA_RETURN_IF_ERROR(add_projection({n.o}, {}, &li.o, &li.o_q));
     LITELLAMA_ASSIGN_OR_RETURN(li.post_norm, plan.add({n.post_attention_norm}, DType::kF32));
-    LITELLAMA_RETURN_IF_ERROR(add_projection({n.gate, n.up}, {}, &li.gate_up, &li.gate_up_w4));
-    LITELLAMA_RETURN_IF_ERROR(add_projection({n.down}, {}, &li.down, &li.down_w4));
+    LITELLAMA_RETURN_IF_ERROR(add_projection({n.gate, n.up}, {}, &li.gate_up, &li.gate_up_q));
+    LITELLAMA_RETURN_IF_ERROR(add_projection({n.down}, {}, &li.down, &li.down_q));
   }
 
   CudaWeights w;
@@ -256,11 +317,16 @@ Result<CudaWeights> CudaWeights::upload(const Checkpoint& checkpoint, DType comp
   for (size_t l = 0; l < index.size(); ++l) {
     const LayerIndex& li = index[l];
     CudaLayerWeights& L = w.layers[l];
-    // A 4-bit projection has no dense matrix; its W4Weight says where its arrays are.
-    auto projection = [&](size_t dense, const std::optional<size_t>& w4, const void** out,
-                          W4Weight* out_w4) {
-      if (w4) {
-        *out_w4 = plan.w4_weight(w.storage, *w4);
+    // A quantized projection has no dense matrix; its W4Weight or Fp8Weight says where its
+    // arrays are.
+    auto projection = [&](size_t dense, const std::optional<size_t>& quantized, const void** out,
+                          W4Weight* out_w4, Fp8Weight* out_fp8) {
+      if (quantized && fp8) {
+        *out_fp8 = plan.fp8_weight(w.storage, *quantized);
+        w.max_fp8_elements =
+            std::max(w.max_fp8_elements, static_cast<int64_t>(out_fp8->n) * out_fp8->k);
+      } else if (quantized) {
+        *out_w4 = plan.w4_weight(w.storage, *quantized);
         w.max_w4_elements =
             std::max(w.max_w4_elements, static_cast<int64_t>(out_w4->n) * out_w4->k);
         w.w4_group = out_w4->group;
@@ -269,14 +335,14 @@ Result<CudaWeights> CudaWeights::upload(const Checkpoint& checkpoint, DType comp
       }
     };
     L.input_norm = at_f32(li.input_norm);
-    projection(li.qkv, li.qkv_w4, &L.qkv, &L.qkv_w4);
+    projection(li.qkv, li.qkv_q, &L.qkv, &L.qkv_w4, &L.qkv_fp8);
     L.qkv_bias = c.qkv_bias ? at_f32(li.qkv_bias) : nullptr;
     L.q_norm = c.qk_norm ? at_f32(li.q_norm) : nullptr;
     L.k_norm = c.qk_norm ? at_f32(li.k_norm) : nullptr;
-    projection(li.o, li.o_w4, &L.o, &L.o_w4);
+    projection(li.o, li.o_q, &L.o, &L.o_w4, &L.o_fp8);
     L.post_norm = at_f32(li.post_norm);
-    projection(li.gate_up, li.gate_up_w4, &L.gate_up, &L.gate_up_w4);
-    projection(li.down, li.down_w4, &L.down, &L.down_w4);
+    projection(li.gate_up, li.gate_up_q, &L.gate_up, &L.gate_up_w4, &L.gate_up_fp8);
+    projection(li.down, li.down_q, &L.down, &L.down_w4, &L.down_fp8);
   }
   return w;
 }

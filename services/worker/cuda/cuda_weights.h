@@ -13,7 +13,9 @@
 // 4-bit checkpoints (AWQ, GPTQ 4-bit without act-order): each fused projection whose modules are
 // all stored quantized stays 4-bit on the device, in kernels/linear_w4.h's layout (its codes,
 // zero points and scales concatenated along out_features like the dense matrices), and its dense
-// pointer is null. Input norms are never folded into quantized projections.
+// pointer is null. FP8 checkpoints likewise keep each fully quantized fused projection 8-bit, in
+// kernels/linear_fp8.h's layout (the codes as stored, one float32 scale per output column). Input
+// norms are never folded into quantized projections.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +23,7 @@
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "kernels/linear_fp8.h"
 #include "kernels/linear_w4.h"
 #include "services/worker/checkpoint.h"
 #include "services/worker/cuda/device_buffer.h"
@@ -37,8 +40,10 @@ struct CudaLayerWeights {
   const float* post_norm = nullptr;   // [hidden]
   const void* gate_up = nullptr;      // [2 * intermediate, hidden]
   const void* down = nullptr;         // [hidden, intermediate]
-  // The same projections kept 4-bit (the dense pointer above is then null); n == 0: dense.
+  // The same projections kept 4-bit or FP8 (the dense pointer above is then null); n == 0: not
+  // in that format.
   W4Weight qkv_w4, o_w4, gate_up_w4, down_w4;
+  Fp8Weight qkv_fp8, o_fp8, gate_up_fp8, down_fp8;
 };
 
 struct CudaWeights {
@@ -52,6 +57,9 @@ struct CudaWeights {
   // workspace holds that many of the compute dtype.
   int64_t max_w4_elements = 0;
   int32_t w4_group = 0;  // input rows per group of the 4-bit projections (0: none)
+  // Elements of the largest FP8 projection (0 when none): the size of the dequantizing path's
+  // workspace.
+  int64_t max_fp8_elements = 0;
 
   // Converts and uploads every weight of `checkpoint` (synchronously, at load time).
   static Result<CudaWeights> upload(const Checkpoint& checkpoint, DType compute_dtype,

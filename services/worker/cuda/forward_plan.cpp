@@ -42,7 +42,8 @@ ForwardPlan plan_forward(const StepPlan& step, int32_t n_top, const ForwardPlanC
     return rows <= o.gemv_max_tokens && gemv_supports(dt, dt, rows, k);
   };
   p.w4 = ctx.w4_group > 0;
-  p.gemv_layers = !p.w4 && gemv_takes(T, c.hidden_size) && gemv_takes(T, q_dim) &&
+  p.fp8 = ctx.fp8;
+  p.gemv_layers = !p.w4 && !p.fp8 && gemv_takes(T, c.hidden_size) && gemv_takes(T, q_dim) &&
                   gemv_takes(T, c.intermediate_size);
   if (p.w4) {
     // launch_w4_linear's choice, per projection (its k).
@@ -50,6 +51,13 @@ ForwardPlan plan_forward(const StepPlan& step, int32_t n_top, const ForwardPlanC
     p.qkv_gemv = p.gate_up_linear_gemv = w4_takes(c.hidden_size);
     p.o_gemv = w4_takes(q_dim);
     p.down_gemv = w4_takes(c.intermediate_size);
+  } else if (p.fp8) {
+    // launch_fp8_linear's choice, per projection (its k).
+    const int32_t ks[4] = {c.hidden_size, q_dim, c.hidden_size, c.intermediate_size};
+    for (int i = 0; i < 4; ++i) {
+      p.fp8_paths[i] = fp8_linear_path(dt, T, ks[i], ctx.fp8_gemm);
+      p.fp8_fused_inputs[i] = i != 1 && p.fp8_paths[i] == Fp8Path::kGemm;
+    }
   } else if (p.gemv_layers) {
     const bool rope_gemv = !c.qk_norm && gemv_rope_supports(c.head_dim);
     p.qkv = !rope_gemv               ? QkvPath::kLinearThenRope
@@ -96,6 +104,15 @@ std::string ForwardPlan::describe() const {
     s += gate_up_gemv ? "  gate/up: add_rmsnorm -> gemv_silu_mul\n"
                       : "  gate/up: add_rmsnorm -> cuBLAS -> silu_mul\n";
     s += "  down: gemv_residual_add\n";
+  } else if (fp8) {
+    const char* norm = fp8_fused_inputs[0] ? "add_rmsnorm with e4m3 output" : "add_rmsnorm";
+    const char* norm2 = fp8_fused_inputs[2] ? "add_rmsnorm with e4m3 output" : "add_rmsnorm";
+    s += fmt::format(
+        "layers: GEMMs\n  qkv: {} -> {} -> qkv_rope\n  o: {} -> {}\n  gate/up: {} -> {}\n"
+        "  down: {}\n",
+        norm, fp8_path_name(fp8_paths[0]), fp8_path_name(fp8_paths[1]), norm2,
+        fp8_path_name(fp8_paths[2]), fp8_fused_inputs[3] ? "silu_mul with e4m3 output" : "silu_mul",
+        fp8_path_name(fp8_paths[3]));
   } else {
     s += fmt::format(
         "layers: GEMMs\n  qkv: add_rmsnorm -> {} -> qkv_rope\n  o: {} -> add_rmsnorm\n"

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "common/dtype.h"
+#include "kernels/linear_fp8.h"
 #include "services/worker/cuda/step_staging.h"
 #include "services/worker/model_config.h"
 #include "services/worker/model_runner.h"
@@ -38,6 +39,15 @@ struct ForwardPlan {
   // the flags above say which projections the W4 GEMV takes (kernels/linear_w4.h); the others are
   // dequantized into a workspace and multiplied by cuBLAS (the tiled kernel in float32).
   bool w4 = false;
+  // FP8 projections (ForwardPlanContext::fp8): the layers take the GEMM path and each projection
+  // the path of kernels/linear_fp8.h given here, in the order qkv, o, gate/up, down.
+  bool fp8 = false;
+  Fp8Path fp8_paths[4] = {Fp8Path::kDequantize, Fp8Path::kDequantize, Fp8Path::kDequantize,
+                          Fp8Path::kDequantize};
+  // Which of those inputs the kernel before the projection writes as e4m3 (the FP8 GEMM's input:
+  // launch_add_rmsnorm_fp8 before qkv and gate/up, launch_silu_mul_fp8 before down); the o
+  // projection's input, attention's output, is quantized by launch_fp8_linear itself.
+  bool fp8_fused_inputs[4] = {false, false, false, false};
   // GEMV layer path: gate/up through gemv_silu_mul (else cuBLAS + silu_mul).
   bool gate_up_gemv = false;
   // The head gathers the sampled rows before the final norm (false when they are all the rows,
@@ -71,7 +81,9 @@ struct ForwardPlanContext {
   int32_t n_sms = 0;
   bool input_norms_folded = false;  // the weights have the input norms folded into W.qkv
   bool graphs_available = false;    // graphs on and no capture has failed
-  int32_t w4_group = 0;  // the layers' projections are 4-bit in groups of this many rows; 0: dense
+  int32_t w4_group = 0;   // the layers' projections are 4-bit in groups of this many rows; 0: dense
+  bool fp8 = false;       // the layers' projections are FP8
+  bool fp8_gemm = false;  // the runner has an FP8 GEMM (kernels/linear_fp8.h, Fp8Gemm)
 };
 
 ForwardPlan plan_forward(const StepPlan& step, int32_t n_top, const ForwardPlanContext& ctx);
