@@ -11,6 +11,8 @@ KvSlotAllocator::KvSlotAllocator(int32_t n_slots) {
 void KvSlotAllocator::reset(int32_t n_slots) {
   const auto n = static_cast<size_t>(std::max(n_slots, 0));
   refcount_.assign(n, 0);
+  cached_.assign(n, 0);
+  n_cached_idle_ = 0;
   free_.resize(n);
   for (size_t i = 0; i < n; ++i) free_[i] = static_cast<int32_t>(n - 1 - i);
   n_reserved_ = 0;
@@ -30,14 +32,37 @@ Status KvSlotAllocator::allocate(int32_t n, std::vector<int32_t>* out) {
 }
 
 void KvSlotAllocator::retain(std::span<const int32_t> slots) {
-  for (int32_t slot : slots) ++refcount_[static_cast<size_t>(slot)];
+  for (int32_t slot : slots) {
+    const auto i = static_cast<size_t>(slot);
+    if (++refcount_[i] == 2 && cached_[i]) --n_cached_idle_;
+  }
 }
 
 void KvSlotAllocator::release(std::span<const int32_t> slots) {
   for (int32_t slot : slots) {
-    int32_t& rc = refcount_[static_cast<size_t>(slot)];
+    const auto i = static_cast<size_t>(slot);
+    int32_t& rc = refcount_[i];
     if (rc <= 0) continue;  // never double-free into the list
-    if (--rc == 0) free_.push_back(slot);
+    --rc;
+    if (rc == 1 && cached_[i]) ++n_cached_idle_;
+    if (rc == 0) {
+      // The cache unmarks before it lets go; a marked slot reaching 0 was released by someone
+      // else on its behalf (clear): it stops counting as cached.
+      if (cached_[i]) {
+        cached_[i] = 0;
+        --n_cached_idle_;
+      }
+      free_.push_back(slot);
+    }
+  }
+}
+
+void KvSlotAllocator::set_cached(std::span<const int32_t> slots, bool cached) {
+  for (int32_t slot : slots) {
+    const auto i = static_cast<size_t>(slot);
+    if (i >= cached_.size() || (cached_[i] != 0) == cached) continue;  // (a pool already reset)
+    cached_[i] = cached ? 1 : 0;
+    if (refcount_[i] == 1) n_cached_idle_ += cached ? 1 : -1;
   }
 }
 

@@ -87,6 +87,7 @@ int32_t RadixCache::insert(std::span<const int32_t> tokens, std::span<const int3
       leaf->parent = n;
       leaf->last_use = now;
       allocator_.retain(leaf->slots);
+      allocator_.set_cached(leaf->slots, true);
       const auto added = static_cast<int32_t>(leaf->slots.size());
       n_slots_ += added;
       n->children[leaf->key.front()] = std::move(leaf);
@@ -124,6 +125,7 @@ int32_t RadixCache::evict(int32_t n) {
   while (freed < n && !heap.empty()) {
     Node* x = std::get<1>(heap.top());
     heap.pop();
+    allocator_.set_cached(x->slots, false);
     allocator_.release(x->slots);
     const auto count = static_cast<int32_t>(x->slots.size());
     freed += count;
@@ -137,9 +139,10 @@ int32_t RadixCache::evict(int32_t n) {
 }
 
 void RadixCache::clear(bool release) {
-  if (release) {
-    visit(root_.get(), [&](const Node* x) { allocator_.release(x->slots); });
-  }
+  visit(root_.get(), [&](const Node* x) {
+    allocator_.set_cached(x->slots, false);
+    if (release) allocator_.release(x->slots);
+  });
   root_ = std::make_unique<Node>();
   n_slots_ = 0;
 }
@@ -153,14 +156,6 @@ void RadixCache::visit(const Node* n, F&& f) const {
     f(x);
     for (const auto& [id, c] : x->children) stack.push_back(c.get());
   }
-}
-
-int32_t RadixCache::n_evictable() const {
-  int32_t count = 0;
-  visit(root_.get(), [&](const Node* x) {
-    for (int32_t s : x->slots) count += allocator_.refcount(s) == 1 ? 1 : 0;
-  });
-  return count;
 }
 
 std::vector<int32_t> RadixCache::cached_slots() const {

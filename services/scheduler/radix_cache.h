@@ -10,7 +10,8 @@
 // per-request state that changes KV (adapters, images) must become part of the key.
 //
 // Ownership (what must stay true):
-// - The tree holds one allocator reference on every slot it caches. A request that matches a
+// - The tree holds one allocator reference on every slot it caches, and marks it cached in the
+//   allocator (KvSlotAllocator::set_cached) for as long as it holds it. A request that matches a
 //   prefix takes one more reference per matched slot and releases it when it leaves.
 // - Requests hold prefixes of a root path, whole nodes (match() splits at the match's end), so
 //   along any path refcounts never increase; a slot whose refcount is 1 is held by the tree only
@@ -51,7 +52,8 @@ class RadixCache {
   void clear(bool release);
 
   int32_t n_cached_slots() const { return n_slots_; }  // every slot the tree holds
-  int32_t n_evictable() const;  // slots only the tree holds (cached, not used)
+  // Slots only the tree holds (cached, not used); the allocator keeps the count (set_cached).
+  int32_t n_evictable() const { return allocator_.n_cached_idle(); }
   int64_t n_evictions() const { return n_evicted_slots_; }
   int32_t n_nodes() const;
   // Every (token path position, slot) the tree holds, for invariant checks: slots in tree order.
