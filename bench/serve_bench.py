@@ -7,8 +7,9 @@
            and the scheduler's own mean time to first token (from its metrics), which tells a
            delay before the scheduler from one after it.
   cache    prefix cache on against off, two servers side by side (each idle while the other
-           runs): shared-prefix, multi-turn, and a workload with no shared prefix (median of five
-           alternating runs).
+           runs): shared-prefix, multi-turn (lengths spread, and fixed for reference), and a
+           workload with no shared prefix (median of five alternating runs); per run, the
+           worker's steps (count, tokens, wall and device time, share of the run it was idle).
   pool     100 requests against a KV pool a tenth of what they need together: every request
            completes, greedy ids compared with the same request alone, preemptions counted
            (float32 and bfloat16 servers).
@@ -99,9 +100,11 @@ class Server:
                 total[kind] += (int(fields[11]) + int(fields[12])) / CLK_TCK
         return total
 
-    def metric(self, series):
-        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
-                                      timeout=5).read().decode()
+    def metric(self, series, port_offset=0):
+        """A series' value on the scheduler's metrics port, or on the worker's (offset 1)."""
+        text = urllib.request.urlopen(
+            f"http://127.0.0.1:{self.metrics_port + port_offset}/metrics",
+            timeout=5).read().decode()
         for line in text.splitlines():
             if line.startswith(series + " ") or line.startswith(series + "{"):
                 return float(line.rsplit(" ", 1)[1])
@@ -205,10 +208,33 @@ def part_http(a, model, results):
               f"HTTP server threads {h['api_us_per_token']:.1f} us CPU per output token")
 
 
+WORKER_SERIES = ("litellama_worker_steps_total", "litellama_worker_step_tokens_total",
+                 "litellama_worker_step_duration_seconds_sum",
+                 "litellama_worker_step_device_seconds_sum")
+
+
+def worker_totals(s):
+    return {k: s.metric(k, port_offset=1) for k in WORKER_SERIES}
+
+
+def step_report(before, after, wall):
+    """Steps of one run from the worker's counters: how many, mean tokens, mean wall and device
+    ms per step, and the share of the run's wall time the worker spent outside steps."""
+    d = {k: after[k] - before[k] for k in WORKER_SERIES}
+    n = max(d["litellama_worker_steps_total"], 1)
+    busy = d["litellama_worker_step_duration_seconds_sum"]
+    return {"steps": d["litellama_worker_steps_total"],
+            "tokens_per_step": d["litellama_worker_step_tokens_total"] / n,
+            "step_wall_ms": busy * 1e3 / n,
+            "step_device_ms": d["litellama_worker_step_device_seconds_sum"] * 1e3 / n,
+            "idle_share": max(0.0, 1.0 - busy / wall) if wall > 0 else 0.0}
+
+
 def part_cache(a, model, results):
     # As many running sequences as the shared-prefix workload's concurrency, so that its requests
     # wait for the GPU, not in the queue.
-    util = ["--max-batch-seqs", "256"]
+    util = ["--max-batch-seqs", "256"] + (["--max-batch-tokens", a.batch_tokens]
+                                           if a.batch_tokens else [])
     if a.device == "cuda":
         util += ["--gpu-memory-utilization", "0.3"]
     on = Server(a.bin, model, "cache-on", 8001, 9410, util, a.out, a.device)
@@ -219,30 +245,52 @@ def part_cache(a, model, results):
         for s in (on, off):
             bench(a.bin, s.zmq, ["-n", "16", "-c", "16", "--output-len", "16", "--seed", "999"])
         shared = ["--workload", "shared-prefix", "-c", "256", "--seed", "1"]
-        multi = ["--workload", "multi-turn", "-c", "16", "--seed", "2"]
-        for name, args in (("shared-prefix", shared), ("multi-turn", multi)):
-            out[name] = {"on": bench(a.bin, on.zmq, args), "off": bench(a.bin, off.zmq, args)}
+        # Question and answer lengths uniform in [64, 128] and [128, 256]: the conversations drift
+        # apart, and each turn arrives while the others decode. With fixed lengths (the second
+        # run, for reference) every conversation ends its turn in the same step and the next turns
+        # arrive together, so TTFT mostly measures their queue behind each other.
+        multi = ["--workload", "multi-turn", "-c", "16", "--seed", "2",
+                 "--random-range-ratio", "0.5"]
+        fixed = ["--workload", "multi-turn", "-c", "16", "--seed", "2"]
+        for name, args in (("shared-prefix", shared), ("multi-turn", multi),
+                           ("multi-turn-fixed", fixed)):
+            out[name] = {}
+            for key, s in (("on", on), ("off", off)):
+                w0, t0 = worker_totals(s), time.time()
+                out[name][key] = bench(a.bin, s.zmq, args)
+                out[name][key]["steps"] = step_report(w0, worker_totals(s), time.time() - t0)
+        # Lengths uniform in [256, 512] + [64, 128], so that requests finish and arrive one by
+        # one as in a served load (fixed lengths run in synchronized waves, see part_http).
         plain = {"on": [], "off": []}
+        steps = {"on": [], "off": []}
         for rep in range(5):
-            args = ["-n", "256", "-c", "64", "--input-len", "512", "--output-len", "128",
-                    "--seed", str(10 + rep)]
+            args = ["-n", "512", "-c", "64", "--input-len", "512", "--output-len", "128",
+                    "--random-range-ratio", "0.5", "--seed", str(10 + rep)]
             order = (("on", on), ("off", off)) if rep % 2 == 0 else (("off", off), ("on", on))
             for key, s in order:
+                w0, t0 = worker_totals(s), time.time()
                 plain[key].append(bench(a.bin, s.zmq, args)["output_token_throughput"])
+                steps[key].append(step_report(w0, worker_totals(s), time.time() - t0))
         out["no-shared-prefix"] = plain
+        out["no-shared-prefix-steps"] = steps
     finally:
         on.stop()
         off.stop()
     results["cache"] = out
     print("\n## Prefix cache on against off (Llama-3.2-1B shape, bf16)")
-    print("| workload | cache | output tok/s | TTFT p50 ms | TTFT p99 ms | cached prompt tokens |")
-    print("|---|---|---|---|---|---|")
-    for name in ("shared-prefix", "multi-turn"):
+    print("| workload | cache | output tok/s | TTFT p50 ms | TTFT p99 ms | cached prompt tokens | "
+          "steps |")
+    print("|---|---|---|---|---|---|---|")
+    for name in ("shared-prefix", "multi-turn", "multi-turn-fixed"):
         for key in ("on", "off"):
             j = out[name][key]
+            r = j["steps"]
             print(f"| {name} | {key} | {j['output_token_throughput']:.0f} | "
                   f"{j['ttft']['p50_ms']:.2f} | {j['ttft']['p99_ms']:.2f} | "
-                  f"{j['cached_prompt_tokens']} |")
+                  f"{j['cached_prompt_tokens']} | {r['steps']:.0f} steps of "
+                  f"{r['tokens_per_step']:.0f} tokens, {r['step_wall_ms']:.3f} ms wall "
+                  f"({r['step_device_ms']:.3f} device), worker idle "
+                  f"{100 * r['idle_share']:.1f}% |")
         j_on, j_off = out[name]["on"], out[name]["off"]
         print(f"{name}: throughput on/off "
               f"{j_on['output_token_throughput'] / j_off['output_token_throughput']:.2f}x, "
@@ -250,6 +298,11 @@ def part_cache(a, model, results):
     m_on, m_off = statistics.median(plain["on"]), statistics.median(plain["off"])
     print(f"no shared prefix (median of 5 alternating): on {m_on:.0f} tok/s, off {m_off:.0f} "
           f"tok/s, on/off {m_on / m_off:.4f} (runs on {plain['on']}, off {plain['off']})")
+    for key in ("on", "off"):
+        for r in out["no-shared-prefix-steps"][key]:
+            print(f"  {key}: {r['steps']:.0f} steps, {r['tokens_per_step']:.1f} tokens/step, "
+                  f"{r['step_wall_ms']:.3f} ms wall, {r['step_device_ms']:.3f} ms device per "
+                  f"step, worker idle {100 * r['idle_share']:.1f}% of the run")
 
 
 def generate(bin_dir, server, ids, n_new):
@@ -317,7 +370,9 @@ def main():
             ("--parts", "http,cache,pool", "parts to run, comma-separated"),
             ("--out", "serve-bench-out", "directory of the results and the servers' logs"),
             ("--preset", "llama3.2-1b", "random-weight model preset (bf16)"),
-            ("--device", "cuda", "cuda, or cpu to try the script out")):
+            ("--device", "cuda", "cuda, or cpu to try the script out"),
+            ("--batch-tokens", "", "cache part: the servers' --max-batch-tokens (their default "
+                                   "when empty)")):
         ap.add_argument(flag, default=default, help=what)
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)

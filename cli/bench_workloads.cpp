@@ -17,13 +17,9 @@ Result<Workload> Workload::create(const WorkloadOptions& options, int32_t vocab_
   w.rng_.seed(options.seed);
   w.seeds_.seed(options.seed ^ 0x5eed5eed5eed5eedull);  // apart, so prompts do not change
   if (k == "random") {
-    auto length = [&](int32_t len) {
-      const int32_t lo = std::max(1, static_cast<int32_t>(std::lround(len * options.range_ratio)));
-      return std::uniform_int_distribution<int32_t>(std::min(lo, len), len)(w.rng_);
-    };
     for (int32_t i = 0; i < options.n_requests; ++i) {
-      std::vector<int32_t> prompt = w.random_ids(length(options.input_len));
-      const int32_t n_out = length(options.output_len);
+      std::vector<int32_t> prompt = w.random_ids(w.length(options.input_len));
+      const int32_t n_out = w.length(options.output_len);
       w.initial_.push_back(w.make(std::move(prompt), n_out));
     }
   } else if (k == "shared-prefix") {
@@ -39,7 +35,8 @@ Result<Workload> Workload::create(const WorkloadOptions& options, int32_t vocab_
     std::shuffle(w.initial_.begin(), w.initial_.end(), w.rng_);
   } else {
     for (int32_t c = 0; c < options.conversations; ++c) {
-      w.initial_.push_back(w.make(w.random_ids(options.question_len), options.output_len));
+      std::vector<int32_t> question = w.random_ids(w.length(options.question_len));
+      w.initial_.push_back(w.make(std::move(question), w.length(options.output_len)));
       w.turn_of_.emplace_back(c, 0);
       w.history_.push_back(w.initial_.back().prompt_ids);
     }
@@ -48,6 +45,11 @@ Result<Workload> Workload::create(const WorkloadOptions& options, int32_t vocab_
                  ? static_cast<int64_t>(options.conversations) * std::max(1, options.turns)
                  : static_cast<int64_t>(w.initial_.size());
   return w;
+}
+
+int32_t Workload::length(int32_t len) {
+  const int32_t lo = std::max(1, static_cast<int32_t>(std::lround(len * options_.range_ratio)));
+  return std::uniform_int_distribution<int32_t>(std::min(lo, len), len)(rng_);
 }
 
 std::vector<int32_t> Workload::random_ids(int32_t n) {
@@ -74,11 +76,11 @@ std::optional<proto::GenerateRequest> Workload::follow_up(size_t index,
   // The history as sent plus the answer, then the next question.
   std::vector<int32_t> prompt = history_[index];
   prompt.insert(prompt.end(), output_ids.begin(), output_ids.end());
-  const std::vector<int32_t> question = random_ids(options_.question_len);
+  const std::vector<int32_t> question = random_ids(length(options_.question_len));
   prompt.insert(prompt.end(), question.begin(), question.end());
   turn_of_.emplace_back(conversation, turn + 1);
   history_.push_back(prompt);
-  return make(std::move(prompt), options_.output_len);
+  return make(std::move(prompt), length(options_.output_len));
 }
 
 int64_t Workload::n_follow_ups_lost(size_t index) const {

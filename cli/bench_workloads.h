@@ -6,7 +6,11 @@
 //   generated-shared-prefix benchmark). Requests are sent in a shuffled order.
 // - multi-turn: --conversations N conversations of --turns T turns; each turn sends the whole
 //   history (every earlier question and answer) followed by a new question of --question-len
-//   ids, and starts only once the previous turn of its conversation has finished.
+//   ids, and starts only once the previous turn of its conversation has finished. With
+//   --random-range-ratio R < 1 each question and answer length is uniform in [R len, len], so
+//   that conversations drift apart instead of sending their turns in synchronized waves (with one
+//   fixed length every conversation finishes its turn in the same step, and the next turns
+//   arrive together and queue behind each other).
 #pragma once
 
 #include <cstdint>
@@ -56,6 +60,8 @@ class Workload {
 
  private:
   proto::GenerateRequest make(std::vector<int32_t> prompt, int32_t max_tokens);
+  // A length uniform in [range_ratio * len, len] (len itself when the ratio is 1).
+  int32_t length(int32_t len);
   std::vector<int32_t> random_ids(int32_t n);
 
   WorkloadOptions options_;
