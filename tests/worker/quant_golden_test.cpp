@@ -1,6 +1,6 @@
 // Quantized checkpoints against Hugging Face transformers (float32): tests/golden/
 // make_quant_model_golden.py quantized the llama3-tiny model (seed 7) with `litellama quantize
-// --group-size 32` (awq calibrated over tests/golden/quant/calibration.txt), dequantized the
+// --group-size 32` (awq and w8a8 calibrated over tests/golden/quant/calibration.txt), dequantized the
 // result with its own numpy unpacker and ran transformers on the dense copy. Here the same two
 // commands write the same quantized checkpoint, which the CPU backend loads as stored: greedy ids
 // identical to transformers', top logits within 1e-3 of the logit scale.
@@ -68,8 +68,9 @@ TEST_P(QuantGoldenTest, QuantizedCheckpointMatchesTransformersOnItsDequantizedWe
   }
 }
 
-// The references make_quant_model_golden.py wrote (w8a8's is not among them yet).
-INSTANTIATE_TEST_SUITE_P(Methods, QuantGoldenTest, ::testing::Values("awq", "gptq-rtn", "fp8"),
+// The references make_quant_model_golden.py wrote, one per method.
+INSTANTIATE_TEST_SUITE_P(Methods, QuantGoldenTest,
+                         ::testing::Values("awq", "gptq-rtn", "fp8", "w8a8"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param;
                            for (char& ch : name) ch = ch == '-' ? '_' : ch;
