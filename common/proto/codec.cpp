@@ -29,6 +29,9 @@ constexpr std::array kTypeNames = {
     TypeName{MessageType::kStepRequest, "step_request"},
     TypeName{MessageType::kStepResult, "step_result"},
     TypeName{MessageType::kSchedulerHeartbeat, "scheduler_heartbeat"},
+    TypeName{MessageType::kVisionHeartbeat, "vision_heartbeat"},
+    TypeName{MessageType::kEncodeImageRequest, "encode_image_request"},
+    TypeName{MessageType::kEncodeImageReply, "encode_image_reply"},
 };
 
 // Frames are small control messages; step data rides in shared memory.
@@ -68,6 +71,9 @@ const char* message_type_name(MessageType type) {
     case MessageType::kStepRequest:
     case MessageType::kStepResult:
     case MessageType::kSchedulerHeartbeat:
+    case MessageType::kVisionHeartbeat:
+    case MessageType::kEncodeImageRequest:
+    case MessageType::kEncodeImageReply:
       return kTypeNames[static_cast<size_t>(type)].name;
   }
   return "unknown";

@@ -42,6 +42,10 @@ enum class MessageType : uint8_t {
   kStepResult,
   // scheduler -> any peer (heartbeat.h)
   kSchedulerHeartbeat,
+  // scheduler <-> vision service (vision_messages.h)
+  kVisionHeartbeat,
+  kEncodeImageRequest,
+  kEncodeImageReply,
 };
 
 const char* message_type_name(MessageType type);

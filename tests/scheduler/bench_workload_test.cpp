@@ -48,8 +48,9 @@ TEST(BenchWorkload, MultiTurnLengthsFollowTheRangeRatioAndTurnsExtendTheHistory)
         ASSERT_TRUE(f.has_value());
         ASSERT_GT(f->prompt_ids.size(), r.prompt_ids.size() + answer.size());
         EXPECT_TRUE(std::equal(r.prompt_ids.begin(), r.prompt_ids.end(), f->prompt_ids.begin()));
-        EXPECT_TRUE(std::equal(answer.begin(), answer.end(),
-                               f->prompt_ids.begin() + static_cast<ptrdiff_t>(r.prompt_ids.size())));
+        EXPECT_TRUE(
+            std::equal(answer.begin(), answer.end(),
+                       f->prompt_ids.begin() + static_cast<ptrdiff_t>(r.prompt_ids.size())));
         const size_t question = f->prompt_ids.size() - r.prompt_ids.size() - answer.size();
         question_lengths.insert(question);
         EXPECT_GE(question, ratio < 1.0 ? 20u : 40u);

@@ -54,7 +54,7 @@ TEST(ProtoCodec, RoundTripAndRejections) {
   EXPECT_FALSE(proto::Envelope::parse(bytes.substr(0, bytes.size() - 3)).is_ok());
   EXPECT_FALSE(proto::Envelope::parse("\xc1").is_ok());
   EXPECT_FALSE(proto::Envelope::parse("").is_ok());
-  for (int t = 0; t <= static_cast<int>(proto::MessageType::kSchedulerHeartbeat); ++t) {
+  for (int t = 0; t <= static_cast<int>(proto::MessageType::kEncodeImageReply); ++t) {
     const auto type = static_cast<proto::MessageType>(t);
     EXPECT_EQ(proto::parse_message_type(proto::message_type_name(type)), type);
   }

@@ -1,0 +1,199 @@
+// EmbeddingPool on Boost.Interprocess shared memory. Region layout (every offset 64-byte
+// aligned): [RegionHeader][slot 0 rows][slot 1 rows]...; a slot's rows are rows_per_slot * hidden
+// float32, padded up to the next 64 bytes so every slot starts on a cache line.
+#include "services/vision/embedding_pool.h"
+
+#include <cstdint>
+#include <exception>
+#include <limits>
+
+#include <boost/interprocess/exceptions.hpp>
+#include <boost/interprocess/mapped_region.hpp>
+#include <boost/interprocess/shared_memory_object.hpp>
+
+namespace litellama {
+
+namespace bip = boost::interprocess;
+
+namespace {
+
+constexpr uint64_t kEmbeddingPoolMagic = 0x4c4c4d454d425031ull;  // "LLMEMBP1"
+constexpr uint32_t kEmbeddingPoolLayoutVersion = 1;
+constexpr size_t kAlign = 64;
+// The largest region create() makes or open() accepts: 1 TiB, far above any real pool, and small
+// enough that every size computation below stays exact in 64 bits.
+constexpr uint64_t kMaxRegionBytes = uint64_t{1} << 40;
+
+static_assert(sizeof(size_t) >= sizeof(uint64_t), "the region size must fit in size_t");
+
+// Written once by create() before the name is announced; never changed afterwards.
+struct RegionHeader {
+  uint64_t magic;
+  uint32_t layout_version;
+  uint32_t reserved0;
+  int32_t n_slots;
+  int32_t rows_per_slot;
+  int32_t hidden;
+  int32_t reserved1;
+  uint64_t incarnation;
+};
+
+constexpr uint64_t align_up(uint64_t n) {
+  return (n + kAlign - 1) / kAlign * kAlign;
+}
+
+constexpr uint64_t kRowsOffset = align_up(sizeof(RegionHeader));
+
+// Bytes from one slot's first row to the next slot's; valid once check_geometry passed.
+uint64_t slot_stride_bytes(const EmbeddingPoolGeometry& g) {
+  return align_up(static_cast<uint64_t>(g.rows_per_slot) * static_cast<uint64_t>(g.hidden) *
+                  sizeof(float));
+}
+
+uint64_t region_bytes(const EmbeddingPoolGeometry& g) {
+  return kRowsOffset + static_cast<uint64_t>(g.n_slots) * slot_stride_bytes(g);
+}
+
+// Every factor is positive and the region is at most kMaxRegionBytes. Each step divides before
+// it multiplies, so no intermediate product can overflow.
+Status check_geometry(const EmbeddingPoolGeometry& g) {
+  if (g.n_slots <= 0 || g.rows_per_slot <= 0 || g.hidden <= 0) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "embedding pool geometry must be positive (slots {}, rows per slot {}, "
+                      "hidden {})",
+                      g.n_slots, g.rows_per_slot, g.hidden);
+  }
+  // rows_per_slot * hidden <= 2^62: exact in 64 bits.
+  const uint64_t floats = static_cast<uint64_t>(g.rows_per_slot) * static_cast<uint64_t>(g.hidden);
+  const uint64_t budget = kMaxRegionBytes - kRowsOffset;
+  if (floats > budget / sizeof(float) ||
+      align_up(floats * sizeof(float)) > budget / static_cast<uint64_t>(g.n_slots)) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "embedding pool of {} slots x {} rows x {} floats exceeds {} bytes",
+                      g.n_slots, g.rows_per_slot, g.hidden, kMaxRegionBytes);
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+struct EmbeddingPool::Impl {
+  bip::shared_memory_object shm;
+  bip::mapped_region region;
+};
+
+EmbeddingPool::EmbeddingPool(std::string name, bool owner, std::unique_ptr<Impl> impl,
+                             EmbeddingPoolGeometry geometry, uint64_t incarnation)
+    : name_(std::move(name)),
+      owner_(owner),
+      impl_(std::move(impl)),
+      geometry_(geometry),
+      incarnation_(incarnation) {}
+
+EmbeddingPool::~EmbeddingPool() {
+  impl_.reset();
+  if (owner_) bip::shared_memory_object::remove(name_.c_str());
+}
+
+void EmbeddingPool::remove(const std::string& name) {
+  bip::shared_memory_object::remove(name.c_str());
+}
+
+Result<std::unique_ptr<EmbeddingPool>> EmbeddingPool::create(const std::string& name,
+                                                             const EmbeddingPoolGeometry& geometry,
+                                                             uint64_t incarnation) {
+  LITELLAMA_RETURN_IF_ERROR(check_geometry(geometry));
+  try {
+    bip::shared_memory_object::remove(name.c_str());
+    auto impl = std::make_unique<Impl>();
+    // 0600: the rows are derived from users' images; only the service user's processes (the
+    // vision service and the worker) may map them. Boost sets the mode with fchmod, past the umask.
+    impl->shm = bip::shared_memory_object(bip::create_only, name.c_str(), bip::read_write,
+                                          bip::permissions(0600));
+    const uint64_t size = region_bytes(geometry);
+    impl->shm.truncate(static_cast<bip::offset_t>(size));
+    impl->region = bip::mapped_region(impl->shm, bip::read_write);
+    // A freshly created object reads as zeros (POSIX ftruncate), so only the header is written:
+    // the rows' pages are not touched until an image is encoded into them.
+    auto* header = static_cast<RegionHeader*>(impl->region.get_address());
+    *header = RegionHeader{};
+    header->n_slots = geometry.n_slots;
+    header->rows_per_slot = geometry.rows_per_slot;
+    header->hidden = geometry.hidden;
+    header->incarnation = incarnation;
+    header->layout_version = kEmbeddingPoolLayoutVersion;
+    header->magic = kEmbeddingPoolMagic;
+    return std::unique_ptr<EmbeddingPool>(
+        new EmbeddingPool(name, true, std::move(impl), geometry, incarnation));
+  } catch (const std::exception& e) {
+    bip::shared_memory_object::remove(name.c_str());
+    return make_error(StatusCode::kResourceExhausted,
+                      "cannot create embedding pool shared memory '{}' ({} bytes): {}", name,
+                      region_bytes(geometry), e.what());
+  }
+}
+
+Result<std::unique_ptr<EmbeddingPool>> EmbeddingPool::open(const std::string& name,
+                                                           uint64_t incarnation) {
+  try {
+    auto impl = std::make_unique<Impl>();
+    impl->shm = bip::shared_memory_object(bip::open_only, name.c_str(), bip::read_write);
+    impl->region = bip::mapped_region(impl->shm, bip::read_write);
+    if (impl->region.get_size() < sizeof(RegionHeader)) {
+      return make_error(StatusCode::kDataLoss, "embedding pool shared memory '{}' is too small",
+                        name);
+    }
+    const RegionHeader header = *static_cast<const RegionHeader*>(impl->region.get_address());
+    if (header.magic != kEmbeddingPoolMagic ||
+        header.layout_version != kEmbeddingPoolLayoutVersion) {
+      return make_error(StatusCode::kUnsupported,
+                        "shared memory '{}' is not an embedding pool v{} (magic {:#x}, version {})",
+                        name, kEmbeddingPoolLayoutVersion, header.magic, header.layout_version);
+    }
+    const EmbeddingPoolGeometry geometry{header.n_slots, header.rows_per_slot, header.hidden};
+    LITELLAMA_RETURN_IF_ERROR(check_geometry(geometry));
+    if (impl->region.get_size() < region_bytes(geometry)) {
+      return make_error(StatusCode::kDataLoss,
+                        "embedding pool shared memory '{}' is smaller than its layout ({} < {} "
+                        "bytes)",
+                        name, impl->region.get_size(), region_bytes(geometry));
+    }
+    // A pool of another vision process (a stale region, or a restart the caller has not heard of
+    // yet): its slot numbering is not the one the caller's scheduler assigned.
+    if (incarnation != 0 && header.incarnation != incarnation) {
+      return make_error(StatusCode::kUnavailable,
+                        "embedding pool '{}' belongs to vision incarnation {}, expected {}", name,
+                        header.incarnation, incarnation);
+    }
+    return std::unique_ptr<EmbeddingPool>(
+        new EmbeddingPool(name, false, std::move(impl), geometry, header.incarnation));
+  } catch (const bip::interprocess_exception& e) {
+    if (e.get_error_code() == bip::not_found_error) {
+      return make_error(StatusCode::kNotFound, "embedding pool shared memory '{}' does not exist",
+                        name);
+    }
+    return make_error(StatusCode::kUnavailable, "cannot open embedding pool shared memory '{}': {}",
+                      name, e.what());
+  } catch (const std::exception& e) {
+    return make_error(StatusCode::kUnavailable, "cannot open embedding pool shared memory '{}': {}",
+                      name, e.what());
+  }
+}
+
+std::span<float> EmbeddingPool::rows(int32_t slot) {
+  if (slot < 0 || slot >= geometry_.n_slots) return {};
+  auto* base = static_cast<uint8_t*>(impl_->region.get_address()) + kRowsOffset +
+               static_cast<size_t>(slot) * slot_stride_bytes(geometry_);
+  return {reinterpret_cast<float*>(base),
+          static_cast<size_t>(geometry_.rows_per_slot) * static_cast<size_t>(geometry_.hidden)};
+}
+
+std::span<const float> EmbeddingPool::rows(int32_t slot) const {
+  return const_cast<EmbeddingPool*>(this)->rows(slot);
+}
+
+size_t EmbeddingPool::size_bytes() const {
+  return region_bytes(geometry_);
+}
+
+}  // namespace litellama

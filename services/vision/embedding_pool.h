@@ -1,0 +1,72 @@
+// EmbeddingPool: the image embeddings the vision service writes and the worker reads in place.
+// n_slots slots of [rows_per_slot, hidden] float32 rows, one image's projected features per slot.
+//
+// On the CPU backend the pool is Boost.Interprocess shared memory: the vision service creates it
+// (replacing a stale region of the same name) and owns it; the worker opens it by the name the
+// vision service announces and reads the rows through the mapping (StepBatch::embed_rows, host
+// memory), so embeddings never travel over a socket. A CUDA pool (one device allocation exported
+// with cudaIpcGetMemHandle) keeps the same geometry and slot numbering.
+//
+// What must stay true: the region starts with a header (magic, layout version, geometry,
+// incarnation) that open() checks, so a reader never interprets a region of another layout or
+// another vision process; the scheduler decides which slot holds which image (the pool has no
+// allocation of its own) and never touches the rows.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "common/status.h"
+
+namespace litellama {
+
+struct EmbeddingPoolGeometry {
+  int32_t n_slots = 0;
+  int32_t rows_per_slot = 0;  // image tokens of one image (LlavaConfig::image_seq_length)
+  int32_t hidden = 0;         // the text model's hidden size
+  bool operator==(const EmbeddingPoolGeometry&) const = default;
+};
+
+class EmbeddingPool {
+ public:
+  // Creates the region (replacing a stale one of the same name) and owns it: removed on
+  // destruction. Fails on a non-positive geometry or a region above 1 TiB.
+  static Result<std::unique_ptr<EmbeddingPool>> create(const std::string& name,
+                                                       const EmbeddingPoolGeometry& geometry,
+                                                       uint64_t incarnation);
+  // Opens an existing region; checks the header (magic, layout version, geometry) and, when
+  // `incarnation` is non-zero, that the region belongs to that vision process (kUnavailable
+  // otherwise). kNotFound when no region has that name. Does not remove it.
+  static Result<std::unique_ptr<EmbeddingPool>> open(const std::string& name,
+                                                     uint64_t incarnation = 0);
+  // Removes a region left behind by a process that died (no error when there is none).
+  static void remove(const std::string& name);
+
+  ~EmbeddingPool();
+  EmbeddingPool(const EmbeddingPool&) = delete;
+  EmbeddingPool& operator=(const EmbeddingPool&) = delete;
+
+  const std::string& name() const { return name_; }
+  const EmbeddingPoolGeometry& geometry() const { return geometry_; }
+  uint64_t incarnation() const { return incarnation_; }
+  // Slot `slot`'s rows, [rows_per_slot * hidden], 64-byte aligned; empty when slot is outside
+  // [0, n_slots).
+  std::span<float> rows(int32_t slot);
+  std::span<const float> rows(int32_t slot) const;
+  size_t size_bytes() const;
+
+ private:
+  struct Impl;
+  EmbeddingPool(std::string name, bool owner, std::unique_ptr<Impl> impl,
+                EmbeddingPoolGeometry geometry, uint64_t incarnation);
+
+  std::string name_;
+  bool owner_ = false;
+  std::unique_ptr<Impl> impl_;
+  EmbeddingPoolGeometry geometry_;
+  uint64_t incarnation_ = 0;
+};
+
+}  // namespace litellama
