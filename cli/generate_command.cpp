@@ -220,9 +220,18 @@ CommandMain register_generate_command(CLI::App& app) {
                   "send the request to a running scheduler (litellama serve) at ADDR");
   sub->add_option("--priority", args->priority,
                   "with --server: scheduling priority (larger is served first; default 0)");
+  sub->add_option("--image", args->images,
+                  "with --server: an image file (JPEG/PNG) for a LLaVA prompt, once per image "
+                  "token of --input-ids or <image> of --prompt, in order");
   return [args, prompt_option]() {
     args->prompt_given = prompt_option->count() > 0;
     if (!args->server.empty()) return run_generate_remote(*args);
+    if (!args->images.empty()) {
+      std::fprintf(stderr,
+                   "generate: --image needs --server (images are encoded by the vision service "
+                   "of litellama serve; the in-process path takes none yet)\n");
+      return 2;
+    }
     return run_generate(*args);
   };
 }

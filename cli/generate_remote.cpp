@@ -2,6 +2,8 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include <nlohmann/json.hpp>
 
@@ -67,6 +69,18 @@ int run_generate_remote(const RemoteGenerateArgs& a) {
   req.top_logits = a.top_logits;
   req.priority = a.priority;
 
+  std::vector<std::string> images;
+  for (const std::string& path : a.images) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+      return fail(cmd, make_error(StatusCode::kNotFound, "--image {}: cannot open it", path));
+    }
+    images.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    if (in.bad()) {
+      return fail(cmd, make_error(StatusCode::kDataLoss, "--image {}: cannot read it", path));
+    }
+  }
+
   auto endpoint = server_endpoint(a.server);
   if (!endpoint.is_ok()) return fail(cmd, endpoint.status());
   auto client = net::SchedulerClient::connect(*endpoint);
@@ -81,7 +95,7 @@ int run_generate_remote(const RemoteGenerateArgs& a) {
           std::fflush(stdout);
         }
       },
-      a.timeout_ms);
+      a.timeout_ms, images);
   if (!done.is_ok()) {
     if (stream) std::printf("\n");
     return fail(cmd, done.status());

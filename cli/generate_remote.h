@@ -34,6 +34,8 @@ struct RemoteGenerateArgs {
   bool ignore_eos = false;
   int32_t top_logits = 0;  // largest raw logits of the first generated position
   int32_t priority = 0;    // scheduling priority (larger first)
+  // Image files (JPEG/PNG) of a LLaVA prompt, in the order of its image tokens.
+  std::vector<std::string> images;
   bool json = false;
   int32_t timeout_ms = 120000;  // no answer for this long: fail
 };

@@ -92,9 +92,24 @@ Status SchedulerClient::wait_connected(int timeout_ms) {
   return Status::ok();
 }
 
-Result<uint64_t> SchedulerClient::submit(proto::GenerateRequest request) {
+Result<uint64_t> SchedulerClient::submit(proto::GenerateRequest request,
+                                         const std::vector<std::string>& images) {
   request.request_id = next_request_id_++;
-  if (send_one(socket_, proto::encode(request)) != SendResult::kSent) {
+  request.n_images = static_cast<int32_t>(images.size());
+  const std::string head = proto::encode(request);
+  bool sent = false;
+  if (images.empty()) {
+    sent = send_one(socket_, head) == SendResult::kSent;
+  } else {
+    // One message of 1 + n frames: ZeroMQ delivers all of them or none.
+    sent = socket_.send(zmq::buffer(head), zmq::send_flags::sndmore | zmq::send_flags::dontwait)
+               .has_value();
+    for (size_t i = 0; sent && i < images.size(); ++i) {
+      const auto more = i + 1 < images.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
+      sent = socket_.send(zmq::buffer(images[i]), more | zmq::send_flags::dontwait).has_value();
+    }
+  }
+  if (!sent) {
     return make_error(StatusCode::kUnavailable, "scheduler queue is full");
   }
   open_.insert(request.request_id);
@@ -218,9 +233,10 @@ Status SchedulerClient::wait_ready(int timeout_ms) {
 }
 
 Result<Completion> SchedulerClient::generate(proto::GenerateRequest request,
-                                             const ChunkCallback& on_chunk, int idle_timeout_ms) {
+                                             const ChunkCallback& on_chunk, int idle_timeout_ms,
+                                             const std::vector<std::string>& images) {
   const double start = monotonic_seconds();
-  LITELLAMA_ASSIGN_OR_RETURN(uint64_t id, submit(std::move(request)));
+  LITELLAMA_ASSIGN_OR_RETURN(uint64_t id, submit(std::move(request), images));
   Completion completion;
   while (true) {
     LITELLAMA_ASSIGN_OR_RETURN(std::optional<ClientEvent> event, next_event(idle_timeout_ms));

@@ -60,7 +60,10 @@ class SchedulerClient {
   // talk to would only learn it from its request's timeout).
   Status wait_connected(int timeout_ms);
 
-  Result<uint64_t> submit(proto::GenerateRequest request);
+  // images: one entry per image of the prompt (JPEG/PNG bytes), sent as frames after the
+  // request; request.n_images is set to their count.
+  Result<uint64_t> submit(proto::GenerateRequest request,
+                          const std::vector<std::string>& images = {});
   Status abort(uint64_t request_id);
   // The next chunk or error of any request, or nullopt after timeout_ms without one.
   Result<std::optional<ClientEvent>> next_event(int timeout_ms);
@@ -72,7 +75,8 @@ class SchedulerClient {
   // Runs one request to its end, calling on_chunk for every chunk. Fails with the scheduler's
   // error, or kUnavailable when nothing arrived for idle_timeout_ms.
   Result<Completion> generate(proto::GenerateRequest request, const ChunkCallback& on_chunk,
-                              int idle_timeout_ms = 60000);
+                              int idle_timeout_ms = 60000,
+                              const std::vector<std::string>& images = {});
 
   // A file descriptor (an eventfd) that, when readable, makes next_event() return early with
   // nothing, so that a thread waiting for events can also be woken for other work. The caller

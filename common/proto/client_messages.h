@@ -61,9 +61,14 @@ struct GenerateRequest {
   // distribution: the log-softmax of the logits before penalties and temperature.
   bool logprobs = false;
   int32_t top_logprobs = 0;
+  // Images (LLaVA): the message is followed by this many ZeroMQ frames, each one image's bytes
+  // (JPEG or PNG), in the order of the prompt's images. Each image is one image token in the
+  // prompt (expanded to the image's token count by the scheduler) or a run of exactly that
+  // count.
+  int32_t n_images = 0;
   MSGPACK_DEFINE_MAP(request_id, prompt, messages, prompt_ids, add_special_tokens, sampling,
                      max_tokens, stop_token_ids, stop, ignore_eos, skip_special_tokens, top_logits,
-                     priority, logprobs, top_logprobs);
+                     priority, logprobs, top_logprobs, n_images);
 };
 
 // scheduler -> client: the next piece of one request's output.
@@ -141,9 +146,13 @@ struct ServerInfoReply {
   int64_t max_model_len = 0;
   int32_t vocab_size = 0;
   std::vector<int32_t> eos_token_ids;
+  // A vision service is up: requests may carry images (image_token_id marks their place).
+  bool vision_up = false;
+  int32_t image_token_id = -1;
+  int32_t image_tokens = 0;  // tokens one image takes in the prompt
   MSGPACK_DEFINE_MAP(request_id, ready, worker_up, n_tokenizers, model, device, dtype, n_kv_slots,
                      n_kv_slots_used, n_requests_running, n_requests_waiting, max_model_len,
-                     vocab_size, eos_token_ids);
+                     vocab_size, eos_token_ids, vision_up, image_token_id, image_tokens);
 };
 
 }  // namespace litellama::proto

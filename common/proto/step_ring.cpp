@@ -28,7 +28,7 @@ size_t align_up(size_t n) {
 struct BufferLayout {
   size_t header, token_ids, positions, token_start, kv_len, slot_start, new_slot_start, new_slots,
       sample, sampling, n_generated, history_start, history_ids, n_prompt, sampled_ids, top_ids,
-      top_values, logprobs, lse, size;
+      top_values, logprobs, lse, image_start, image_slot, image_pos, size;
 };
 
 BufferLayout buffer_layout(const StepRingLimits& l) {
@@ -59,6 +59,9 @@ BufferLayout buffer_layout(const StepRingLimits& l) {
   b.top_values = take(s * kMaxStepTopLogits * 4);
   b.logprobs = take(s * 4);
   b.lse = take(s * 4);
+  b.image_start = take((s + 1) * 4);
+  b.image_slot = take(static_cast<size_t>(l.max_images) * 4);
+  b.image_pos = take(static_cast<size_t>(l.max_images) * 4);
   b.size = at;
   return b;
 }
@@ -70,7 +73,8 @@ size_t region_size(const StepRingLimits& l) {
 Status check_limits(const StepRingLimits& l) {
   constexpr int32_t kMax = 1 << 26;
   if (l.max_tokens <= 0 || l.max_seqs <= 0 || l.max_slots <= 0 || l.max_history < 0 ||
-      l.max_tokens > kMax || l.max_seqs > kMax || l.max_slots > kMax || l.max_history > kMax ||
+      l.max_images < 0 || l.max_images > kMax || l.max_tokens > kMax || l.max_seqs > kMax ||
+      l.max_slots > kMax || l.max_history > kMax ||
       l.table_capacity < l.max_slots || l.table_capacity > INT32_MAX) {
     return make_error(StatusCode::kInvalidArgument,
                       "step ring limits out of range (tokens {}, seqs {}, slots {}, history {}, "
@@ -189,6 +193,9 @@ StepView StepRing::buffer(int index) {
       std::span<float>(reinterpret_cast<float*>(base + b.top_values), s * kMaxStepTopLogits);
   v.logprobs = std::span<float>(reinterpret_cast<float*>(base + b.logprobs), s);
   v.lse = std::span<float>(reinterpret_cast<float*>(base + b.lse), s);
+  v.image_start = i32(b.image_start, s + 1);
+  v.image_slot = i32(b.image_slot, static_cast<size_t>(limits_.max_images));
+  v.image_pos = i32(b.image_pos, static_cast<size_t>(limits_.max_images));
   return v;
 }
 

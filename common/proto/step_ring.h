@@ -30,7 +30,7 @@
 namespace litellama::proto {
 
 inline constexpr uint64_t kStepRingMagic = 0x4c4c4d5354455031ull;  // "LLMSTEP1"
-inline constexpr uint32_t kStepRingLayoutVersion = 4;
+inline constexpr uint32_t kStepRingLayoutVersion = 5;
 inline constexpr int kStepRingBuffers = 2;
 // Most top logits one sequence can return per step (the CUDA sampler's limit).
 inline constexpr int32_t kMaxStepTopLogits = 64;
@@ -41,7 +41,11 @@ struct StepRingLimits {
   int32_t max_slots = 0;       // slot-table entries one step covers (sum of kv_len)
   int32_t max_history = 0;     // penalty-history ids of one step
   int64_t table_capacity = 0;  // entries of the worker's slot table
+  int32_t max_images = 0;      // image entries of one step (0: the worker reads no images)
 };
+
+// Longest name of a vision embedding pool the step header carries, terminator included.
+inline constexpr size_t kVisionPoolNameBytes = 64;
 
 struct StepHeader {
   uint64_t step_id;
@@ -56,6 +60,16 @@ struct StepHeader {
   // 1: the worker writes logprobs and lse for every sampled sequence (a step asks for all of
   // them when any of its requests wants logprobs); 0: neither is written.
   int32_t logprobs;
+  // Images (LLaVA): n_images entries in image_slot / image_pos. Each is one image of
+  // image_rows rows in slot image_slot of the vision process's embedding pool, whose rows
+  // replace the embeddings of the sequence's positions [image_pos, image_pos + image_rows);
+  // image_start[s] .. image_start[s + 1] are sequence s's entries (any of its images the step's
+  // tokens may cover). vision_pool names the pool (NUL-terminated) and vision_incarnation the
+  // process that owns it: a change means a new pool for the worker to open.
+  int32_t n_images;
+  int32_t image_rows;
+  uint64_t vision_incarnation;
+  char vision_pool[kVisionPoolNameBytes];
 };
 
 // One buffer's arrays, as pointers into the mapping. Sizes are capacities; the header says how
@@ -84,8 +98,11 @@ struct StepView {
   // Written by the worker when header->logprobs is 1, of the raw logits (before penalties and
   // temperature): the sampled id's logprob and the log-sum-exp, so that top_values[i] - lse[s]
   // is the logprob of top_ids[i].
-  std::span<float> logprobs;  // [max_seqs]
-  std::span<float> lse;       // [max_seqs]
+  std::span<float> logprobs;       // [max_seqs]
+  std::span<float> lse;            // [max_seqs]
+  std::span<int32_t> image_start;  // [max_seqs + 1] offsets into image_slot / image_pos
+  std::span<int32_t> image_slot;   // [max_images]
+  std::span<int32_t> image_pos;    // [max_images] position of the image's first row
 };
 
 class StepRing {

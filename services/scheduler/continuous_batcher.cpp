@@ -23,11 +23,30 @@ const char* request_finish_name(RequestFinish finish) {
 
 namespace {
 
-// Prompt and generated ids of r as one array.
+// Prompt and generated ids of r as one array: the prefix cache's key. An image's positions hold
+// a value of its hash and the row instead of the image token (negative: never a vocabulary id),
+// so that prompts with other images never share their KV.
 std::vector<int32_t> known_ids(const Request* r) {
   std::vector<int32_t> ids = r->prompt_ids;
   ids.insert(ids.end(), r->output_ids.begin(), r->output_ids.end());
+  for (const RequestImage& image : r->images) {
+    for (int32_t k = 0; k < r->image_rows; ++k) {
+      const size_t at = static_cast<size_t>(image.pos + k);
+      if (image.pos < 0 || at >= ids.size()) break;
+      const uint64_t mixed = (image.hash ^ (0x9e3779b97f4a7c15ull * static_cast<uint64_t>(k + 1))) *
+                             0xbf58476d1ce4e5b9ull;
+      ids[at] = -1 - static_cast<int32_t>(mixed >> 34);  // in [-2^30, -1]
+    }
+  }
   return ids;
+}
+
+// The cache key of r's prompt alone (no outputs yet) without a copy when it has no images.
+template <typename F>
+auto with_key(const Request* r, F&& f) {
+  if (r->output_ids.empty() && r->images.empty()) return f(std::span<const int32_t>(r->prompt_ids));
+  const std::vector<int32_t> ids = known_ids(r);
+  return f(std::span<const int32_t>(ids));
 }
 
 }  // namespace
@@ -49,6 +68,13 @@ void ContinuousBatcher::queue(Request* r) {
     return a->priority != b->priority ? a->priority > b->priority : a->arrival_seq < b->arrival_seq;
   };
   waiting_.insert(std::upper_bound(waiting_.begin(), waiting_.end(), r, before), r);
+}
+
+void ContinuousBatcher::set_vision(std::string pool_name, uint64_t incarnation,
+                                   int32_t image_rows) {
+  vision_pool_ = std::move(pool_name);
+  vision_incarnation_ = incarnation;
+  image_rows_ = image_rows;
 }
 
 void ContinuousBatcher::enqueue(Request* request) {
@@ -120,8 +146,25 @@ ContinuousBatcher::AddResult ContinuousBatcher::add_sequence(Request* r, uint64_
   const bool prefill = r->n_fed < r->n_prompt() || n_new > 1;
   const int32_t kv_len = r->n_fed + n_new;
 
+  // The images whose positions this step's tokens [n_fed, kv_len) may cover.
+  int32_t n_images = 0;
+  for (const RequestImage& image : r->images) {
+    if (image.pos < kv_len && image.pos + r->image_rows > r->n_fed) ++n_images;
+  }
+  if (n_images > 0 && (h.n_images + n_images > limits.max_images || vision_pool_.empty() ||
+                       r->image_rows != image_rows_)) {
+    return AddResult::kSkipped;
+  }
   const int32_t s = h.n_seqs;
   if (!place_table(r, kv_len, limits)) return AddResult::kSkipped;
+  view.image_start[static_cast<size_t>(s)] = h.n_images;
+  for (const RequestImage& image : r->images) {
+    if (image.pos >= kv_len || image.pos + r->image_rows <= r->n_fed) continue;
+    view.image_slot[static_cast<size_t>(h.n_images)] = image.slot;
+    view.image_pos[static_cast<size_t>(h.n_images)] = image.pos;
+    ++h.n_images;
+  }
+  view.image_start[static_cast<size_t>(s + 1)] = h.n_images;
   (void)allocator_.allocate(n_new, &r->slots);
 
   for (int32_t i = 0; i < n_new; ++i) {
@@ -235,8 +278,8 @@ Request* ContinuousBatcher::pick_waiting() {
   int32_t best_len = -1;
   for (size_t i = 0; i < group.size(); ++i) {
     const Request* r = group[i];
-    const int32_t len = r->output_ids.empty() ? cache_.peek(r->prompt_ids, r->n_known() - 1)
-                                              : cache_.peek(known_ids(r), r->n_known() - 1);
+    const int32_t len = with_key(
+        r, [&](std::span<const int32_t> ids) { return cache_.peek(ids, r->n_known() - 1); });
     if (len > best_len) {
       best = i;
       best_len = len;
@@ -331,6 +374,12 @@ std::optional<PlannedStep> ContinuousBatcher::plan(uint64_t step_id, proto::Step
   view.token_start[0] = 0;
   view.new_slot_start[0] = 0;
   view.history_start[0] = 0;
+  view.image_start[0] = 0;
+  h.image_rows = image_rows_;
+  h.vision_incarnation = vision_incarnation_;
+  const size_t name_len = std::min(vision_pool_.size(), proto::kVisionPoolNameBytes - 1);
+  std::copy_n(vision_pool_.data(), name_len, h.vision_pool);
+  h.vision_pool[name_len] = '\0';
   n_slots_used_ = 0;
   n_history_used_ = 0;
 
@@ -379,8 +428,9 @@ std::optional<PlannedStep> ContinuousBatcher::plan(uint64_t step_id, proto::Step
     const int32_t n_known = r->n_known();
     int32_t matched = 0;
     if (options_.prefix_cache) {
-      matched = r->output_ids.empty() ? cache_.match(r->prompt_ids, n_known - 1, &r->slots)
-                                      : cache_.match(known_ids(r), n_known - 1, &r->slots);
+      matched = with_key(r, [&](std::span<const int32_t> ids) {
+        return cache_.match(ids, n_known - 1, &r->slots);
+      });
     }
     const int64_t need = static_cast<int64_t>(n_known - matched) + n_running();
     // Room means free slots, or cached ones nobody holds: those are evicted now, as their

@@ -18,6 +18,12 @@
 // prefix was not evicted meanwhile). A request that fits the pool alone therefore always
 // completes; one whose prompt + max_tokens exceeds the pool is refused at once.
 //
+// Images (LLaVA): a request's image positions carry the rows of its images' pool slots; each
+// step lists, per sequence, the images its tokens may cover (StepHeader::n_images). The cache key
+// of an image position is not the image token id but a value drawn from the image's hash and the
+// row (negative, so never a vocabulary id): prompts share cached KV only where their images are
+// the same.
+//
 // Admission order: priority first (larger first), first come first served within a priority;
 // among the first waiting requests of the top priority the one with the longest cached prefix
 // goes first, but a request passed over max_passed_over times goes before any later one.
@@ -88,6 +94,9 @@ class ContinuousBatcher {
   // What the worker serves: prompts with ids outside the vocabulary or longer than the context
   // are refused at admission; eos_ids stop every request that does not ignore EOS.
   void set_model(int32_t vocab_size, int64_t max_model_len, std::vector<int32_t> eos_ids);
+
+  // The vision process's pool that image entries of steps refer to (name "" : none).
+  void set_vision(std::string pool_name, uint64_t incarnation, int32_t image_rows);
 
   // Adds a request with its prompt ids to the admission queue (state kWaiting).
   void enqueue(Request* request);
@@ -164,6 +173,9 @@ class ContinuousBatcher {
 
   KvSlotAllocator& allocator_;
   BatcherOptions options_;
+  std::string vision_pool_;
+  uint64_t vision_incarnation_ = 0;
+  int32_t image_rows_ = 0;
   RadixCache cache_;
   BatcherStats stats_;
   std::deque<Request*> waiting_;                  // by priority (larger first), then arrival

@@ -50,6 +50,12 @@ int main(int argc, char** argv) {
                  "Client API endpoint (default ipc://RUN_DIR/client.sock; tcp://HOST:PORT works)");
   app.add_option("--worker-endpoint", options.worker_endpoint,
                  "Worker endpoint (default ipc://RUN_DIR/worker.sock)");
+  app.add_option("--vision-endpoint", options.vision_endpoint,
+                 "Vision service endpoint (default ipc://RUN_DIR/vision.sock; 'none' turns "
+                 "images off)");
+  litellama::add_bounded_option(app, "--max-image-bytes", options.max_image_bytes,
+                                "Largest image a request may carry, in bytes", int64_t{1},
+                                int64_t{1} << 30);
   app.add_option("--tokenizer-endpoint", options.tokenizer_endpoint,
                  "Tokenizer endpoint (default ipc://RUN_DIR/tokenizer.sock)");
   litellama::add_bounded_option(app, "--peer-wait-ms", options.peer_wait_ms,
@@ -104,6 +110,11 @@ int main(int argc, char** argv) {
   }
   if (options.worker_endpoint.empty()) {
     options.worker_endpoint = litellama::net::ipc_endpoint(run_dir, "worker");
+  }
+  if (options.vision_endpoint == "none") {
+    options.vision_endpoint.clear();
+  } else if (options.vision_endpoint.empty()) {
+    options.vision_endpoint = litellama::net::ipc_endpoint(run_dir, "vision");
   }
   if (options.tokenizer_endpoint.empty()) {
     options.tokenizer_endpoint = litellama::net::ipc_endpoint(run_dir, "tokenizer");

@@ -15,13 +15,29 @@ namespace litellama {
 
 enum class RequestState {
   kTokenizing,  // waiting for the tokenizer's EncodeReply
+  kImages,      // waiting for its images' embeddings (vision service)
   kWaiting,     // in the admission queue
   kRunning,     // admitted: holds KV slots and is part of the running batch
   kFinished,    // generation over (finish_reason set); text may still be flushing
 };
 
+// Context tokens before the first generated id in a detokenization window, so that the first
+// delta gets leading spaces and multi-byte pieces right.
+inline constexpr int32_t kDetokenizeContext = 5;
+
 enum class RequestFinish { kStop, kLength, kAbort, kError };
 const char* request_finish_name(RequestFinish finish);
+
+// One image of a request: its reuse key, its slot in the vision service's embedding pool and
+// where its rows go in the prompt.
+struct RequestImage {
+  uint64_t hash = 0;      // hash_image_bytes of the bytes
+  std::string bytes;      // kept until the image is sent to be encoded
+  int32_t slot = -1;      // pool slot once assigned
+  bool acquired = false;  // holds a reference in the scheduler's ImageTable
+  bool ready = false;     // the rows are in the pool
+  int32_t pos = -1;       // prompt position of its first row (image_rows rows)
+};
 
 struct Request {
   uint64_t id = 0;  // scheduler-assigned, unique for the scheduler's lifetime
@@ -38,6 +54,9 @@ struct Request {
   int32_t n_top_logprobs = 0;  // with logprobs: the most likely ids of each position, 0..20
   // Larger runs first; first come first served within a priority.
   int32_t priority = 0;
+  // Images (LLaVA), in prompt order, each image_rows positions long.
+  std::vector<RequestImage> images;
+  int32_t image_rows = 0;
 
   // Generation (ContinuousBatcher).
   std::vector<int32_t> output_ids;  // sampled ids known so far

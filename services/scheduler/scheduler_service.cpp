@@ -17,9 +17,6 @@ using net::frame_view;
 using net::monotonic_seconds;
 using net::SendResult;
 
-// Context tokens before the first generated id in a detokenization window, so that the first
-// delta gets leading spaces and multi-byte pieces right.
-constexpr int32_t kDetokenizeContext = 5;
 constexpr size_t kMaxStopStrings = 16;
 constexpr size_t kMaxStopStringBytes = 256;
 constexpr size_t kMaxPromptIds = size_t{1} << 20;
@@ -56,6 +53,7 @@ Status SchedulerService::start() {
         {&clients_, &options_.client_endpoint},
         {&workers_, &options_.worker_endpoint},
         {&tokenizers_, &options_.tokenizer_endpoint}};
+    vision_ = zmq::socket_t(context_, zmq::socket_type::router);
     for (const auto& [socket, endpoint] : sockets) {
       LITELLAMA_RETURN_IF_ERROR(net::prepare_endpoint(*endpoint, options_.allow_insecure_tcp));
       // Held until the scheduler exits: a second scheduler on these paths is refused.
@@ -64,6 +62,15 @@ Status SchedulerService::start() {
       net::configure_router(*socket);
       socket->bind(*endpoint);
       LITELLAMA_RETURN_IF_ERROR(net::restrict_ipc_socket(*endpoint));
+    }
+    if (!options_.vision_endpoint.empty()) {
+      const std::string& endpoint = options_.vision_endpoint;
+      LITELLAMA_RETURN_IF_ERROR(net::prepare_endpoint(endpoint, options_.allow_insecure_tcp));
+      LITELLAMA_ASSIGN_OR_RETURN(auto lock, net::ListenerLock::acquire(endpoint));
+      listener_locks_.push_back(std::move(lock));
+      net::configure_router(vision_);
+      vision_.bind(endpoint);
+      LITELLAMA_RETURN_IF_ERROR(net::restrict_ipc_socket(endpoint));
     }
   } catch (const zmq::error_t& e) {
     return make_error(StatusCode::kUnavailable, "cannot bind the scheduler's sockets: {}",
@@ -92,11 +99,12 @@ std::string SchedulerService::ready_reason() const {
 void SchedulerService::run() {
   std::vector<zmq::message_t> frames;
   while (!stop_.load()) {
-    net::wait_readable({&clients_, &workers_, &tokenizers_},
+    net::wait_readable({&clients_, &workers_, &tokenizers_, &vision_},
                        std::max(1, options_.heartbeat_interval_ms / 2));
     // Worker results first: they free the pipeline for the next step.
     while (net::recv_frames(workers_, &frames)) on_worker_frames(frames);
     while (net::recv_frames(tokenizers_, &frames)) on_tokenizer_frames(frames);
+    while (net::recv_frames(vision_, &frames)) on_vision_frames(frames);
     for (int i = 0; i < 256 && net::recv_frames(clients_, &frames); ++i) on_client_frames(frames);
     dispatch_encodes();
     schedule_steps();
@@ -121,11 +129,22 @@ void SchedulerService::protocol_error(const char* socket, const Status& why) {
 void SchedulerService::on_client_frames(std::vector<zmq::message_t>& frames) {
   if (frames.size() < 2) return;  // a ROUTER always prepends the sender's identity
   const std::string client(frame_view(frames[0]));
+  if (frames.size() > 2) {
+    // A generate request with images: [identity, request, image bytes...].
+    auto head = proto::decode<proto::GenerateRequest>(frame_view(frames[1]));
+    if (head && head->n_images > 0 && static_cast<size_t>(head->n_images) == frames.size() - 2) {
+      std::vector<std::string> images;
+      for (size_t i = 2; i < frames.size(); ++i) images.emplace_back(frame_view(frames[i]));
+      on_generate(client, *head, std::move(images));
+      return;
+    }
+  }
   if (frames.size() != 2) {
     protocol_error("client", make_error(StatusCode::kInvalidArgument, "expected 1 frame, got {}",
                                         frames.size() - 1));
     send_error(client, proto::peek_request_id(frame_view(frames[1])), StatusCode::kInvalidArgument,
-               fmt::format("a message must be one ZeroMQ frame; this one had {} (nothing of it "
+               fmt::format("a message must be one ZeroMQ frame (a generate_request with "
+                           "n_images: one more per image); this one had {} (nothing of it "
                            "was done)",
                            frames.size() - 1));
     return;
@@ -189,7 +208,8 @@ void SchedulerService::send_error(const std::string& client, uint64_t client_req
   (void)net::send_to(clients_, client, proto::encode(error));
 }
 
-void SchedulerService::on_generate(const std::string& client, const proto::GenerateRequest& msg) {
+void SchedulerService::on_generate(const std::string& client, const proto::GenerateRequest& msg,
+                                   std::vector<std::string> images) {
   auto reject = [&](const std::string& why) {
     send_error(client, msg.request_id, StatusCode::kInvalidArgument, why);
   };
@@ -234,6 +254,31 @@ void SchedulerService::on_generate(const std::string& client, const proto::Gener
     return reject("top_logits must be in [0, 64]");
   }
   if (Status st = validate_logprobs(msg); !st) return reject(st.message());
+  if (msg.n_images != static_cast<int32_t>(images.size())) {
+    return reject(fmt::format("n_images is {} but {} image frames came with the request",
+                              msg.n_images, images.size()));
+  }
+  if (!images.empty()) {
+    if (static_cast<int32_t>(images.size()) > options_.max_images_per_request) {
+      return reject(fmt::format("{} images, over the limit of {} per request", images.size(),
+                                options_.max_images_per_request));
+    }
+    for (size_t i = 0; i < images.size(); ++i) {
+      if (images[i].empty()) return reject(fmt::format("image {} is empty", i));
+      if (static_cast<int64_t>(images[i].size()) > options_.max_image_bytes) {
+        return reject(
+            fmt::format("image {} is {} bytes, over the limit of {} bytes "
+                        "(--max-image-bytes)",
+                        i, images[i].size(), options_.max_image_bytes));
+      }
+    }
+    if (!vision_peer_) {
+      send_error(client, msg.request_id, StatusCode::kUnavailable,
+                 "the request has images but no vision service is up (images need "
+                 "litellama-vision and a LLaVA model)");
+      return;
+    }
+  }
 
   if (options_.max_waiting_requests > 0) {
     const int64_t n_waiting =
@@ -264,16 +309,20 @@ void SchedulerService::on_generate(const std::string& client, const proto::Gener
   r->skip_special_tokens = msg.skip_special_tokens;
   r->t_arrival = monotonic_seconds();
   r->t_last_token = r->t_arrival;
+  for (std::string& bytes : images) {
+    RequestImage image;
+    image.hash = hash_image_bytes(bytes);
+    image.bytes = std::move(bytes);
+    r->images.push_back(std::move(image));
+  }
   requests_[r->id] = std::move(owned);
   by_client_[{client, msg.request_id}] = r->id;
 
   if (!msg.prompt_ids.empty()) {
     r->prompt_ids = msg.prompt_ids;
-    r->detok_prefix = std::max(0, r->n_prompt() - kDetokenizeContext);
-    r->detok_read = r->n_prompt();
-    batcher_.enqueue(r);
-    LITELLAMA_LOG_INFO("request {}: accepted ({} prompt ids, max_tokens {})", r->id, r->n_prompt(),
-                       r->max_tokens);
+    LITELLAMA_LOG_INFO("request {}: accepted ({} prompt ids, {} images, max_tokens {})", r->id,
+                       r->n_prompt(), r->images.size(), r->max_tokens);
+    start_generation(r);  // may fail r
     return;
   }
   // Keep the text to encode in a pending op until a tokenizer takes it.
@@ -321,11 +370,17 @@ void SchedulerService::on_server_info(const std::string& client,
   reply.n_kv_slots_used = allocator_.n_used();
   reply.n_requests_running = batcher_.n_running();
   reply.n_requests_waiting = batcher_.n_waiting();
+  if (vision_peer_) {
+    reply.vision_up = true;
+    reply.image_token_id = vision_peer_->info.image_token_id;
+    reply.image_tokens = vision_peer_->info.rows_per_slot;
+  }
   (void)net::send_to(clients_, client, proto::encode(reply));
 }
 
 void SchedulerService::erase(Request* r) {
   batcher_.retire(r);
+  release_images(r);
   pending_encodes_.erase(r->id);
   by_client_.erase({r->client, r->client_request_id});
   requests_.erase(r->id);
@@ -793,9 +848,7 @@ void SchedulerService::on_encode_reply(const proto::EncodeReply& reply) {
     return;
   }
   r->prompt_ids = reply.token_ids;
-  r->detok_prefix = std::max(0, r->n_prompt() - kDetokenizeContext);
-  r->detok_read = r->n_prompt();
-  batcher_.enqueue(r);
+  start_generation(r);
 }
 
 void SchedulerService::dispatch_detokenize() {
@@ -922,6 +975,18 @@ void SchedulerService::on_tick() {
       }
     }
     for (const auto& identity : gone) tokenizer_lost(identity, "disconnected");
+    if (vision_peer_ &&
+        net::send_to(vision_, vision_peer_->identity, bytes) == SendResult::kPeerGone) {
+      vision_lost("disconnected");
+    }
+  }
+  if (vision_peer_ && now - vision_peer_->last_seen > timeout) vision_lost("no heartbeat");
+  // Requests whose images found no free slot try again as slots come back.
+  for (uint64_t id : std::vector<uint64_t>(image_waiters_.begin(), image_waiters_.end())) {
+    auto it = requests_.find(id);
+    if (it != requests_.end() && it->second->state == RequestState::kImages) {
+      advance_images(it->second.get());
+    }
   }
   if (worker_ && now - worker_->last_seen > timeout) {
     // Heartbeats of a process that died may still sit in the socket's queue and would announce it

@@ -26,9 +26,11 @@
 #include "common/proto/client_messages.h"
 #include "common/proto/step_ring.h"
 #include "common/proto/tokenizer_messages.h"
+#include "common/proto/vision_messages.h"
 #include "common/proto/worker_messages.h"
 #include "common/status.h"
 #include "services/scheduler/continuous_batcher.h"
+#include "services/scheduler/image_table.h"
 #include "services/scheduler/kv_slot_allocator.h"
 #include "services/scheduler/request.h"
 #include "services/scheduler/scheduler_metrics.h"
@@ -39,7 +41,8 @@ struct SchedulerOptions {
   std::string client_endpoint;
   std::string worker_endpoint;
   std::string tokenizer_endpoint;
-  std::string metrics_listen;  // "" : no HTTP listener
+  std::string vision_endpoint;  // "" : no vision service (requests with images are refused)
+  std::string metrics_listen;   // "" : no HTTP listener
   int32_t heartbeat_interval_ms = 200;
   int32_t peer_timeout_ms = 2000;
   bool allow_insecure_tcp = false;  // tcp:// endpoints off loopback (--insecure-tcp)
@@ -60,6 +63,10 @@ struct SchedulerOptions {
   int32_t max_waiting_requests = 0;
   // Longest prompt + completion a request may have (--max-model-len); 0: the model's own.
   int64_t max_model_len = 0;
+  // Largest image a request may carry, in bytes (--max-image-bytes).
+  int64_t max_image_bytes = int64_t{20} << 20;
+  // Most images one request may carry.
+  int32_t max_images_per_request = 16;
 };
 
 class SchedulerService {
@@ -98,6 +105,15 @@ class SchedulerService {
     std::vector<int32_t> window_end;  // detokenize: ids covered by each item
     std::vector<uint8_t> final;
   };
+  struct VisionPeer {
+    std::string identity;
+    proto::VisionHeartbeat info;
+    double last_seen = 0.0;
+  };
+  struct VisionOp {
+    uint64_t image_hash = 0;
+    double t_sent = 0.0;
+  };
   struct InFlightStep {
     PlannedStep plan;
     int32_t buffer = 0;
@@ -111,7 +127,8 @@ class SchedulerService {
   void protocol_error(const char* socket, const Status& why);
 
   // Clients.
-  void on_generate(const std::string& client, const proto::GenerateRequest& msg);
+  void on_generate(const std::string& client, const proto::GenerateRequest& msg,
+                   std::vector<std::string> images = {});
   void on_abort(const std::string& client, const proto::AbortRequest& msg);
   void on_server_info(const std::string& client, const proto::ServerInfoRequest& msg);
   void send_error(const std::string& client, uint64_t client_request_id, StatusCode code,
@@ -139,6 +156,20 @@ class SchedulerService {
   void dispatch_detokenize();
   void apply_stop_strings(Request* r, size_t search_from);
 
+  // Vision (scheduler_vision.cpp). A request's ids are known: its images are placed in the
+  // prompt and encoded (or found encoded) before it joins the admission queue.
+  void start_generation(Request* r);
+  void on_vision_frames(std::vector<zmq::message_t>& frames);
+  void on_vision_heartbeat(const std::string& identity, const proto::VisionHeartbeat& hb);
+  void on_encode_image_reply(const proto::EncodeImageReply& reply);
+  // The vision process is gone or replaced: requests that still need its rows fail.
+  void vision_lost(const char* why);
+  // Finds each image's place in r's prompt (expanding single image tokens); false: r failed.
+  bool place_images(Request* r);
+  // Acquires slots and sends encodes for r's images; enqueues r once all are ready.
+  void advance_images(Request* r);
+  void release_images(Request* r);
+
   void on_tick();
   void update_gauges();
   std::string ready_reason() const;
@@ -153,6 +184,7 @@ class SchedulerService {
   zmq::socket_t clients_;
   zmq::socket_t workers_;
   zmq::socket_t tokenizers_;
+  zmq::socket_t vision_;
 
   std::shared_ptr<prometheus::Registry> registry_;
   SchedulerMetrics metrics_data_;
@@ -184,6 +216,13 @@ class SchedulerService {
   std::unordered_map<uint64_t, proto::EncodeRequest>
       pending_encodes_;  // by request id  // requests waiting for a tokenizer to encode them
   std::vector<int32_t> tokenizer_eos_ids_;
+
+  std::unique_ptr<VisionPeer> vision_peer_;
+  ImageTable image_table_;
+  std::unordered_map<uint64_t, VisionOp> vision_ops_;  // encodes sent, by op id
+  uint64_t next_vision_op_ = 1;
+  // Requests in kImages, in arrival order: they wait for slots or for encodes to finish.
+  std::deque<uint64_t> image_waiters_;
 
   double last_heartbeat_sent_ = 0.0;
 };

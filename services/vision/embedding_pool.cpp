@@ -1,11 +1,14 @@
 // EmbeddingPool on Boost.Interprocess shared memory. Region layout (every offset 64-byte
 // aligned): [RegionHeader][slot 0 rows][slot 1 rows]...; a slot's rows are rows_per_slot * hidden
-// float32, padded up to the next 64 bytes so every slot starts on a cache line.
+// float32, padded with whole rows up to the fewest that make a multiple of 64 bytes. So every slot
+// starts on a cache line and also a whole number of rows after slot 0's first row, which lets a
+// reader name any row of the pool by one index (row_index) counted from rows(0).data().
 #include "services/vision/embedding_pool.h"
 
 #include <cstdint>
 #include <exception>
 #include <limits>
+#include <numeric>
 
 #include <boost/interprocess/exceptions.hpp>
 #include <boost/interprocess/mapped_region.hpp>
@@ -18,7 +21,7 @@ namespace bip = boost::interprocess;
 namespace {
 
 constexpr uint64_t kEmbeddingPoolMagic = 0x4c4c4d454d425031ull;  // "LLMEMBP1"
-constexpr uint32_t kEmbeddingPoolLayoutVersion = 1;
+constexpr uint32_t kEmbeddingPoolLayoutVersion = 2;
 constexpr size_t kAlign = 64;
 // The largest region create() makes or open() accepts: 1 TiB, far above any real pool, and small
 // enough that every size computation below stays exact in 64 bits.
@@ -44,10 +47,18 @@ constexpr uint64_t align_up(uint64_t n) {
 
 constexpr uint64_t kRowsOffset = align_up(sizeof(RegionHeader));
 
+// Rows from one slot's first row to the next slot's: rows_per_slot rounded up to a multiple of
+// 16 / gcd(hidden, 16), the fewest rows whose bytes (hidden * 4 each) are a multiple of 64. At most
+// 15 rows of padding; none when hidden is a multiple of 16. Exact in 64 bits for any int32 sizes.
+uint64_t slot_stride_rows(const EmbeddingPoolGeometry& g) {
+  const auto hidden = static_cast<uint64_t>(g.hidden);
+  const uint64_t multiple = kAlign / sizeof(float) / std::gcd(hidden, kAlign / sizeof(float));
+  return (static_cast<uint64_t>(g.rows_per_slot) + multiple - 1) / multiple * multiple;
+}
+
 // Bytes from one slot's first row to the next slot's; valid once check_geometry passed.
 uint64_t slot_stride_bytes(const EmbeddingPoolGeometry& g) {
-  return align_up(static_cast<uint64_t>(g.rows_per_slot) * static_cast<uint64_t>(g.hidden) *
-                  sizeof(float));
+  return slot_stride_rows(g) * static_cast<uint64_t>(g.hidden) * sizeof(float);
 }
 
 uint64_t region_bytes(const EmbeddingPoolGeometry& g) {
@@ -63,11 +74,12 @@ Status check_geometry(const EmbeddingPoolGeometry& g) {
                       "hidden {})",
                       g.n_slots, g.rows_per_slot, g.hidden);
   }
-  // rows_per_slot * hidden <= 2^62: exact in 64 bits.
-  const uint64_t floats = static_cast<uint64_t>(g.rows_per_slot) * static_cast<uint64_t>(g.hidden);
+  // slot_stride_rows * hidden < (2^31 + 16) * 2^31 < 2^63: exact in 64 bits; the product with
+  // sizeof(float) is taken only once it is known to be at most the budget.
+  const uint64_t floats = slot_stride_rows(g) * static_cast<uint64_t>(g.hidden);
   const uint64_t budget = kMaxRegionBytes - kRowsOffset;
   if (floats > budget / sizeof(float) ||
-      align_up(floats * sizeof(float)) > budget / static_cast<uint64_t>(g.n_slots)) {
+      floats * sizeof(float) > budget / static_cast<uint64_t>(g.n_slots)) {
     return make_error(StatusCode::kInvalidArgument,
                       "embedding pool of {} slots x {} rows x {} floats exceeds {} bytes",
                       g.n_slots, g.rows_per_slot, g.hidden, kMaxRegionBytes);
@@ -190,6 +202,14 @@ std::span<float> EmbeddingPool::rows(int32_t slot) {
 
 std::span<const float> EmbeddingPool::rows(int32_t slot) const {
   return const_cast<EmbeddingPool*>(this)->rows(slot);
+}
+
+int64_t EmbeddingPool::row_index(int32_t slot, int32_t row) const {
+  if (slot < 0 || slot >= geometry_.n_slots || row < 0 || row >= geometry_.rows_per_slot) {
+    return -1;
+  }
+  // Below 2^40 / 4 rows, as the region is at most kMaxRegionBytes: no overflow.
+  return static_cast<int64_t>(static_cast<uint64_t>(slot) * slot_stride_rows(geometry_)) + row;
 }
 
 size_t EmbeddingPool::size_bytes() const {

@@ -55,6 +55,11 @@ class EmbeddingPool {
   // [0, n_slots).
   std::span<float> rows(int32_t slot);
   std::span<const float> rows(int32_t slot) const;
+  // Where row `row` of slot `slot` lies, counted in rows of `hidden` floats from rows(0).data():
+  // rows(0).data() + row_index(slot, row) * hidden is that row (slots start a whole number of
+  // rows apart, so one base and an index reach every row in place). -1 when slot is outside
+  // [0, n_slots) or row outside [0, rows_per_slot).
+  int64_t row_index(int32_t slot, int32_t row) const;
   size_t size_bytes() const;
 
  private:

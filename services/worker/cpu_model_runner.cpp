@@ -339,10 +339,16 @@ Status CpuModelRunner::step(const StepBatchView& batch, StepOutput* out) {
       v(k.size()), attn(q.size()), o(x.size());
   std::vector<float> gate(static_cast<size_t>(T * inter)), up(gate.size());
   for (int64_t t = 0, j = 0; t < T; ++t) {
-    // A token named in embed_token_index takes its given row instead of its id's embedding.
+    // A token named in embed_token_index takes its given row (row j, or embed_row_index[j]
+    // when the batch names rows) instead of its id's embedding.
     const bool given = j < static_cast<int64_t>(batch.embed_token_index.size()) &&
                        batch.embed_token_index[static_cast<size_t>(j)] == t;
-    const float* row = given ? batch.embed_rows + (j++) * H
+    int64_t given_row = 0;
+    if (given) {
+      given_row = batch.embed_row_index.empty() ? j : batch.embed_row_index[static_cast<size_t>(j)];
+      ++j;
+    }
+    const float* row = given ? batch.embed_rows + given_row * H
                              : embed_.data() + static_cast<int64_t>(batch.token_ids[t]) * H;
     std::copy_n(row, H, x.data() + t * H);
   }

@@ -62,6 +62,7 @@ void StepBatch::clear() {
   n_prompt.clear();
   n_top_logits = 0;
   embed_token_index.clear();
+  embed_row_index.clear();
   embed_rows = nullptr;
   embed_rows_memory = EmbeddingMemory::kHost;
   logprobs = false;
@@ -86,6 +87,7 @@ StepBatchView StepBatch::view() const {
                        .n_prompt = n_prompt,
                        .n_top_logits = n_top_logits,
                        .embed_token_index = embed_token_index,
+                       .embed_row_index = embed_row_index,
                        .embed_rows = embed_rows,
                        .embed_rows_memory = embed_rows_memory,
                        .logprobs = logprobs};
@@ -144,7 +146,28 @@ Status validate_sequence(const StepBatchView& b, size_t s, int64_t table_capacit
 }
 
 Status validate_embedding_rows(const StepBatchView& b) {
-  if (b.embed_token_index.empty()) return Status::ok();
+  if (b.embed_token_index.empty()) {
+    if (!b.embed_row_index.empty()) {
+      return make_error(StatusCode::kInvalidArgument,
+                        "step batch has {} embedding row indices but no embedded tokens",
+                        b.embed_row_index.size());
+    }
+    return Status::ok();
+  }
+  if (!b.embed_row_index.empty()) {
+    if (b.embed_row_index.size() != b.embed_token_index.size()) {
+      return make_error(StatusCode::kInvalidArgument,
+                        "step batch has {} embedding row indices for {} embedded tokens",
+                        b.embed_row_index.size(), b.embed_token_index.size());
+    }
+    for (size_t j = 0; j < b.embed_row_index.size(); ++j) {
+      if (b.embed_row_index[j] < 0) {
+        return make_error(StatusCode::kInvalidArgument,
+                          "step batch embedding row index {} at {} is negative",
+                          b.embed_row_index[j], j);
+      }
+    }
+  }
   if (b.embed_rows == nullptr) {
     return make_error(StatusCode::kInvalidArgument,
                       "step batch names {} embedding rows but gives none",

@@ -56,6 +56,7 @@ struct StepBatchView {
   std::span<const int32_t> n_prompt;         // [n_seqs] or empty
   int32_t n_top_logits = 0;
   std::span<const int32_t> embed_token_index;  // [n_embed]
+  std::span<const int32_t> embed_row_index;    // [n_embed] or empty
   const float* embed_rows = nullptr;
   EmbeddingMemory embed_rows_memory = EmbeddingMemory::kHost;
   bool logprobs = false;
@@ -101,7 +102,16 @@ struct StepBatch {
   // in place (from a pool another process exports) with no copy. A backend refuses memory it
   // cannot read (ModelRunner::supports_input_embeddings).
   std::vector<int32_t> embed_token_index;  // [n_embed] strictly increasing, in [0, n_tokens)
-  const float* embed_rows = nullptr;       // [n_embed, hidden_size] float32, row-major
+  // Empty: token embed_token_index[j] takes row j. Else [n_embed], each >= 0: it takes row
+  // embed_row_index[j] of embed_rows, so that rows are read in place where they are not
+  // contiguous or not in token order (an image's rows in a slot of the vision process's
+  // EmbeddingPool, with embed_rows that pool's first row). Rows may repeat; the caller
+  // guarantees every named row lies inside the memory embed_rows points to (validate() cannot
+  // know its extent). A backend that reads rows only contiguously refuses it (kUnsupported).
+  std::vector<int32_t> embed_row_index;
+  // [n_embed, hidden_size] float32, row-major; with embed_row_index, at least one row past its
+  // largest entry.
+  const float* embed_rows = nullptr;
   EmbeddingMemory embed_rows_memory = EmbeddingMemory::kHost;
   // Return the logprob of each sampled sequence's token and the log-sum-exp of its raw logits
   // (StepOutput::logprobs, ::lse), for every sampled sequence of the step.

@@ -118,6 +118,7 @@ class ServiceCluster {
     scheduler_port_ = free_tcp_port();
     worker_port_ = free_tcp_port();
     tokenizer_port_ = free_tcp_port();
+    vision_port_ = free_tcp_port();
   }
   ~ServiceCluster() {
     for (auto& [name, p] : processes_) p.stop(2000);
@@ -125,9 +126,11 @@ class ServiceCluster {
     std::filesystem::remove_all(dir_, ec);
   }
 
-  // Writes the test model (llama3-tiny with the Llama 3.1 tokenizer).
+  // The random-weight preset make_model() writes (before start_all()).
+  void use_preset(const std::string& name) { preset_ = name; }
+  // Writes the test model (llama3-tiny with the Llama 3.1 tokenizer, or use_preset's).
   void make_model() {
-    auto preset = find_random_checkpoint_preset("llama3-tiny");
+    auto preset = find_random_checkpoint_preset(preset_);
     ASSERT_TRUE(preset.is_ok()) << preset.status().to_string();
     RandomCheckpointOptions options;
     options.seed = 7;
@@ -206,6 +209,14 @@ class ServiceCluster {
                         "--metrics", "127.0.0.1:" + std::to_string(tokenizer_port_),
                         "--heartbeat-ms", "50", "--peer-timeout-ms", "600"});
   }
+  // The vision service (LLaVA presets), two encoder threads, the pool sized for `pool_bytes`.
+  void start_vision(int64_t pool_bytes = 64 << 10) {
+    start("vision", {bin_ + "/litellama-vision", "--model", model_, "--run-dir", run_,
+                     "--metrics", "127.0.0.1:" + std::to_string(vision_port_), "--threads", "2",
+                     "--vision-pool-bytes", std::to_string(pool_bytes), "--heartbeat-ms", "50",
+                     "--peer-timeout-ms", "600"});
+  }
+  int vision_metrics_port() const { return vision_port_; }
   void start_all() {
     make_model();
     start_scheduler();
@@ -279,7 +290,8 @@ class ServiceCluster {
   std::string model_, run_;
   std::vector<std::string> worker_args_;
   std::vector<std::string> scheduler_args_;
-  int scheduler_port_ = 0, worker_port_ = 0, tokenizer_port_ = 0;
+  int scheduler_port_ = 0, worker_port_ = 0, tokenizer_port_ = 0, vision_port_ = 0;
+  std::string preset_ = "llama3-tiny";
   std::map<std::string, net::ChildProcess> processes_;
 };
 

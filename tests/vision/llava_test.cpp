@@ -2,10 +2,13 @@
 // published tensor layouts, single and sharded; its vision tower and projector match an
 // independent numpy reference (tests/vision/llava_reference.py, float64) within 1e-4 of the
 // output's scale; the text model takes the image rows at the image-token positions, greedy ids
-// are deterministic and change with the image; the transformers goldens (make_golden.py
-// --presets llava-tiny) are checked when present.
+// are deterministic and change with the image, and rows read by index from a pool-like buffer
+// give the same bits as contiguous rows; the transformers goldens (make_golden.py --presets
+// llava-tiny) are checked when present.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -275,6 +278,140 @@ TEST(LlavaGeneration, GreedyIdsAreDeterministicAndFollowTheImage) {
   batch.embed_token_index = {1};
   StepOutput out;
   EXPECT_EQ(runner->step(batch, &out).code(), StatusCode::kInvalidArgument);
+}
+
+// One request generated step by step on `runner`, its prompt prefilled in chunks of `chunk`
+// tokens, asking every step for top logits and the log-sum-exp. The image rows go in
+// contiguously in token order (StepBatch::embed_rows alone) when `pool` is null, else by row
+// index (StepBatch::embed_row_index) into `pool`, where the image's row k is row
+// pool_first_row + k.
+struct StepByStep {
+  std::vector<int32_t> ids;
+  std::vector<std::vector<std::pair<int32_t, float>>> top_logits;  // per generated id
+  std::vector<float> lse;
+};
+
+Result<StepByStep> generate_step_by_step(ModelRunner& runner, const GenerationRequest& r,
+                                         int32_t chunk, const float* pool, int32_t pool_first_row) {
+  const size_t H = static_cast<size_t>(runner.config().hidden_size);
+  const auto n_prompt = static_cast<int32_t>(r.prompt_ids.size());
+  StepByStep result;
+  StepBatch batch;
+  StepOutput out;
+  std::vector<int32_t> slots, tokens;
+  std::vector<float> rows;
+  int32_t n_prefilled = 0;
+  while (static_cast<int32_t>(result.ids.size()) < r.max_new_tokens) {
+    batch.clear();
+    rows.clear();
+    batch.n_top_logits = 8;
+    batch.logprobs = true;
+    if (n_prefilled < n_prompt) {
+      const int32_t n = std::min(chunk, n_prompt - n_prefilled);
+      tokens.assign(r.prompt_ids.begin() + n_prefilled, r.prompt_ids.begin() + n_prefilled + n);
+      for (size_t k = 0; k < r.input_embedding_positions.size(); ++k) {
+        const int32_t p = r.input_embedding_positions[k];
+        if (p < n_prefilled || p >= n_prefilled + n) continue;
+        batch.embed_token_index.push_back(p - n_prefilled);
+        if (pool != nullptr) {
+          batch.embed_row_index.push_back(pool_first_row + static_cast<int32_t>(k));
+        } else {
+          rows.insert(rows.end(), r.input_embeddings.begin() + static_cast<ptrdiff_t>(k * H),
+                      r.input_embeddings.begin() + static_cast<ptrdiff_t>((k + 1) * H));
+        }
+      }
+      n_prefilled += n;
+    } else {
+      tokens = {result.ids.back()};
+    }
+    for (size_t k = 0; k < tokens.size(); ++k) slots.push_back(static_cast<int32_t>(slots.size()));
+    batch.add_sequence(tokens, slots, n_prefilled == n_prompt, r.sampling,
+                       static_cast<int32_t>(result.ids.size()));
+    if (!batch.embed_token_index.empty()) batch.embed_rows = pool != nullptr ? pool : rows.data();
+    LITELLAMA_RETURN_IF_ERROR(runner.step(batch, &out));
+    if (out.sampled_ids[0] < 0) continue;  // a prefill chunk before the prompt's last
+    result.ids.push_back(out.sampled_ids[0]);
+    result.top_logits.push_back(out.top_logits[0]);
+    result.lse.push_back(out.lse[0]);
+  }
+  return result;
+}
+
+// The image's rows read in place from a pool-like buffer (slot 2 of 3, slots padded, the other
+// slots NaN so a wrong row shows) through embed_row_index give bit for bit the ids, top logits
+// and log-sum-exps of the same rows given contiguously, whole or in prefill chunks that split the
+// image; malformed row indices are refused.
+TEST(LlavaGeneration, PoolRowIndicesMatchContiguousRowsBitForBit) {
+  TempDir tmp;
+  const std::string dir = make_llava(tmp, "model");
+  auto ckpt = Checkpoint::open(dir);
+  ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
+  std::unique_ptr<LlavaVisionEncoder> enc;
+  std::unique_ptr<ModelRunner> runner;
+  ASSERT_NO_FATAL_FAILURE(load_encoder_and_runner(*ckpt, 256, &enc, &runner));
+  const LlavaConfig& lc = enc->config();
+  auto pixels = pixels_of(dir, "rgb_61x45.jpg");
+  ASSERT_TRUE(pixels.is_ok()) << pixels.status().to_string();
+  auto embeds = enc->encode(*pixels);
+  ASSERT_TRUE(embeds.is_ok()) << embeds.status().to_string();
+  const auto H = static_cast<size_t>(runner->config().hidden_size);
+  const auto n_rows = static_cast<size_t>(lc.n_image_tokens());
+  ASSERT_EQ(embeds->size(), n_rows * H);
+
+  const size_t slot_rows = n_rows + 3;  // padding rows, as a pool may have
+  std::vector<float> pool(3 * slot_rows * H, std::nanf(""));
+  std::copy(embeds->begin(), embeds->end(),
+            pool.begin() + static_cast<ptrdiff_t>(2 * slot_rows * H));
+  const auto first_row = static_cast<int32_t>(2 * slot_rows);
+
+  constexpr int32_t kNew = 8;
+  const GenerationRequest r = image_request(lc, *embeds, kNew);
+  OfflineEngineOptions chunked;
+  chunked.max_prefill_tokens = 7;
+  auto engine = OfflineEngine(*runner, chunked).generate({r});
+  ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
+  for (int32_t chunk : {7, 1000}) {
+    SCOPED_TRACE(chunk);
+    auto contiguous = generate_step_by_step(*runner, r, chunk, nullptr, 0);
+    ASSERT_TRUE(contiguous.is_ok()) << contiguous.status().to_string();
+    auto in_place = generate_step_by_step(*runner, r, chunk, pool.data(), first_row);
+    ASSERT_TRUE(in_place.is_ok()) << in_place.status().to_string();
+    EXPECT_EQ(in_place->ids, contiguous->ids);
+    EXPECT_EQ((*engine)[0].output_ids, in_place->ids);
+    ASSERT_EQ(in_place->top_logits.size(), static_cast<size_t>(kNew));
+    for (size_t i = 0; i < in_place->top_logits.size(); ++i) {
+      const auto& a = in_place->top_logits[i];
+      const auto& b = contiguous->top_logits[i];
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t k = 0; k < a.size(); ++k) {
+        EXPECT_EQ(a[k].first, b[k].first) << i << " " << k;
+        EXPECT_EQ(std::memcmp(&a[k].second, &b[k].second, sizeof(float)), 0) << i << " " << k;
+      }
+      EXPECT_EQ(std::memcmp(&in_place->lse[i], &contiguous->lse[i], sizeof(float)), 0) << i;
+      EXPECT_FALSE(std::isnan(in_place->lse[i])) << i;
+    }
+    if (chunk == 7) {  // the engine prefills in the same chunks: the same logits
+      const auto& first = in_place->top_logits[0];
+      const auto& want = (*engine)[0].top_logits;
+      ASSERT_LE(want.size(), first.size());
+      for (size_t k = 0; k < want.size(); ++k) EXPECT_EQ(first[k], want[k]) << k;
+    }
+  }
+
+  StepBatch batch;
+  batch.add_sequence(std::vector<int32_t>{1, 2}, std::vector<int32_t>{0, 1}, true, {}, 0);
+  batch.embed_token_index = {1};
+  batch.embed_rows = pool.data();
+  StepOutput out;
+  batch.embed_row_index = {first_row, first_row + 1};  // one more than embedded tokens
+  EXPECT_EQ(runner->step(batch, &out).code(), StatusCode::kInvalidArgument);
+  batch.embed_row_index = {-1};
+  EXPECT_EQ(runner->step(batch, &out).code(), StatusCode::kInvalidArgument);
+  batch.embed_token_index.clear();
+  batch.embed_row_index = {first_row};  // rows named for no token
+  EXPECT_EQ(runner->step(batch, &out).code(), StatusCode::kInvalidArgument);
+  batch.embed_token_index = {1};
+  EXPECT_TRUE(runner->step(batch, &out).is_ok());
 }
 
 // transformers' references (tests/golden/make_golden.py --presets llava-tiny on a machine with

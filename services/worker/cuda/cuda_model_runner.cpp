@@ -508,6 +508,13 @@ Status CudaModelRunner::step(const StepBatchView& batch, StepOutput* out) {
     return make_error(StatusCode::kUnsupported,
                       "the CUDA backend reads input embedding rows in device memory only");
   }
+  // The device path reads rows j = 0 .. n_embed - 1 contiguously (step_staging's plan); rows
+  // named one by one come from a pool that has no device copy yet.
+  if (!batch.embed_row_index.empty()) {
+    return make_error(StatusCode::kUnsupported,
+                      "the CUDA backend does not take per-token embedding row indices (rows read "
+                      "in place from an embedding pool); give the rows contiguously");
+  }
   if (batch.n_tokens() > options_.max_batch_tokens || batch.n_seqs() > options_.max_batch_seqs) {
     return make_error(StatusCode::kInvalidArgument,
                       "step of {} tokens in {} sequences exceeds max_batch_tokens {} or "

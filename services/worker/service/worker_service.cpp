@@ -229,7 +229,13 @@ Status WorkerService::load() {
   limits.max_slots = runner_->n_kv_slots();
   limits.max_history = runner_->n_kv_slots();
   limits.table_capacity = runner_->slot_table_capacity();
+  // Four image entries per sequence of a full step (at most 2^18: inside the ring's limits). The
+  // ring records it, so the scheduler that opens the ring sees the same capacity.
+  limits.max_images = 4 * options_.runner.max_batch_seqs;
   LITELLAMA_ASSIGN_OR_RETURN(ring_, proto::StepRing::create(options_.step_ring_name, limits));
+  // Image rows are read in place from the vision process's embedding pool, which the reader opens
+  // when a step first names it; its rows must be of the model's hidden size.
+  reader_ = RingStepReader(config.hidden_size);
   // Page-locked, so that the runner's copies to the device read the step where it lies; a ring
   // the device cannot register is still read (through staging), so this is not fatal.
   if (Status st = runner_->register_host_memory(ring_->data(), ring_->size_bytes()); st) {

@@ -1,0 +1,257 @@
+// The scheduler's side of images (LLaVA): the vision peer, the placing of each image in its
+// request's prompt, and the encodes that must finish before the request may be admitted.
+//
+// A request with images is in state kImages from the moment its ids are known until every one of
+// its images is in the vision service's pool: an image already held (by another request or
+// cached) is not encoded again (ImageTable, keyed by the hash of the bytes); otherwise a slot is
+// assigned and the image sent. The request holds a reference on each of its slots until it ends,
+// so that a preempted request recomputes from rows that are still there. The vision process
+// dying or being replaced fails every unfinished request with images: those waiting for it, and
+// also those whose KV already covers their images, since a preemption would need the rows again
+// and the new process's pool does not hold them.
+#include <algorithm>
+
+#include "common/log.h"
+#include "common/net/zmq_util.h"
+#include "services/scheduler/scheduler_service.h"
+
+namespace litellama {
+
+namespace {
+
+using net::frame_view;
+using net::monotonic_seconds;
+using net::SendResult;
+
+}  // namespace
+
+void SchedulerService::start_generation(Request* r) {
+  r->detok_prefix = std::max(0, r->n_prompt() - kDetokenizeContext);
+  r->detok_read = r->n_prompt();
+  if (r->images.empty()) {
+    batcher_.enqueue(r);
+    return;
+  }
+  if (!place_images(r)) return;
+  r->detok_prefix = std::max(0, r->n_prompt() - kDetokenizeContext);
+  r->detok_read = r->n_prompt();
+  r->state = RequestState::kImages;
+  image_waiters_.push_back(r->id);
+  advance_images(r);
+}
+
+bool SchedulerService::place_images(Request* r) {
+  if (!vision_peer_) {
+    fail(r, StatusCode::kUnavailable,
+         "the request has images but no vision service is up (images need litellama-vision "
+         "and a LLaVA model)");
+    return false;
+  }
+  const int32_t token = vision_peer_->info.image_token_id;
+  const int32_t rows = vision_peer_->info.rows_per_slot;
+  // Runs of the image token: each is one image, written once (expanded here) or already
+  // expanded to the image's token count.
+  std::vector<int32_t> ids;
+  ids.reserve(r->prompt_ids.size() + r->images.size() * static_cast<size_t>(rows));
+  size_t n_runs = 0;
+  for (size_t i = 0; i < r->prompt_ids.size();) {
+    if (r->prompt_ids[i] != token) {
+      ids.push_back(r->prompt_ids[i++]);
+      continue;
+    }
+    size_t end = i;
+    while (end < r->prompt_ids.size() && r->prompt_ids[end] == token) ++end;
+    const size_t run = end - i;
+    if (run != 1 && run != static_cast<size_t>(rows)) {
+      fail(r, StatusCode::kInvalidArgument,
+           fmt::format("a run of {} image tokens (id {}) in the prompt: an image is one image "
+                       "token or exactly {}",
+                       run, token, rows));
+      return false;
+    }
+    if (n_runs < r->images.size()) r->images[n_runs].pos = static_cast<int32_t>(ids.size());
+    ++n_runs;
+    ids.insert(ids.end(), static_cast<size_t>(rows), token);
+    i = end;
+  }
+  if (n_runs != r->images.size()) {
+    fail(r, StatusCode::kInvalidArgument,
+         fmt::format("the prompt has {} images (image token id {}) but the request carries {}",
+                     n_runs, token, r->images.size()));
+    return false;
+  }
+  r->prompt_ids = std::move(ids);
+  r->image_rows = rows;
+  return true;
+}
+
+void SchedulerService::advance_images(Request* r) {
+  if (!vision_peer_) return;
+  for (RequestImage& image : r->images) {
+    if (image.acquired) continue;
+    const auto got = image_table_.acquire(image.hash);
+    if (!got) return;  // no slot free: on_tick tries again
+    image.acquired = true;
+    image.slot = got->slot;
+    image.ready = got->ready;
+    if (!got->needs_encode) {
+      image.bytes.clear();
+      image.bytes.shrink_to_fit();
+      continue;
+    }
+    proto::EncodeImageRequest request;
+    request.op_id = next_vision_op_++;
+    request.image_hash = image.hash;
+    request.slot = got->slot;
+    request.sent_unix_ns = net::unix_now_ns();
+    vision_ops_[request.op_id] = {image.hash, monotonic_seconds()};
+    const std::string head = proto::encode(request);
+    bool sent = false;
+    try {
+      sent = vision_
+                 .send(zmq::buffer(vision_peer_->identity),
+                       zmq::send_flags::sndmore | zmq::send_flags::dontwait)
+                 .has_value() &&
+             vision_.send(zmq::buffer(head), zmq::send_flags::sndmore | zmq::send_flags::dontwait)
+                 .has_value() &&
+             vision_.send(zmq::buffer(image.bytes), zmq::send_flags::dontwait).has_value();
+    } catch (const zmq::error_t&) {
+      sent = false;
+    }
+    image.bytes.clear();
+    image.bytes.shrink_to_fit();
+    if (!sent) {
+      vision_lost("unreachable");
+      return;
+    }
+  }
+  if (std::all_of(r->images.begin(), r->images.end(),
+                  [](const RequestImage& i) { return i.ready; })) {
+    image_waiters_.erase(std::remove(image_waiters_.begin(), image_waiters_.end(), r->id),
+                         image_waiters_.end());
+    batcher_.enqueue(r);
+  }
+}
+
+void SchedulerService::release_images(Request* r) {
+  for (RequestImage& image : r->images) {
+    if (image.acquired) image_table_.release(image.hash);
+    image.acquired = false;
+  }
+  image_waiters_.erase(std::remove(image_waiters_.begin(), image_waiters_.end(), r->id),
+                       image_waiters_.end());
+}
+
+void SchedulerService::on_vision_frames(std::vector<zmq::message_t>& frames) {
+  if (frames.size() != 2) {
+    protocol_error("vision", Status(StatusCode::kInvalidArgument, "expected 1 frame"));
+    return;
+  }
+  const std::string identity(frame_view(frames[0]));
+  auto envelope = proto::Envelope::parse(frame_view(frames[1]));
+  if (!envelope) return protocol_error("vision", envelope.status());
+  if (vision_peer_ && vision_peer_->identity == identity) {
+    vision_peer_->last_seen = monotonic_seconds();
+  }
+  switch (envelope->type()) {
+    case proto::MessageType::kVisionHeartbeat: {
+      auto hb = envelope->as<proto::VisionHeartbeat>();
+      if (!hb) return protocol_error("vision", hb.status());
+      on_vision_heartbeat(identity, *hb);
+      return;
+    }
+    case proto::MessageType::kEncodeImageReply: {
+      auto reply = envelope->as<proto::EncodeImageReply>();
+      if (!reply) return protocol_error("vision", reply.status());
+      if (vision_peer_ && vision_peer_->identity == identity) on_encode_image_reply(*reply);
+      return;
+    }
+    default:
+      protocol_error("vision", Status(StatusCode::kInvalidArgument,
+                                      fmt::format("unexpected '{}' message",
+                                                  proto::message_type_name(envelope->type()))));
+  }
+}
+
+void SchedulerService::on_vision_heartbeat(const std::string& identity,
+                                           const proto::VisionHeartbeat& hb) {
+  if (vision_peer_ && vision_peer_->info.incarnation == hb.incarnation) {
+    vision_peer_->last_seen = monotonic_seconds();
+    return;
+  }
+  if (hb.n_slots < 1 || hb.rows_per_slot < 1 || hb.hidden < 1 || hb.image_token_id < 0 ||
+      hb.pool_name.empty() || hb.pool_name.size() >= proto::kVisionPoolNameBytes) {
+    protocol_error("vision", make_error(StatusCode::kInvalidArgument,
+                                        "a vision heartbeat with an unusable pool ('{}', {} "
+                                        "slots of {} x {})",
+                                        hb.pool_name, hb.n_slots, hb.rows_per_slot, hb.hidden));
+    return;
+  }
+  if (vision_peer_) vision_lost("replaced by a new vision process");
+  vision_peer_ = std::make_unique<VisionPeer>();
+  vision_peer_->identity = identity;
+  vision_peer_->info = hb;
+  vision_peer_->last_seen = monotonic_seconds();
+  image_table_.reset(hb.n_slots);
+  batcher_.set_vision(hb.pool_name, hb.incarnation, hb.rows_per_slot);
+  LITELLAMA_LOG_INFO("scheduler: vision up ({} on {}, pool '{}' of {} slots of {} image tokens)",
+                     hb.model, hb.device, hb.pool_name, hb.n_slots, hb.rows_per_slot);
+}
+
+void SchedulerService::on_encode_image_reply(const proto::EncodeImageReply& reply) {
+  auto op = vision_ops_.find(reply.op_id);
+  if (op == vision_ops_.end()) return;
+  const uint64_t hash = op->second.image_hash;
+  vision_ops_.erase(op);
+  const bool ok = reply.error.empty() && reply.n_rows == vision_peer_->info.rows_per_slot;
+  if (ok) {
+    image_table_.mark_ready(hash);
+  } else {
+    image_table_.mark_failed(hash);
+  }
+  // Every request waiting on this image learns the outcome.
+  for (uint64_t id : std::vector<uint64_t>(image_waiters_.begin(), image_waiters_.end())) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    Request* r = it->second.get();
+    bool mine = false;
+    for (RequestImage& image : r->images) {
+      if (image.acquired && image.hash == hash && !image.ready) {
+        mine = true;
+        if (ok) image.ready = true;
+      }
+    }
+    if (!mine) continue;
+    if (!ok) {
+      const std::string why = reply.error.empty()
+                                  ? fmt::format("the vision service wrote {} rows, not {}",
+                                                reply.n_rows, vision_peer_->info.rows_per_slot)
+                                  : reply.error;
+      fail(r, reply.bad_image ? StatusCode::kInvalidArgument : StatusCode::kInternal,
+           "an image of the request could not be used: " + why);
+      continue;
+    }
+    advance_images(r);
+  }
+}
+
+void SchedulerService::vision_lost(const char* why) {
+  if (!vision_peer_) return;
+  LITELLAMA_LOG_WARN("scheduler: vision service lost ({}); requests that need its rows fail", why);
+  vision_peer_.reset();
+  vision_ops_.clear();
+  std::vector<Request*> doomed;
+  for (auto& [id, owned] : requests_) {
+    Request* r = owned.get();
+    if (!r->images.empty() && !r->finish) doomed.push_back(r);
+  }
+  for (Request* r : doomed) {
+    for (RequestImage& image : r->images) image.acquired = false;  // the table goes below
+    fail(r, StatusCode::kUnavailable,
+         "the vision service stopped before the request's images were read");
+  }
+  image_table_.reset(0);
+  batcher_.set_vision("", 0, 0);
+}
+
+}  // namespace litellama

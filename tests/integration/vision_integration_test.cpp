@@ -1,0 +1,186 @@
+// Images through the services (CPU): scheduler, worker, tokenizer and litellama-vision on the
+// llava-tiny checkpoint. A request with an image gets the greedy ids and top logits of the
+// in-process engine given the in-process encoder's rows, bit for bit (float32); the same image
+// again is not encoded again and its prompt's KV comes from the prefix cache; another image
+// changes the output; bad images and mismatched image counts get clear errors; the vision
+// process dying fails the requests that need it, with a clear error, and the server serves on.
+#include <signal.h>
+
+#include <fstream>
+#include <iterator>
+
+#include <gtest/gtest.h>
+
+#include "services/vision/clip_preprocess.h"
+#include "services/vision/image_decode.h"
+#include "services/vision/llava_vision_encoder.h"
+#include "services/worker/checkpoint.h"
+#include "services/worker/model_runner.h"
+#include "services/worker/offline_engine.h"
+#include "tests/integration/service_cluster.h"
+
+namespace litellama {
+namespace {
+
+using testing::ServiceCluster;
+
+std::string read_image(const std::string& name) {
+  const std::string path =
+      testing::env_or("LITELLAMA_SOURCE_DIR", ".") + "/tests/golden/images/" + name;
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+struct Expected {
+  std::vector<int32_t> ids;
+  std::vector<std::pair<int32_t, float>> top;
+};
+
+// The in-process answer: the encoder's rows at the image's 25 positions, one CPU thread as the
+// cluster's worker has.
+Expected expected_for(const std::string& model, const std::vector<int32_t>& text_before,
+                      const std::string& image, const std::vector<int32_t>& text_after,
+                      int32_t n_new) {
+  Expected out;
+  auto ckpt = Checkpoint::open(model);
+  EXPECT_TRUE(ckpt.is_ok());
+  auto enc = vision::LlavaVisionEncoder::load(*ckpt, 2);
+  EXPECT_TRUE(enc.is_ok());
+  auto config = vision::load_clip_preprocess_config(model);
+  auto rgb =
+      vision::decode_image(std::span(reinterpret_cast<const uint8_t*>(image.data()), image.size()));
+  EXPECT_TRUE(rgb.is_ok() && config.is_ok());
+  auto pixels = vision::clip_preprocess(*rgb, *config);
+  auto rows = (*enc)->encode(*pixels);
+  EXPECT_TRUE(rows.is_ok());
+  RunnerOptions options;
+  options.n_kv_slots = 512;
+  options.n_threads = 1;
+  auto runner = create_model_runner(*ckpt, options);
+  EXPECT_TRUE(runner.is_ok());
+  OfflineEngine engine(**runner);
+  GenerationRequest r;
+  r.prompt_ids = text_before;
+  const LlavaConfig& lc = (*enc)->config();
+  for (int32_t i = 0; i < lc.n_image_tokens(); ++i) {
+    r.input_embedding_positions.push_back(static_cast<int32_t>(r.prompt_ids.size()));
+    r.prompt_ids.push_back(lc.image_token_id);
+  }
+  r.prompt_ids.insert(r.prompt_ids.end(), text_after.begin(), text_after.end());
+  r.input_embeddings = std::move(rows).value();
+  r.max_new_tokens = n_new;
+  r.n_top_logits = 4;
+  auto res = engine.generate({r});
+  EXPECT_TRUE(res.is_ok());
+  out.ids = res->front().output_ids;
+  out.top = res->front().top_logits;
+  return out;
+}
+
+double vision_encodes(const ServiceCluster& cluster) {
+  const auto [status, body] = testing::http_get(cluster.vision_metrics_port(), "/metrics");
+  return status == 200 ? testing::metric_value(body, "litellama_vision_encodes_total") : -1;
+}
+
+TEST(VisionIntegration, ImagesThroughTheServicesMatchTheInProcessEngine) {
+  ServiceCluster cluster;
+  cluster.use_preset("llava-tiny");
+  ASSERT_NO_FATAL_FAILURE(cluster.make_model());
+  cluster.start_scheduler();
+  cluster.start_worker();
+  cluster.start_tokenizer();
+  cluster.start_vision();
+  ASSERT_NO_FATAL_FAILURE(cluster.wait_ready());
+  auto client = cluster.client();
+  ASSERT_TRUE(testing::poll_until(
+      [&] {
+        auto info = client->server_info(1000);
+        return info.is_ok() && info->vision_up;
+      },
+      20000))
+      << cluster.logs();
+  auto info = client->server_info(1000);
+  ASSERT_TRUE(info.is_ok());
+  EXPECT_EQ(info->image_token_id, 32000);
+  EXPECT_EQ(info->image_tokens, 25);
+
+  const std::vector<int32_t> before = {1, 319, 1967, 29901};
+  const std::vector<int32_t> after = {13, 5618, 338, 445};
+  const std::string png = read_image("rgb_37x23.png");
+  const std::string jpg = read_image("gray_29x40.jpg");
+  ASSERT_FALSE(png.empty());
+  const Expected want = expected_for(cluster.model_dir(), before, png, after, 6);
+  ASSERT_EQ(want.ids.size(), 6u);
+
+  auto request = [&](int32_t n_image_tokens) {
+    std::vector<int32_t> ids = before;
+    ids.insert(ids.end(), static_cast<size_t>(n_image_tokens), 32000);
+    ids.insert(ids.end(), after.begin(), after.end());
+    proto::GenerateRequest r = testing::ignoring_eos_request(ids, 6);
+    r.top_logits = 4;
+    return r;
+  };
+  // One image token, expanded by the scheduler.
+  auto first = client->generate(request(1), nullptr, 30000, {png});
+  ASSERT_TRUE(first.is_ok()) << first.status().to_string() << "\n" << cluster.logs();
+  EXPECT_EQ(first->token_ids, want.ids);
+  EXPECT_EQ(first->n_prompt_tokens, 4 + 25 + 4);
+  ASSERT_EQ(first->top_logits.size(), want.top.size());
+  for (size_t i = 0; i < want.top.size(); ++i) {
+    EXPECT_EQ(first->top_logits[i].first, want.top[i].first);
+    EXPECT_EQ(first->top_logits[i].second, want.top[i].second);  // float32: bit for bit
+  }
+  EXPECT_EQ(vision_encodes(cluster), 1);
+
+  // The same image, the prompt already expanded: not encoded again, and its KV is cached.
+  auto second = client->generate(request(25), nullptr, 30000, {png});
+  ASSERT_TRUE(second.is_ok()) << second.status().to_string();
+  EXPECT_EQ(second->token_ids, want.ids);
+  EXPECT_GE(second->n_cached_tokens, 4 + 25);
+  EXPECT_EQ(vision_encodes(cluster), 1);
+
+  // Another image: encoded, and the cache does not hand it the first image's KV.
+  const Expected want_jpg = expected_for(cluster.model_dir(), before, jpg, after, 6);
+  auto third = client->generate(request(1), nullptr, 30000, {jpg});
+  ASSERT_TRUE(third.is_ok()) << third.status().to_string();
+  EXPECT_EQ(third->token_ids, want_jpg.ids);
+  EXPECT_LE(third->n_cached_tokens, 4);
+  EXPECT_EQ(vision_encodes(cluster), 2);
+
+  // Bad input: each a clear error, and the server serves on.
+  auto garbage = client->generate(request(1), nullptr, 30000, {std::string("no image here")});
+  ASSERT_FALSE(garbage.is_ok());
+  EXPECT_EQ(garbage.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(garbage.status().message().find("could not be used"), std::string::npos)
+      << garbage.status().message();
+  auto missing = client->generate(request(2), nullptr, 30000, {png});
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_NE(missing.status().message().find("run of 2 image tokens"), std::string::npos)
+      << missing.status().message();
+  auto extra = client->generate(request(1), nullptr, 30000, {png, png});
+  ASSERT_FALSE(extra.is_ok());
+  EXPECT_NE(extra.status().message().find("carries 2"), std::string::npos)
+      << extra.status().message();
+  auto text_only = client->generate(testing::ignoring_eos_request(before, 3), nullptr, 30000);
+  ASSERT_TRUE(text_only.is_ok()) << text_only.status().to_string();
+
+  // The vision process dies: requests with images fail with a clear error, text goes on.
+  cluster.process("vision").signal(SIGKILL);
+  ASSERT_TRUE(testing::poll_until(
+      [&] {
+        auto i = client->server_info(1000);
+        return i.is_ok() && !i->vision_up;
+      },
+      10000));
+  auto after_death = client->generate(request(1), nullptr, 30000, {png});
+  ASSERT_FALSE(after_death.is_ok());
+  EXPECT_EQ(after_death.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(after_death.status().message().find("no vision service"), std::string::npos)
+      << after_death.status().message();
+  auto text_after = client->generate(testing::ignoring_eos_request(before, 3), nullptr, 30000);
+  ASSERT_TRUE(text_after.is_ok()) << text_after.status().to_string();
+  EXPECT_EQ(text_after->token_ids, text_only->token_ids);
+}
+
+}  // namespace
+}  // namespace litellama
