@@ -136,6 +136,12 @@ static void add_api_options(CLI::App* sub, LaunchOptions* o) {
       ->check(CLI::ExistingFile);
   add_bounded_option(*sub, "--max-request-bytes", o->max_request_bytes,
                      "largest HTTP request body (larger gets 413)", int64_t{1}, int64_t{1} << 30);
+  add_bounded_option(*sub, "--vision-pool-bytes", o->vision_pool_bytes,
+                     "LLaVA models: size of the vision service's image embedding pool", int64_t{1},
+                     int64_t{1} << 40);
+  add_bounded_option(*sub, "--max-image-bytes", o->max_image_bytes,
+                     "LLaVA models: largest image a request may carry", int64_t{1},
+                     int64_t{1} << 30);
 }
 
 CommandMain register_serve_command(CLI::App& app) {

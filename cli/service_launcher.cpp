@@ -8,6 +8,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "common/net/metrics_server.h"
 #include "common/net/run_dir.h"
@@ -98,7 +99,19 @@ Status ServiceLauncher::add_api_flags(std::vector<std::string>* argv) {
 
 Status ServiceLauncher::start() {
   const std::string bin = net::executable_dir();
-  for (const char* name : {"litellama-scheduler", "litellama-worker", "litellama-tokenizer"}) {
+  // A LLaVA checkpoint (config.json with a vision_config) gets the fourth service.
+  bool vision = false;
+  {
+    std::ifstream config(std::filesystem::path(options_.model_dir) / "config.json");
+    if (config) {
+      const nlohmann::json j = nlohmann::json::parse(config, nullptr, false);
+      vision = j.is_object() && j.contains("vision_config");
+    }
+  }
+  std::vector<const char*> programs = {"litellama-scheduler", "litellama-worker",
+                                       "litellama-tokenizer"};
+  if (vision) programs.push_back("litellama-vision");
+  for (const char* name : programs) {
     if (!std::filesystem::exists(bin + "/" + name)) {
       return make_error(StatusCode::kNotFound, "{} is not next to this executable in {}", name,
                         bin);
@@ -121,6 +134,7 @@ Status ServiceLauncher::start() {
   };
   const std::string worker_ep = net::ipc_endpoint(options_.run_dir, "worker");
   const std::string tokenizer_ep = net::ipc_endpoint(options_.run_dir, "tokenizer");
+  const std::string vision_ep = net::ipc_endpoint(options_.run_dir, "vision");
   services_.clear();
   auto add = [this](std::string name, std::vector<std::string> argv, std::string metrics_listen) {
     Service& s = services_.emplace_back();
@@ -132,7 +146,9 @@ Status ServiceLauncher::start() {
       {bin + "/litellama-scheduler", "--client-endpoint", client_endpoint_, "--worker-endpoint",
        worker_ep, "--tokenizer-endpoint", tokenizer_ep, "--metrics", metrics(0), "--log-level",
        options_.log_level, "--max-batch-tokens", std::to_string(options_.max_batch_tokens),
-       "--max-batch-seqs", std::to_string(options_.max_batch_seqs)},
+       "--max-batch-seqs", std::to_string(options_.max_batch_seqs), "--vision-endpoint",
+       vision ? vision_ep : std::string("none"), "--max-image-bytes",
+       std::to_string(options_.max_image_bytes)},
       metrics(0));
   if (options_.insecure_tcp) services_.back().argv.push_back("--insecure-tcp");
   if (options_.no_prefix_cache) services_.back().argv.push_back("--no-prefix-cache");
@@ -188,9 +204,21 @@ Status ServiceLauncher::start() {
                                    {"--chat-template", options_.chat_template_file});
     }
   }
+  if (vision) {
+    // The image encoder: its own metrics port after the tokenizers'. It runs on the CPU (the
+    // device tower is not built yet); a crash or kill is restarted like any service, and the
+    // worker opens the new process's pool when steps name it.
+    const std::string listen = metrics(2 + options_.n_tokenizers);
+    add("vision",
+        {bin + "/litellama-vision", "--model", options_.model_dir, "--scheduler", vision_ep,
+         "--metrics", listen, "--log-level", options_.log_level, "--vision-pool-bytes",
+         std::to_string(options_.vision_pool_bytes), "--max-image-bytes",
+         std::to_string(options_.max_image_bytes)},
+        listen);
+  }
   // A server already on this run dir would refuse our scheduler, and our worker and tokenizers
   // would join it: refuse before starting anything. The scheduler takes the locks for good.
-  for (const std::string& endpoint : {client_endpoint_, worker_ep, tokenizer_ep}) {
+  for (const std::string& endpoint : {client_endpoint_, worker_ep, tokenizer_ep, vision_ep}) {
     auto lock = net::ListenerLock::acquire(endpoint);
     if (!lock) return lock.status();
   }
@@ -200,9 +228,10 @@ Status ServiceLauncher::start() {
     if (Status st = net::MetricsServer::check_available(s.metrics_listen); !st) {
       return make_error(st.code(),
                         "metrics port of the {}: {}; pass --metrics-port with {} free ports "
-                        "from there (the scheduler's, the worker's, one per tokenizer), or "
-                        "--metrics-port 0 to turn metrics off",
-                        s.name, st.message(), 2 + options_.n_tokenizers);
+                        "from there (the scheduler's, the worker's, one per tokenizer, the "
+                        "vision service's for LLaVA models), or --metrics-port 0 to turn "
+                        "metrics off",
+                        s.name, st.message(), 2 + options_.n_tokenizers + (vision ? 1 : 0));
     }
   }
   if (!api_listen().empty()) {

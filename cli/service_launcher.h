@@ -53,6 +53,9 @@ struct LaunchOptions {
   std::string chat_template_file;     // litellama-tokenizer --chat-template
   int64_t kv_cache_bytes = 0;         // litellama-worker --kv-cache-bytes (0: its default)
   double gpu_memory_utilization = 0;  // litellama-worker --gpu-memory-utilization (0: its default)
+  // LLaVA checkpoints: the vision service's pool and the largest image a request may carry.
+  int64_t vision_pool_bytes = int64_t{256} << 20;
+  int64_t max_image_bytes = int64_t{20} << 20;
 };
 
 // Registers the flags of LaunchOptions on a subcommand (serve, chat --start-services).

@@ -26,8 +26,11 @@ struct WorkerHeartbeat {
   int32_t vocab_size = 0;
   int64_t max_position_embeddings = 0;
   std::vector<int32_t> eos_token_ids;
+  // The worker reads image rows from the vision service's shared-memory pool (a LLaVA model on a
+  // backend that reads host rows by index); false: steps must carry no images.
+  bool reads_images = false;
   MSGPACK_DEFINE_MAP(incarnation, ready, step_ring_name, model, device, dtype, n_kv_slots,
-                     vocab_size, max_position_embeddings, eos_token_ids);
+                     vocab_size, max_position_embeddings, eos_token_ids, reads_images);
 };
 
 // scheduler -> worker: run the step written in ring buffer `buffer`. Steps run in step_id order;

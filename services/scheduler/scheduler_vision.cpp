@@ -47,6 +47,13 @@ bool SchedulerService::place_images(Request* r) {
          "and a LLaVA model)");
     return false;
   }
+  if (worker_ && !worker_->info.reads_images) {
+    fail(r, StatusCode::kUnsupported,
+         fmt::format("the request has images but the worker ({} on {}) reads none: image "
+                     "embeddings are read by the CPU backend of a LLaVA model only so far",
+                     worker_->info.model, worker_->info.device));
+    return false;
+  }
   const int32_t token = vision_peer_->info.image_token_id;
   const int32_t rows = vision_peer_->info.rows_per_slot;
   // Runs of the image token: each is one image, written once (expanded here) or already

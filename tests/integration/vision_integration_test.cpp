@@ -6,8 +6,11 @@
 // process dying fails the requests that need it, with a clear error, and the server serves on.
 #include <signal.h>
 
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 
 #include <gtest/gtest.h>
 
@@ -180,6 +183,103 @@ TEST(VisionIntegration, ImagesThroughTheServicesMatchTheInProcessEngine) {
   auto text_after = client->generate(testing::ignoring_eos_request(before, 3), nullptr, 30000);
   ASSERT_TRUE(text_after.is_ok()) << text_after.status().to_string();
   EXPECT_EQ(text_after->token_ids, text_only->token_ids);
+}
+
+// Pid of the live process whose command line contains both strings (0: none).
+int find_process(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "cmdline", std::ios::binary);
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (char& c : cmdline) c = c == '\0' ? ' ' : c;
+    std::ifstream st(entry.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(st)), std::istreambuf_iterator<char>());
+    const size_t paren = stat.rfind(')');
+    const bool zombie =
+        paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z';
+    if (!zombie && cmdline.find(a) != std::string::npos && cmdline.find(b) != std::string::npos) {
+      return std::stoi(name);
+    }
+  }
+  return 0;
+}
+
+std::string run_generate(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while (p != nullptr && (n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  if (p != nullptr) pclose(p);
+  return out;
+}
+
+// `litellama serve` starts the vision service for a LLaVA checkpoint; `litellama generate
+// --server --image` gets the in-process engine's ids; the vision process killed is restarted by
+// serve, the worker (not restarted) reads the new process's pool, and images work again.
+TEST(VisionIntegration, ServeStartsAndRestartsTheVisionServiceWithoutTheWorker) {
+  ServiceCluster cluster;
+  cluster.use_preset("llava-tiny");
+  ASSERT_NO_FATAL_FAILURE(cluster.make_model());
+  const std::string run = (cluster.dir() / "serve-run").string();
+  auto serve = net::ChildProcess::spawn(
+      {cluster.bin_dir() + "/litellama", "serve", "--port", "0", "--model", cluster.model_dir(),
+       "--run-dir", run, "--metrics-port", "0", "--kv-slots", "1024", "--threads", "1",
+       "--vision-pool-bytes", "65536", "--log-dir", (cluster.dir() / "logs").string()},
+      (cluster.dir() / "serve.log").string());
+  ASSERT_TRUE(serve.is_ok());
+  auto client = net::SchedulerClient::connect(net::ipc_endpoint(run, "client"));
+  ASSERT_TRUE(client.is_ok());
+  auto vision_up = [&] {
+    auto info = (*client)->server_info(1000);
+    return info.is_ok() && info->vision_up;
+  };
+  ASSERT_TRUE((*client)->wait_ready(30000).is_ok());
+  ASSERT_TRUE(testing::poll_until(vision_up, 20000));
+
+  const std::vector<int32_t> before = {1, 319, 1967, 29901};
+  const std::vector<int32_t> after = {13, 5618, 338, 445};
+  const Expected want =
+      expected_for(cluster.model_dir(), before, read_image("rgb_37x23.png"), after, 5);
+  std::string ids;
+  for (int32_t id : before) ids += std::to_string(id) + ",";
+  ids += "32000";
+  for (int32_t id : after) ids += "," + std::to_string(id);
+  const std::string image =
+      testing::env_or("LITELLAMA_SOURCE_DIR", ".") + "/tests/golden/images/rgb_37x23.png";
+  const std::string generate = cluster.bin_dir() + "/litellama generate --server " + run +
+                               " --input-ids " + ids + " --image " + image +
+                               " --max-new-tokens 5 --ignore-eos --json";
+  auto ids_of = [](const std::string& out) {
+    std::vector<int32_t> got;
+    const size_t at = out.find("\"output_ids\":[");
+    if (at == std::string::npos) return got;
+    std::stringstream in(out.substr(at + 14, out.find(']', at) - at - 14));
+    std::string item;
+    while (std::getline(in, item, ',')) got.push_back(std::stoi(item));
+    return got;
+  };
+  const std::string first = run_generate(generate);
+  EXPECT_EQ(ids_of(first), want.ids) << first;
+
+  const int worker = find_process("litellama-worker", run);
+  const int vision = find_process("litellama-vision", run);
+  ASSERT_GT(worker, 0);
+  ASSERT_GT(vision, 0);
+  kill(vision, SIGKILL);
+  ASSERT_TRUE(testing::poll_until(
+      [&] {
+        return find_process("litellama-vision", run) != vision &&
+               find_process("litellama-vision", run) > 0;
+      },
+      20000));
+  ASSERT_TRUE(testing::poll_until(vision_up, 20000));
+  const std::string again = run_generate(generate);
+  EXPECT_EQ(ids_of(again), want.ids) << again;
+  EXPECT_EQ(find_process("litellama-worker", run), worker) << "the worker was restarted";
+  serve->stop(10000);
 }
 
 }  // namespace

@@ -257,6 +257,8 @@ Status WorkerService::load() {
   info.vocab_size = config.vocab_size;
   info.max_position_embeddings = config.max_position_embeddings;
   info.eos_token_ids = config.eos_token_ids;
+  info.reads_images =
+      checkpoint.llava() != nullptr && runner_->supports_input_embeddings(EmbeddingMemory::kHost);
   {
     std::lock_guard<std::mutex> lock(info_mutex_);
     info_ = info;
