@@ -84,6 +84,16 @@ SchedulerMetrics::SchedulerMetrics(std::shared_ptr<prometheus::Registry> reg)
                         "Running requests preempted (by recompute) when KV slots ran out");
   requests_overloaded = counter(r, "litellama_scheduler_requests_overloaded_total",
                                 "Requests refused at once because the waiting queue was full");
+  auto& images = counter_family(r, "litellama_scheduler_images_total",
+                                "Images of requests: reused from the vision pool or encoded");
+  images_reused = &images.Add({{"outcome", "reused"}});
+  images_encoded = &images.Add({{"outcome", "encoded"}});
+  auto& image_slots =
+      gauge_family(r, "litellama_scheduler_image_slots", "Slots of the vision pool, by state");
+  image_slots_referenced = &image_slots.Add({{"state", "referenced"}});
+  image_slots_cached = &image_slots.Add({{"state", "cached"}});
+  image_slots_free = &image_slots.Add({{"state", "free"}});
+  vision_up = gauge(r, "litellama_scheduler_vision_up", "1 while a vision service is up");
   requests_waiting_by_priority_family =
       &gauge_family(r, "litellama_scheduler_requests_waiting_by_priority",
                     "Requests waiting for admission, by priority");

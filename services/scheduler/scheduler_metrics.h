@@ -48,6 +48,14 @@ struct SchedulerMetrics {
   prometheus::Counter* prefix_cache_evicted_tokens;
   prometheus::Counter* preemptions;
   prometheus::Counter* requests_overloaded;
+  // Images: each image of a request either found in the vision pool (reused: held by another
+  // request or cached) or sent to be encoded; the pool's slots by state.
+  prometheus::Counter* images_reused;
+  prometheus::Counter* images_encoded;
+  prometheus::Gauge* image_slots_referenced;
+  prometheus::Gauge* image_slots_cached;
+  prometheus::Gauge* image_slots_free;
+  prometheus::Gauge* vision_up;
   prometheus::Family<prometheus::Gauge>* requests_waiting_by_priority_family;
   prometheus::Family<prometheus::Counter>* requests_finished_family;
   prometheus::Family<prometheus::Counter>* protocol_errors_family;
@@ -57,7 +65,7 @@ struct SchedulerMetrics {
   prometheus::Gauge& requests_waiting_by_priority(int priority);
 
   // Brings the KV, prefix-cache, preemption and per-priority series up to date (while requests
-  // run at most ten times a second: counting the cache's evictable slots walks its tree).
+  // run at most ten times a second).
   void update_batcher(const ContinuousBatcher& batcher, const KvSlotAllocator& allocator,
                       double now);
 

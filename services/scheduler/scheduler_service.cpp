@@ -1044,6 +1044,10 @@ void SchedulerService::update_gauges() {
   metrics_data_.requests_waiting->Set(batcher_.n_waiting());
   metrics_data_.update_batcher(batcher_, allocator_, monotonic_seconds());
   metrics_data_.kv_slots_capacity->Set(allocator_.n_total());
+  metrics_data_.vision_up->Set(vision_peer_ ? 1 : 0);
+  metrics_data_.image_slots_referenced->Set(image_table_.n_referenced());
+  metrics_data_.image_slots_cached->Set(image_table_.n_cached());
+  metrics_data_.image_slots_free->Set(image_table_.n_free());
 }
 
 }  // namespace litellama

@@ -101,6 +101,7 @@ void SchedulerService::advance_images(Request* r) {
     image.acquired = true;
     image.slot = got->slot;
     image.ready = got->ready;
+    (got->needs_encode ? metrics_data_.images_encoded : metrics_data_.images_reused)->Increment();
     if (!got->needs_encode) {
       image.bytes.clear();
       image.bytes.shrink_to_fit();

@@ -147,6 +147,8 @@ TEST(Observability, InfoGaugesAndEveryNonFailureSeriesIsWritten) {
       "litellama_scheduler_prefix_cache_evicted_tokens_total",
       "litellama_scheduler_preemptions_total",
       "litellama_scheduler_requests_overloaded_total",
+      // Written only by requests with images (vision_integration_test checks them).
+      "litellama_scheduler_images_total",
   };
   size_t n_checked = 0;
   for (const std::string* body : {&scheduler, &worker, &tokenizer}) {

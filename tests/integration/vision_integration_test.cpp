@@ -164,6 +164,17 @@ TEST(VisionIntegration, ImagesThroughTheServicesMatchTheInProcessEngine) {
   ASSERT_FALSE(extra.is_ok());
   EXPECT_NE(extra.status().message().find("carries 2"), std::string::npos)
       << extra.status().message();
+  // The scheduler's view: three images reused or encoded as above (the garbage one encoded too,
+  // then failed), and the pool's slots.
+  const std::string metrics = cluster.scheduler_metrics();
+  EXPECT_EQ(testing::metric_value(metrics, "litellama_scheduler_images_total{outcome=\"reused\"}"),
+            1)
+      << metrics;
+  EXPECT_EQ(
+      testing::metric_value(metrics, "litellama_scheduler_images_total{outcome=\"encoded\"}"), 3);
+  EXPECT_EQ(testing::metric_value(metrics, "litellama_scheduler_vision_up"), 1);
+  EXPECT_EQ(testing::metric_value(metrics, "litellama_scheduler_image_slots{state=\"cached\"}"),
+            2);
   auto text_only = client->generate(testing::ignoring_eos_request(before, 3), nullptr, 30000);
   ASSERT_TRUE(text_only.is_ok()) << text_only.status().to_string();
 
