@@ -5,7 +5,8 @@
 # the build tree gets the same layout through a link, so build/bin/litellama works as well.
 include(GNUInstallDirs)
 
-set(LITELLAMA_PROGRAMS litellama litellama-scheduler litellama-worker litellama-tokenizer)
+set(LITELLAMA_PROGRAMS litellama litellama-scheduler litellama-worker litellama-tokenizer
+  litellama-vision)
 foreach(program IN LISTS LITELLAMA_PROGRAMS)
   if(TARGET ${program})
     install(TARGETS ${program} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Runs one LiteLLaMA service in a container with the settings of deploy/litellama.env (passed as
-# environment variables). Usage: litellama-service scheduler|worker|tokenizer [extra flags]
+# environment variables). Usage: litellama-service scheduler|worker|tokenizer|vision [extra flags]
 set -eu
 service="${1:-scheduler}"
 [ $# -gt 0 ] && shift
@@ -10,6 +10,9 @@ service="${1:-scheduler}"
 : "${LITELLAMA_CLIENT_ENDPOINT:=ipc:///run/litellama/client.sock}"
 : "${LITELLAMA_WORKER_ENDPOINT:=ipc:///run/litellama/worker.sock}"
 : "${LITELLAMA_TOKENIZER_ENDPOINT:=ipc:///run/litellama/tokenizer.sock}"
+: "${LITELLAMA_VISION_ENDPOINT:=ipc:///run/litellama/vision.sock}"
+: "${LITELLAMA_VISION_POOL_BYTES:=268435456}"
+: "${LITELLAMA_MAX_IMAGE_BYTES:=20971520}"
 : "${LITELLAMA_METRICS_HOST:=0.0.0.0}"
 : "${LITELLAMA_METRICS_PORT:=9400}"
 : "${LITELLAMA_MAX_BATCH_TOKENS:=2048}"
@@ -28,7 +31,9 @@ case "$service" in
   scheduler)
     exec litellama-scheduler --client-endpoint "$LITELLAMA_CLIENT_ENDPOINT" \
       --worker-endpoint "$LITELLAMA_WORKER_ENDPOINT" \
-      --tokenizer-endpoint "$LITELLAMA_TOKENIZER_ENDPOINT" --metrics "$metrics" \
+      --tokenizer-endpoint "$LITELLAMA_TOKENIZER_ENDPOINT" \
+      --vision-endpoint "$LITELLAMA_VISION_ENDPOINT" --max-image-bytes "$LITELLAMA_MAX_IMAGE_BYTES" \
+      --metrics "$metrics" \
       --max-batch-tokens "$LITELLAMA_MAX_BATCH_TOKENS" --max-batch-seqs "$LITELLAMA_MAX_BATCH_SEQS" \
       "$@" ;;
   worker)
@@ -41,7 +46,11 @@ case "$service" in
   tokenizer)
     exec litellama-tokenizer --model "$LITELLAMA_MODEL_DIR" \
       --scheduler "$LITELLAMA_TOKENIZER_ENDPOINT" --metrics "$metrics" "$@" ;;
+  vision)
+    exec litellama-vision --model "$LITELLAMA_MODEL_DIR" --scheduler "$LITELLAMA_VISION_ENDPOINT" \
+      --metrics "$metrics" --vision-pool-bytes "$LITELLAMA_VISION_POOL_BYTES" \
+      --max-image-bytes "$LITELLAMA_MAX_IMAGE_BYTES" "$@" ;;
   *)
-    echo "litellama-service: unknown service '$service' (scheduler, worker or tokenizer)" >&2
+    echo "litellama-service: unknown service '$service' (scheduler, worker, tokenizer or vision)" >&2
     exit 2 ;;
 esac

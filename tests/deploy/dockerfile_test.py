@@ -118,7 +118,8 @@ for script in ("deploy/docker-entrypoint.sh", "deploy/runtime-packages.sh"):
     check(run.returncode == 0, f"shellcheck {script}:\n{run.stdout}{run.stderr}")
 
 programs = [f"{bindir}/{p}" for p in
-            ("litellama", "litellama-scheduler", "litellama-worker", "litellama-tokenizer")]
+            ("litellama", "litellama-scheduler", "litellama-worker", "litellama-tokenizer",
+             "litellama-vision")]
 run = subprocess.run([f"{src}/deploy/runtime-packages.sh", "--skip", "/usr/local/cuda"] + programs,
                      capture_output=True, text=True)
 check(run.returncode == 0, f"runtime-packages.sh failed: {run.stderr}")

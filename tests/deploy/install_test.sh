@@ -12,7 +12,7 @@ trap 'rm -rf "$prefix"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 cmake --install "$build" --prefix "$prefix" >/dev/null
-for program in litellama litellama-scheduler litellama-worker litellama-tokenizer; do
+for program in litellama litellama-scheduler litellama-worker litellama-tokenizer litellama-vision; do
   [ -x "$prefix/bin/$program" ] || fail "$program not installed"
 done
 for file in deploy/systemd/litellama-worker.service deploy/litellama.env \

@@ -16,7 +16,7 @@ fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
 # distribution's own units (sysinit.target and the rest) that verify resolves dependencies with.
 install -d "$root/opt/litellama/bin" "$root/etc/systemd/system" "$root/etc/litellama" \
   "$root/usr/lib/systemd"
-for program in litellama-scheduler litellama-worker litellama-tokenizer; do
+for program in litellama-scheduler litellama-worker litellama-tokenizer litellama-vision; do
   install -m 755 "$bin/$program" "$root/opt/litellama/bin/"
 done
 install -m 644 "$src"/deploy/systemd/* "$root/etc/systemd/system/"
@@ -24,14 +24,14 @@ install -m 644 "$src/deploy/litellama.env" "$root/etc/litellama/litellama.env"
 cp -a /usr/lib/systemd/system "$root/usr/lib/systemd/"
 
 units=(litellama.target litellama-scheduler.service litellama-worker.service
-  litellama-tokenizer@9402.service)
+  litellama-tokenizer@9402.service litellama-vision.service)
 # verify exits 0 on unknown keys and other warnings: any output is a failure.
 out="$(systemd-analyze verify --root="$root" "${units[@]}" 2>&1)" || fail "verify failed"
 [ -z "$out" ] || fail "systemd-analyze verify reported:"$'\n'"$out"
 
 # Exposure limits (systemd-analyze's 0-10 scale; the tokenizer has the least to reach).
 declare -A limit=([litellama-tokenizer@9402.service]=4.0 [litellama-scheduler.service]=5.0
-  [litellama-worker.service]=6.0)
+  [litellama-worker.service]=6.0 [litellama-vision.service]=4.0)
 for unit in "${!limit[@]}"; do
   report="$(systemd-analyze security --offline=yes --root="$root" "$unit" 2>&1)" ||
     fail "security $unit failed: $report"
@@ -45,7 +45,8 @@ for unit in "${!limit[@]}"; do
   fi
 done
 
-for unit in litellama-scheduler.service litellama-worker.service litellama-tokenizer@.service; do
+for unit in litellama-scheduler.service litellama-worker.service litellama-tokenizer@.service \
+  litellama-vision.service; do
   grep -qx 'Type=notify' "$src/deploy/systemd/$unit" || fail "$unit is not Type=notify"
 done
 
