@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "common/net/zmq_util.h"
 #include "services/scheduler/scheduler_service.h"
+#include "services/vision/embedding_pool.h"
 
 namespace litellama {
 
@@ -246,6 +247,9 @@ void SchedulerService::on_encode_image_reply(const proto::EncodeImageReply& repl
 void SchedulerService::vision_lost(const char* why) {
   if (!vision_peer_) return;
   LITELLAMA_LOG_WARN("scheduler: vision service lost ({}); requests that need its rows fail", why);
+  // A process that died left its shared-memory pool behind (a clean stop removes it); a worker
+  // that still maps it keeps its mapping.
+  if (vision_peer_->info.device == "cpu") EmbeddingPool::remove(vision_peer_->info.pool_name);
   vision_peer_.reset();
   vision_ops_.clear();
   std::vector<Request*> doomed;
