@@ -111,6 +111,7 @@ struct Request {
   // Timings (monotonic seconds).
   double t_arrival = 0.0;
   double t_scheduled = 0.0;
+  double t_images = 0.0;  // when it started waiting for its images
   double t_first_token = 0.0;
   double t_last_token = 0.0;
 

@@ -981,12 +981,20 @@ void SchedulerService::on_tick() {
     }
   }
   if (vision_peer_ && now - vision_peer_->last_seen > timeout) vision_lost("no heartbeat");
-  // Requests whose images found no free slot try again as slots come back.
+  // Requests whose images found no free slot try again as slots come back; those the vision
+  // service did not serve within the encode budget fail (it may be stuck on an image).
   for (uint64_t id : std::vector<uint64_t>(image_waiters_.begin(), image_waiters_.end())) {
     auto it = requests_.find(id);
-    if (it != requests_.end() && it->second->state == RequestState::kImages) {
-      advance_images(it->second.get());
+    if (it == requests_.end() || it->second->state != RequestState::kImages) continue;
+    Request* r = it->second.get();
+    if (now - r->t_images > options_.encode_timeout_ms / 1000.0) {
+      fail(r, StatusCode::kResourceExhausted,
+           fmt::format("the request's images were not encoded within {} ms "
+                       "(--encode-timeout-ms)",
+                       options_.encode_timeout_ms));
+      continue;
     }
+    advance_images(r);
   }
   if (worker_ && now - worker_->last_seen > timeout) {
     // Heartbeats of a process that died may still sit in the socket's queue and would announce it

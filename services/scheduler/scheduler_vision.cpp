@@ -37,6 +37,7 @@ void SchedulerService::start_generation(Request* r) {
   r->detok_prefix = std::max(0, r->n_prompt() - kDetokenizeContext);
   r->detok_read = r->n_prompt();
   r->state = RequestState::kImages;
+  r->t_images = monotonic_seconds();
   image_waiters_.push_back(r->id);
   advance_images(r);
 }
@@ -57,6 +58,13 @@ bool SchedulerService::place_images(Request* r) {
   }
   const int32_t token = vision_peer_->info.image_token_id;
   const int32_t rows = vision_peer_->info.rows_per_slot;
+  if (static_cast<int32_t>(r->images.size()) > vision_peer_->info.n_slots) {
+    fail(r, StatusCode::kInvalidArgument,
+         fmt::format("the request has {} images but the vision pool holds {} "
+                     "(--vision-pool-bytes)",
+                     r->images.size(), vision_peer_->info.n_slots));
+    return false;
+  }
   // Runs of the image token: each is one image, written once (expanded here) or already
   // expanded to the image's token count.
   std::vector<int32_t> ids;
@@ -95,7 +103,34 @@ bool SchedulerService::place_images(Request* r) {
 
 void SchedulerService::advance_images(Request* r) {
   if (!vision_peer_) return;
+  // All or nothing: a request takes slots only when every image it still needs fits, so that
+  // two requests holding part of what they need can never wait on each other. Images already
+  // held come first (taking them never evicts), then new ones (which may evict cached slots,
+  // never this request's own: those are referenced by then).
+  int32_t n_new = 0;
+  int32_t n_own_cached = 0;
+  std::vector<uint64_t> counted;
+  for (const RequestImage& image : r->images) {
+    if (image.acquired || std::find(counted.begin(), counted.end(), image.hash) != counted.end()) {
+      continue;
+    }
+    counted.push_back(image.hash);
+    if (!image_table_.slot_of(image.hash)) {
+      ++n_new;
+    } else if (image_table_.refcount(image.hash) == 0 && image_table_.is_ready(image.hash)) {
+      ++n_own_cached;
+    }
+  }
+  if (n_new > image_table_.n_free() + image_table_.n_cached() - n_own_cached) return;
+  std::vector<RequestImage*> order;
   for (RequestImage& image : r->images) {
+    if (!image.acquired && image_table_.slot_of(image.hash)) order.push_back(&image);
+  }
+  for (RequestImage& image : r->images) {
+    if (!image.acquired && !image_table_.slot_of(image.hash)) order.push_back(&image);
+  }
+  for (RequestImage* held : order) {
+    RequestImage& image = *held;
     if (image.acquired) continue;
     const auto got = image_table_.acquire(image.hash);
     if (!got) return;  // no slot free: on_tick tries again

@@ -175,6 +175,14 @@ TEST(VisionIntegration, ImagesThroughTheServicesMatchTheInProcessEngine) {
   EXPECT_EQ(testing::metric_value(metrics, "litellama_scheduler_vision_up"), 1);
   EXPECT_EQ(testing::metric_value(metrics, "litellama_scheduler_image_slots{state=\"cached\"}"),
             2);
+  // More images than the pool has slots (64 KiB: 10 slots of 25 x 64 floats) can never run.
+  std::vector<int32_t> many_ids = before;
+  many_ids.insert(many_ids.end(), 11, 32000);
+  auto too_many = client->generate(testing::ignoring_eos_request(many_ids, 2), nullptr, 30000,
+                                   std::vector<std::string>(11, png));
+  ASSERT_FALSE(too_many.is_ok());
+  EXPECT_NE(too_many.status().message().find("the vision pool holds 10"), std::string::npos)
+      << too_many.status().message();
   auto text_only = client->generate(testing::ignoring_eos_request(before, 3), nullptr, 30000);
   ASSERT_TRUE(text_only.is_ok()) << text_only.status().to_string();
 
