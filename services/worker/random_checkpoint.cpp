@@ -552,6 +552,26 @@ Status write_random_checkpoint(const std::string& dir, json config,
         return make_error(StatusCode::kInternal, "cannot copy '{}': {}", src.string(),
                           ec.message());
     }
+    // A LLaVA checkpoint's tokenizer has "<image>" as an added token with the image token's id,
+    // as LLaVA-1.5 publishes it, so that "<image>" in a text prompt encodes to that one id.
+    if (config.contains("vision_config") && config.contains("image_token_index")) {
+      const fs::path path = fs::path(dir) / "tokenizer.json";
+      std::ifstream in(path);
+      json tok = json::parse(in, nullptr, false);
+      in.close();
+      if (tok.is_object() && tok.contains("added_tokens") && tok["added_tokens"].is_array()) {
+        tok["added_tokens"].push_back({{"id", config["image_token_index"]},
+                                       {"content", "<image>"},
+                                       {"single_word", false},
+                                       {"lstrip", false},
+                                       {"rstrip", false},
+                                       {"normalized", false},
+                                       {"special", true}});
+        std::ofstream out(path);
+        out << tok.dump(2) << "\n";
+        if (!out) return make_error(StatusCode::kInternal, "cannot write '{}'", path.string());
+      }
+    }
   }
   return Status::ok();
 }

@@ -170,11 +170,25 @@ TEST(VisionIntegration, ImagesThroughTheServicesMatchTheInProcessEngine) {
   EXPECT_EQ(testing::metric_value(metrics, "litellama_scheduler_images_total{outcome=\"reused\"}"),
             1)
       << metrics;
-  EXPECT_EQ(
-      testing::metric_value(metrics, "litellama_scheduler_images_total{outcome=\"encoded\"}"), 3);
+  EXPECT_EQ(testing::metric_value(metrics, "litellama_scheduler_images_total{outcome=\"encoded\"}"),
+            3);
   EXPECT_EQ(testing::metric_value(metrics, "litellama_scheduler_vision_up"), 1);
-  EXPECT_EQ(testing::metric_value(metrics, "litellama_scheduler_image_slots{state=\"cached\"}"),
-            2);
+  EXPECT_EQ(testing::metric_value(metrics, "litellama_scheduler_image_slots{state=\"cached\"}"), 2);
+  // A text prompt: "<image>" is the tokenizer's added token, expanded by the scheduler.
+  proto::GenerateRequest text_prompt;
+  text_prompt.prompt = "<image>\nWhat is in the image?";
+  text_prompt.max_tokens = 3;
+  text_prompt.ignore_eos = true;
+  auto from_text = client->generate(text_prompt, nullptr, 30000, {png});
+  ASSERT_TRUE(from_text.is_ok()) << from_text.status().to_string();
+  EXPECT_GE(from_text->n_prompt_tokens, 25 + 2);
+  EXPECT_GE(from_text->n_cached_tokens, 0);
+  text_prompt.prompt = "What is in the image?";  // no image token but an image
+  auto no_token = client->generate(text_prompt, nullptr, 30000, {png});
+  ASSERT_FALSE(no_token.is_ok());
+  EXPECT_NE(no_token.status().message().find("has 0 images"), std::string::npos)
+      << no_token.status().message();
+
   // More images than the pool has slots (64 KiB: 10 slots of 25 x 64 floats) can never run.
   std::vector<int32_t> many_ids = before;
   many_ids.insert(many_ids.end(), 11, 32000);
