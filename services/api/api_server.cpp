@@ -527,7 +527,7 @@ void ApiServer::Impl::run_pump() {
       std::lock_guard lock(job->mu);
       live.push_back(job);
       for (size_t i = 0; i < job->choices.size(); ++i) {
-        auto id = client->submit(job->request.generate[i]);
+        auto id = client->submit(job->request.generate[i], job->request.images);
         if (!id) {
           job->choices[i].finished = true;
           ++job->n_finished;

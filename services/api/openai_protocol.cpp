@@ -2,8 +2,10 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <random>
 #include <regex>
+#include <string_view>
 #include <type_traits>
 
 #include <fmt/format.h>
@@ -100,7 +102,68 @@ bool read_ids(const json& v, const char* param, std::vector<int32_t>* out, ApiEr
   return true;
 }
 
-bool read_messages(const json& body, std::vector<proto::ChatMessage>* out, ApiError* error) {
+// Standard base64 (RFC 4648, with or without '=' padding; no whitespace) to bytes; nullopt when
+// anything else is there. Hand-written: the few lines it takes are less than a dependency for
+// it (none of the project's libraries exposes a public decoder).
+std::optional<std::string> base64_decode(std::string_view in) {
+  while (!in.empty() && in.back() == '=') in.remove_suffix(1);
+  if (in.size() % 4 == 1) return std::nullopt;
+  std::string out;
+  out.reserve(in.size() / 4 * 3 + 2);
+  uint32_t acc = 0;
+  int bits = 0;
+  for (char c : in) {
+    int v = c >= 'A' && c <= 'Z'   ? c - 'A'
+            : c >= 'a' && c <= 'z' ? c - 'a' + 26
+            : c >= '0' && c <= '9' ? c - '0' + 52
+            : c == '+'             ? 62
+            : c == '/'             ? 63
+                                   : -1;
+    if (v < 0) return std::nullopt;
+    acc = (acc << 6) | static_cast<uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(static_cast<char>((acc >> bits) & 0xff));
+    }
+  }
+  return out;
+}
+
+// An image_url part: a data: URL with base64 image bytes (the server never fetches a URL).
+bool read_image_part(const json& part, const std::string& where, std::string* bytes,
+                     ApiError* error) {
+  auto image = part.find("image_url");
+  const json* url = nullptr;
+  if (image != part.end() && image->is_string()) url = &*image;
+  if (image != part.end() && image->is_object() && image->contains("url") &&
+      (*image)["url"].is_string()) {
+    url = &(*image)["url"];
+  }
+  if (url == nullptr) {
+    *error = bad(where, where + " needs image_url.url, a string");
+    return false;
+  }
+  const std::string& text = url->get_ref<const std::string&>();
+  const size_t comma = text.find(',');
+  if (text.rfind("data:", 0) != 0 || comma == std::string::npos ||
+      text.substr(0, comma).find(";base64") == std::string::npos) {
+    *error = bad(where, where +
+                            ".image_url.url must be a data: URL with base64 image bytes "
+                            "(data:image/png;base64,...); the server fetches no URL");
+    return false;
+  }
+  auto decoded = base64_decode(std::string_view(text).substr(comma + 1));
+  if (!decoded || decoded->empty()) {
+    *error = bad(where, where + ".image_url.url does not hold valid base64 data");
+    return false;
+  }
+  *bytes = std::move(*decoded);
+  return true;
+}
+
+bool read_messages(const json& body, std::vector<proto::ChatMessage>* out,
+                   std::vector<std::string>* images, ApiError* error) {
   auto it = body.find("messages");
   if (it == body.end() || !it->is_array() || it->empty()) {
     *error = bad("messages", "'messages' must be a non-empty array");
@@ -136,16 +199,25 @@ bool read_messages(const json& body, std::vector<proto::ChatMessage>* out, ApiEr
     if (content->is_string()) {
       msg.content = content->get<std::string>();
     } else if (content->is_array()) {
-      // An array of parts: only text parts, concatenated.
+      // An array of parts: text parts concatenated, each image part an "<image>" placeholder
+      // (the image token of a LLaVA tokenizer) where it stands, its bytes sent with the request.
       for (const auto& part : *content) {
         auto type = part.is_object() ? part.find("type") : part.end();
         if (!part.is_object() || type == part.end() || !type->is_string()) {
           *error = bad(where + ".content", where + ".content parts must be objects with a type");
           return false;
         }
+        if (*type == "image_url") {
+          std::string bytes;
+          if (!read_image_part(part, where + ".content", &bytes, error)) return false;
+          images->push_back(std::move(bytes));
+          msg.content += "<image>";
+          continue;
+        }
         if (*type != "text") {
           *error = bad(where + ".content",
-                       fmt::format("{}.content part type '{}' is not supported (only 'text')",
+                       fmt::format("{}.content part type '{}' is not supported (only 'text' and "
+                                   "'image_url')",
                                    where, type->get<std::string>()));
           return false;
         }
@@ -374,7 +446,7 @@ bool parse_request(const std::string& text, bool chat, const ParseContext& conte
 
   std::vector<Prompt> prompts;
   if (chat) {
-    if (!read_messages(body, &base.messages, error)) return false;
+    if (!read_messages(body, &base.messages, &out->images, error)) return false;
     prompts.emplace_back();
   } else {
     if (!read_prompts(body, &prompts, error)) return false;

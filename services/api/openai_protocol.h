@@ -46,6 +46,8 @@ struct ParsedRequest {
   std::string model;
   int32_t n = 1;
   std::vector<proto::GenerateRequest> generate;
+  // Chat image parts (data: URLs), decoded, in message order: every choice carries them.
+  std::vector<std::string> images;
   // completions with echo: the prompt text each choice's text starts with.
   std::vector<std::string> echo_prefix;
   // Index of the prompt each choice answers (usage counts each prompt once).

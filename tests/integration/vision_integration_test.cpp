@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "services/vision/clip_preprocess.h"
 #include "services/vision/image_decode.h"
@@ -85,10 +86,44 @@ double vision_encodes(const ServiceCluster& cluster) {
   return status == 200 ? testing::metric_value(body, "litellama_vision_encodes_total") : -1;
 }
 
+std::string base64(const std::string& bytes) {
+  static const char* k = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (unsigned char c : bytes) {
+    acc = (acc << 8) | c;
+    bits += 8;
+    while (bits >= 6) {
+      bits -= 6;
+      out.push_back(k[(acc >> bits) & 63]);
+    }
+  }
+  if (bits > 0) out.push_back(k[(acc << (6 - bits)) & 63]);
+  while (out.size() % 4 != 0) out.push_back('=');
+  return out;
+}
+
 TEST(VisionIntegration, ImagesThroughTheServicesMatchTheInProcessEngine) {
   ServiceCluster cluster;
   cluster.use_preset("llava-tiny");
   ASSERT_NO_FATAL_FAILURE(cluster.make_model());
+  {
+    // A LLaVA-1.5-style chat template ("USER: <image>\n... ASSISTANT:"): the assets' Llama 2
+    // tokenizer has none.
+    const std::string path = cluster.model_dir() + "/tokenizer_config.json";
+    std::ifstream in(path);
+    nlohmann::json config = nlohmann::json::parse(in, nullptr, false);
+    in.close();
+    ASSERT_TRUE(config.is_object());
+    config["chat_template"] =
+        "{% for m in messages %}{{ m['role'].upper() + ': ' + m['content'] + '\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}";
+    std::ofstream(path) << config.dump(2);
+  }
+  const int api_port = testing::free_tcp_port();
+  cluster.add_scheduler_args(
+      {"--api-listen", "127.0.0.1:" + std::to_string(api_port), "--served-model-name", "llava"});
   cluster.start_scheduler();
   cluster.start_worker();
   cluster.start_tokenizer();
@@ -188,6 +223,33 @@ TEST(VisionIntegration, ImagesThroughTheServicesMatchTheInProcessEngine) {
   ASSERT_FALSE(no_token.is_ok());
   EXPECT_NE(no_token.status().message().find("has 0 images"), std::string::npos)
       << no_token.status().message();
+
+  // HTTP: an image_url part with a data: URL, in place of the image in the message.
+  auto chat = [&](const std::string& url) {
+    nlohmann::json body = {{"model", "llava"},
+                           {"max_tokens", 3},
+                           {"messages",
+                            {{{"role", "user"},
+                              {"content",
+                               {{{"type", "image_url"}, {"image_url", {{"url", url}}}},
+                                {{"type", "text"}, {"text", "What is in the image?"}}}}}}}};
+    return testing::http(api_port, "POST", "/v1/chat/completions", body.dump(),
+                         {"Content-Type: application/json"});
+  };
+  // The API learns readiness from the scheduler a moment after it.
+  ASSERT_TRUE(testing::poll_until(
+      [&] { return testing::http(api_port, "GET", "/ready").status == 200; }, 10000));
+  const auto ok = chat("data:image/png;base64," + base64(png));
+  ASSERT_EQ(ok.status, 200) << ok.body;
+  const auto answer = nlohmann::json::parse(ok.body);
+  EXPECT_GE(answer["usage"]["prompt_tokens"].get<int>(), 25 + 2) << ok.body;
+  const auto remote = chat("https://example.invalid/cat.png");
+  EXPECT_EQ(remote.status, 400) << remote.body;
+  EXPECT_NE(remote.body.find("fetches no URL"), std::string::npos) << remote.body;
+  const auto broken = chat("data:image/png;base64,@@@@");
+  EXPECT_EQ(broken.status, 400) << broken.body;
+  const auto not_image = chat("data:image/png;base64," + base64("plain text, no image"));
+  EXPECT_EQ(not_image.status, 400) << not_image.body;
 
   // More images than the pool has slots (64 KiB: 10 slots of 25 x 64 floats) can never run.
   std::vector<int32_t> many_ids = before;
