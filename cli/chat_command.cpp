@@ -4,9 +4,12 @@
 // Ctrl-C stops the answer being written.
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
@@ -32,6 +35,10 @@ struct ChatArgs {
   LaunchOptions launch;
   std::string system;
   std::vector<std::string> messages;  // non-interactive: one turn per --message
+  // Image files of a LLaVA model: "<image>" lines open the first user turn, and every turn
+  // sends the images again with the history that holds them.
+  std::vector<std::string> image_paths;
+  std::vector<std::string> images;  // their bytes
   int32_t max_new_tokens = 256;
   SamplingParams sampling;  // --temperature, --top-p, --seed
   int32_t timeout_ms = 120000;
@@ -44,7 +51,7 @@ Result<std::string> chat_turn(net::SchedulerClient& client, const ChatArgs& a,
   req.messages = history;
   req.max_tokens = a.max_new_tokens;
   req.sampling = a.sampling;
-  LITELLAMA_ASSIGN_OR_RETURN(uint64_t id, client.submit(std::move(req)));
+  LITELLAMA_ASSIGN_OR_RETURN(uint64_t id, client.submit(std::move(req), a.images));
   std::string reply;
   g_interrupt.store(false);
   bool aborted = false;
@@ -69,6 +76,12 @@ Result<std::string> chat_turn(net::SchedulerClient& client, const ChatArgs& a,
 
 int run_chat(ChatArgs a) {
   const char* cmd = "chat";
+  for (const std::string& path : a.image_paths) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in)
+      return fail(cmd, make_error(StatusCode::kNotFound, "--image {}: cannot open it", path));
+    a.images.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
   std::unique_ptr<ServiceLauncher> launcher;
   auto resolved = server_endpoint(a.server);
   if (!resolved.is_ok()) return fail(cmd, resolved.status());
@@ -97,8 +110,12 @@ int run_chat(ChatArgs a) {
 
   std::vector<proto::ChatMessage> history;
   if (!a.system.empty()) history.push_back({"system", a.system});
+  std::string image_lines;
+  for (size_t i = 0; i < a.images.size(); ++i) image_lines += "<image>\n";
   auto turn = [&](const std::string& text) -> Status {
-    history.push_back({"user", text});
+    const bool first = std::none_of(history.begin(), history.end(),
+                                    [](const proto::ChatMessage& m) { return m.role == "user"; });
+    history.push_back({"user", first ? image_lines + text : text});
     auto reply = chat_turn(**client, a, history);
     if (!reply.is_ok()) {
       history.pop_back();
@@ -149,6 +166,9 @@ CommandMain register_chat_command(CLI::App& app) {
   sub->add_option("--system", a->system, "system prompt");
   sub->add_option("--message,-m", a->messages,
                   "send this user message and print the answer (repeatable; no prompt)");
+  sub->add_option("--image", a->image_paths,
+                  "an image file (JPEG/PNG) for a LLaVA model, placed at the start of the first "
+                  "user turn (repeatable)");
   add_bounded_option(*sub, "--max-new-tokens", a->max_new_tokens, "tokens per answer", 1, 1 << 20);
   sub->add_option("--temperature", a->sampling.temperature, "0 = greedy")->capture_default_str();
   sub->add_option("--top-p", a->sampling.top_p, "1 = off")->capture_default_str();

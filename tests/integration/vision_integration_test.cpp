@@ -104,23 +104,25 @@ std::string base64(const std::string& bytes) {
   return out;
 }
 
+// A LLaVA-1.5-style chat template ("USER: <image>\n... ASSISTANT:") in the model's
+// tokenizer_config.json: the assets' Llama 2 tokenizer has none.
+void add_chat_template(const std::string& model_dir) {
+  const std::string path = model_dir + "/tokenizer_config.json";
+  std::ifstream in(path);
+  nlohmann::json config = nlohmann::json::parse(in, nullptr, false);
+  in.close();
+  ASSERT_TRUE(config.is_object());
+  config["chat_template"] =
+      "{% for m in messages %}{{ m['role'].upper() + ': ' + m['content'] + '\n' }}{% endfor %}"
+      "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}";
+  std::ofstream(path) << config.dump(2);
+}
+
 TEST(VisionIntegration, ImagesThroughTheServicesMatchTheInProcessEngine) {
   ServiceCluster cluster;
   cluster.use_preset("llava-tiny");
   ASSERT_NO_FATAL_FAILURE(cluster.make_model());
-  {
-    // A LLaVA-1.5-style chat template ("USER: <image>\n... ASSISTANT:"): the assets' Llama 2
-    // tokenizer has none.
-    const std::string path = cluster.model_dir() + "/tokenizer_config.json";
-    std::ifstream in(path);
-    nlohmann::json config = nlohmann::json::parse(in, nullptr, false);
-    in.close();
-    ASSERT_TRUE(config.is_object());
-    config["chat_template"] =
-        "{% for m in messages %}{{ m['role'].upper() + ': ' + m['content'] + '\n' }}{% endfor %}"
-        "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}";
-    std::ofstream(path) << config.dump(2);
-  }
+  ASSERT_NO_FATAL_FAILURE(add_chat_template(cluster.model_dir()));
   const int api_port = testing::free_tcp_port();
   cluster.add_scheduler_args(
       {"--api-listen", "127.0.0.1:" + std::to_string(api_port), "--served-model-name", "llava"});
@@ -318,6 +320,7 @@ TEST(VisionIntegration, ServeStartsAndRestartsTheVisionServiceWithoutTheWorker) 
   ServiceCluster cluster;
   cluster.use_preset("llava-tiny");
   ASSERT_NO_FATAL_FAILURE(cluster.make_model());
+  ASSERT_NO_FATAL_FAILURE(add_chat_template(cluster.model_dir()));
   const std::string run = (cluster.dir() / "serve-run").string();
   auto serve = net::ChildProcess::spawn(
       {cluster.bin_dir() + "/litellama", "serve", "--port", "0", "--model", cluster.model_dir(),
@@ -374,6 +377,16 @@ TEST(VisionIntegration, ServeStartsAndRestartsTheVisionServiceWithoutTheWorker) 
   const std::string again = run_generate(generate);
   EXPECT_EQ(ids_of(again), want.ids) << again;
   EXPECT_EQ(find_process("litellama-worker", run), worker) << "the worker was restarted";
+
+  // litellama chat --image: two turns, both sending the image with the history.
+  const std::string chat =
+      run_generate(cluster.bin_dir() + "/litellama chat --server " + run + " --image " + image +
+                   " -m 'What is this?' -m 'And now?'" + " --max-new-tokens 3 2>&1; echo rc=$?");
+  EXPECT_NE(chat.find("rc=0"), std::string::npos) << chat;
+  const std::string no_file = run_generate(cluster.bin_dir() + "/litellama chat --server " + run +
+                                           " --image /nonexistent.png -m hi 2>&1; echo rc=$?");
+  EXPECT_NE(no_file.find("cannot open it"), std::string::npos) << no_file;
+  EXPECT_EQ(no_file.find("rc=0"), std::string::npos) << no_file;
   serve->stop(10000);
 }
 
