@@ -151,6 +151,12 @@ ContinuousBatcher::AddResult ContinuousBatcher::add_sequence(Request* r, uint64_
   for (const RequestImage& image : r->images) {
     if (image.pos < kv_len && image.pos + r->image_rows > r->n_fed) ++n_images;
   }
+  if (n_images > 0 && r->images_lost) {
+    if (std::find(images_gone_.begin(), images_gone_.end(), r) == images_gone_.end()) {
+      images_gone_.push_back(r);
+    }
+    return AddResult::kSkipped;
+  }
   if (n_images > 0 && (h.n_images + n_images > limits.max_images || vision_pool_.empty() ||
                        r->image_rows != image_rows_)) {
     return AddResult::kSkipped;
@@ -456,6 +462,14 @@ std::optional<PlannedStep> ContinuousBatcher::plan(uint64_t step_id, proto::Step
     by_id_[r->id] = r;
     if (add(r) == AddResult::kNoRoom) break;  // waits for its first slots as a running request
   }
+
+  for (Request* r : images_gone_) {
+    r->reject_reason = "its images are gone with the vision service that encoded them";
+    r->finish = RequestFinish::kError;
+    retire(r);
+    rejected->push_back(r);
+  }
+  images_gone_.clear();
 
   if (h.n_seqs == 0) return std::nullopt;
   epoch_started_ = true;

@@ -173,6 +173,9 @@ class ContinuousBatcher {
 
   KvSlotAllocator& allocator_;
   BatcherOptions options_;
+  // Requests whose next step needs rows of images the vision process no longer holds: plan()
+  // takes them out and returns them as rejected.
+  std::vector<Request*> images_gone_;
   std::string vision_pool_;
   uint64_t vision_incarnation_ = 0;
   int32_t image_rows_ = 0;

@@ -57,6 +57,9 @@ struct Request {
   // Images (LLaVA), in prompt order, each image_rows positions long.
   std::vector<RequestImage> images;
   int32_t image_rows = 0;
+  // The vision process that encoded its images is gone: it runs on while its KV (or the prefix
+  // cache) covers its images, and fails if a step would need their rows again.
+  bool images_lost = false;
 
   // Generation (ContinuousBatcher).
   std::vector<int32_t> output_ids;  // sampled ids known so far

@@ -600,8 +600,13 @@ void SchedulerService::schedule_steps() {
     auto plan = batcher_.plan(next_step_id_, worker_->ring->buffer(buffer), worker_->ring->limits(),
                               &rejected);
     for (Request* r : rejected) {
-      fail(r, StatusCode::kInvalidArgument,
-           "the request does not fit the model: " + r->reject_reason);
+      if (r->images_lost) {
+        fail(r, StatusCode::kUnavailable,
+             "the request needs its images again (it was preempted) but " + r->reject_reason);
+      } else {
+        fail(r, StatusCode::kInvalidArgument,
+             "the request does not fit the model: " + r->reject_reason);
+      }
     }
     rejected.clear();
     if (!plan) break;
@@ -977,10 +982,17 @@ void SchedulerService::on_tick() {
     for (const auto& identity : gone) tokenizer_lost(identity, "disconnected");
     if (vision_peer_ &&
         net::send_to(vision_, vision_peer_->identity, bytes) == SendResult::kPeerGone) {
-      vision_lost("disconnected");
+      vision_lost("disconnected", true);
     }
   }
-  if (vision_peer_ && now - vision_peer_->last_seen > timeout) vision_lost("no heartbeat");
+  if (vision_peer_ && now - vision_peer_->last_seen > timeout) {
+    // Its connection gone too: dead for sure (as for the worker above).
+    proto::SchedulerHeartbeat probe;
+    probe.incarnation = incarnation_;
+    const bool gone = net::send_to(vision_, vision_peer_->identity, proto::encode(probe)) ==
+                      SendResult::kPeerGone;
+    vision_lost("no heartbeat", gone);
+  }
   // Requests whose images found no free slot try again as slots come back; those the vision
   // service did not serve within the encode budget fail (it may be stuck on an image).
   for (uint64_t id : std::vector<uint64_t>(image_waiters_.begin(), image_waiters_.end())) {

@@ -162,8 +162,10 @@ class SchedulerService {
   void on_vision_frames(std::vector<zmq::message_t>& frames);
   void on_vision_heartbeat(const std::string& identity, const proto::VisionHeartbeat& hb);
   void on_encode_image_reply(const proto::EncodeImageReply& reply);
-  // The vision process is gone or replaced: requests that still need its rows fail.
-  void vision_lost(const char* why);
+  // The vision process is gone or replaced: requests that still need its rows fail. gone: it is
+  // certainly not running (its connection broke, or a new process replaced it), so its
+  // shared-memory pool may be removed; a silent one may still be mapping it.
+  void vision_lost(const char* why, bool gone);
   // Finds each image's place in r's prompt (expanding single image tokens); false: r failed.
   bool place_images(Request* r);
   // Acquires slots and sends encodes for r's images; enqueues r once all are ready.

@@ -6,9 +6,9 @@
 // cached) is not encoded again (ImageTable, keyed by the hash of the bytes); otherwise a slot is
 // assigned and the image sent. The request holds a reference on each of its slots until it ends,
 // so that a preempted request recomputes from rows that are still there. The vision process
-// dying or being replaced fails every unfinished request with images: those waiting for it, and
-// also those whose KV already covers their images, since a preemption would need the rows again
-// and the new process's pool does not hold them.
+// dying or being replaced fails the requests that still need its rows: those waiting for their
+// images and those whose KV does not cover them yet. The others run on; one that a preemption
+// later makes need the rows again (its prefix no longer cached) fails then.
 #include <algorithm>
 
 #include "common/log.h"
@@ -165,7 +165,7 @@ void SchedulerService::advance_images(Request* r) {
     image.bytes.clear();
     image.bytes.shrink_to_fit();
     if (!sent) {
-      vision_lost("unreachable");
+      vision_lost("unreachable", true);
       return;
     }
   }
@@ -231,7 +231,7 @@ void SchedulerService::on_vision_heartbeat(const std::string& identity,
                                         hb.pool_name, hb.n_slots, hb.rows_per_slot, hb.hidden));
     return;
   }
-  if (vision_peer_) vision_lost("replaced by a new vision process");
+  if (vision_peer_) vision_lost("replaced by a new vision process", true);
   vision_peer_ = std::make_unique<VisionPeer>();
   vision_peer_->identity = identity;
   vision_peer_->info = hb;
@@ -279,21 +279,32 @@ void SchedulerService::on_encode_image_reply(const proto::EncodeImageReply& repl
   }
 }
 
-void SchedulerService::vision_lost(const char* why) {
+void SchedulerService::vision_lost(const char* why, bool gone) {
   if (!vision_peer_) return;
   LITELLAMA_LOG_WARN("scheduler: vision service lost ({}); requests that need its rows fail", why);
   // A process that died left its shared-memory pool behind (a clean stop removes it); a worker
-  // that still maps it keeps its mapping.
-  if (vision_peer_->info.device == "cpu") EmbeddingPool::remove(vision_peer_->info.pool_name);
+  // that still maps it keeps its mapping. One that is only silent may come back with it.
+  if (gone && vision_peer_->info.device == "cpu") {
+    EmbeddingPool::remove(vision_peer_->info.pool_name);
+  }
   vision_peer_.reset();
   vision_ops_.clear();
+  // Requests still waiting for their images, or admitted with KV that does not cover them yet,
+  // need rows the new process will not hold: they fail. Those whose KV covers their images run
+  // on (the batcher fails one that a preemption makes need them again).
   std::vector<Request*> doomed;
   for (auto& [id, owned] : requests_) {
     Request* r = owned.get();
-    if (!r->images.empty() && !r->finish) doomed.push_back(r);
+    if (r->images.empty() || r->finish) continue;
+    for (RequestImage& image : r->images) image.acquired = false;  // the table goes below
+    r->images_lost = true;
+    int32_t end = 0;
+    for (const RequestImage& image : r->images) end = std::max(end, image.pos + r->image_rows);
+    if (r->state == RequestState::kImages || r->state == RequestState::kWaiting || r->n_fed < end) {
+      doomed.push_back(r);
+    }
   }
   for (Request* r : doomed) {
-    for (RequestImage& image : r->images) image.acquired = false;  // the table goes below
     fail(r, StatusCode::kUnavailable,
          "the vision service stopped before the request's images were read");
   }

@@ -264,8 +264,50 @@ TEST(VisionIntegration, ImagesThroughTheServicesMatchTheInProcessEngine) {
   auto text_only = client->generate(testing::ignoring_eos_request(before, 3), nullptr, 30000);
   ASSERT_TRUE(text_only.is_ok()) << text_only.status().to_string();
 
-  // The vision process dies: requests with images fail with a clear error, text goes on.
+  // The vision process dies: a request whose KV already covers its image runs to its end;
+  // new requests with images fail with a clear error; text goes on.
+  auto long_request = request(1);
+  long_request.max_tokens = 1800;
+  auto long_id = client->submit(long_request, {png});
+  ASSERT_TRUE(long_id.is_ok());
+  bool streaming = false;
+  const auto first_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!streaming && std::chrono::steady_clock::now() < first_deadline) {
+    auto e = client->next_event(100);
+    ASSERT_TRUE(e.is_ok());
+    if (*e && (*e)->request_id() == *long_id) {
+      ASSERT_EQ((*e)->kind, net::ClientEvent::Kind::kChunk) << (*e)->error.message;
+      streaming = (*e)->chunk.n_generated_tokens > 0;
+      ASSERT_FALSE((*e)->chunk.finished) << "1800 tokens ended before the vision process died";
+    }
+  }
+  ASSERT_TRUE(streaming) << cluster.logs();
   cluster.process("vision").signal(SIGKILL);
+  int32_t n_long = 0;
+  bool long_done = false;
+  bool done_before_lost = false;
+  auto vision_seen_down = [&] {
+    auto m = cluster.scheduler_metrics();
+    return testing::metric_value(m, "litellama_scheduler_vision_up") == 0;
+  };
+  bool down = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!long_done && std::chrono::steady_clock::now() < deadline) {
+    if (!down && vision_seen_down()) {
+      down = true;
+      done_before_lost = long_done;
+    }
+    auto e = client->next_event(20);
+    ASSERT_TRUE(e.is_ok());
+    if (!*e || (*e)->request_id() != *long_id) continue;
+    ASSERT_EQ((*e)->kind, net::ClientEvent::Kind::kChunk) << (*e)->error.message;
+    n_long = (*e)->chunk.n_generated_tokens;
+    long_done = (*e)->chunk.finished;
+  }
+  EXPECT_TRUE(down || vision_seen_down());
+  EXPECT_FALSE(done_before_lost) << "the request ended before the scheduler saw the vision go";
+  EXPECT_TRUE(long_done);
+  EXPECT_EQ(n_long, 1800);
   ASSERT_TRUE(testing::poll_until(
       [&] {
         auto i = client->server_info(1000);
