@@ -457,9 +457,11 @@ CommandMain register_bench_command(CLI::App& app) {
   CLI::Option* output_len = add_bounded_option(
       *sub, "--output-len", a->workload.output_len,
       "generated tokens (shared-prefix and multi-turn: 256 by default)", 1, 1 << 20);
-  add_bounded_option(*sub, "--random-range-ratio", a->workload.range_ratio,
-                     "lengths uniform in [ratio * len, len] (1: fixed): random's prompts and outputs, "
-                     "multi-turn's questions and answers", 0.0, 1.0);
+  add_bounded_option(
+      *sub, "--random-range-ratio", a->workload.range_ratio,
+      "lengths uniform in [ratio * len, len] (1: fixed): random's prompts and outputs, "
+      "multi-turn's questions and answers",
+      0.0, 1.0);
   sub->add_option("--seed", a->workload.seed,
                   "seed of the random prompts, lengths and sampling seeds");
   sub->add_option("--temperature", a->workload.sampling.temperature, "of every request (0: greedy)")

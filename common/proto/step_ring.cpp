@@ -74,8 +74,8 @@ Status check_limits(const StepRingLimits& l) {
   constexpr int32_t kMax = 1 << 26;
   if (l.max_tokens <= 0 || l.max_seqs <= 0 || l.max_slots <= 0 || l.max_history < 0 ||
       l.max_images < 0 || l.max_images > kMax || l.max_tokens > kMax || l.max_seqs > kMax ||
-      l.max_slots > kMax || l.max_history > kMax ||
-      l.table_capacity < l.max_slots || l.table_capacity > INT32_MAX) {
+      l.max_slots > kMax || l.max_history > kMax || l.table_capacity < l.max_slots ||
+      l.table_capacity > INT32_MAX) {
     return make_error(StatusCode::kInvalidArgument,
                       "step ring limits out of range (tokens {}, seqs {}, slots {}, history {}, "
                       "table {})",

@@ -211,10 +211,10 @@ class ServiceCluster {
   }
   // The vision service (LLaVA presets), two encoder threads, the pool sized for `pool_bytes`.
   void start_vision(int64_t pool_bytes = 64 << 10) {
-    start("vision", {bin_ + "/litellama-vision", "--model", model_, "--run-dir", run_,
-                     "--metrics", "127.0.0.1:" + std::to_string(vision_port_), "--threads", "2",
-                     "--vision-pool-bytes", std::to_string(pool_bytes), "--heartbeat-ms", "50",
-                     "--peer-timeout-ms", "600"});
+    start("vision",
+          {bin_ + "/litellama-vision", "--model", model_, "--run-dir", run_, "--metrics",
+           "127.0.0.1:" + std::to_string(vision_port_), "--threads", "2", "--vision-pool-bytes",
+           std::to_string(pool_bytes), "--heartbeat-ms", "50", "--peer-timeout-ms", "600"});
   }
   int vision_metrics_port() const { return vision_port_; }
   void start_all() {

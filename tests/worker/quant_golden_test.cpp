@@ -1,7 +1,7 @@
 // Quantized checkpoints against Hugging Face transformers (float32): tests/golden/
 // make_quant_model_golden.py quantized the llama3-tiny model (seed 7) with `litellama quantize
-// --group-size 32` (awq and w8a8 calibrated over tests/golden/quant/calibration.txt), dequantized the
-// result with its own numpy unpacker and ran transformers on the dense copy. Here the same two
+// --group-size 32` (awq and w8a8 calibrated over tests/golden/quant/calibration.txt), dequantized
+// the result with its own numpy unpacker and ran transformers on the dense copy. Here the same two
 // commands write the same quantized checkpoint, which the CPU backend loads as stored: greedy ids
 // identical to transformers', top logits within 1e-3 of the logit scale.
 #include <cmath>
