@@ -41,7 +41,7 @@ std::vector<int32_t> known_ids(const Request* r) {
   return ids;
 }
 
-// The cache key of r's prompt alone (no outputs yet) without a copy when it has no images.
+// Calls f with r's cache key (known_ids), without a copy when that is the prompt as it is.
 template <typename F>
 auto with_key(const Request* r, F&& f) {
   if (r->output_ids.empty() && r->images.empty()) return f(std::span<const int32_t>(r->prompt_ids));
