@@ -105,6 +105,9 @@ void SchedulerService::run() {
     while (net::recv_frames(workers_, &frames)) on_worker_frames(frames);
     while (net::recv_frames(tokenizers_, &frames)) on_tokenizer_frames(frames);
     while (net::recv_frames(vision_, &frames)) on_vision_frames(frames);
+    // Right after the peers' queues are drained: time this loop spent on other work (a large
+    // client message, a long step result) must never read as a peer's silence.
+    check_peers_alive();
     for (int i = 0; i < 256 && net::recv_frames(clients_, &frames); ++i) on_client_frames(frames);
     dispatch_encodes();
     schedule_steps();
@@ -953,6 +956,31 @@ void SchedulerService::on_detokenize_reply(const proto::DetokenizeReply& reply) 
 
 // ---- timers ------------------------------------------------------------------------------------
 
+void SchedulerService::check_peers_alive() {
+  const double now = monotonic_seconds();
+  const double timeout = options_.peer_timeout_ms / 1000.0;
+  proto::SchedulerHeartbeat probe;
+  probe.incarnation = incarnation_;
+  if (worker_ && now - worker_->last_seen > timeout) {
+    // Heartbeats of a process that died may still sit in the socket's queue and would announce it
+    // again; when its connection is gone too, it is dead for sure and is never accepted back.
+    const bool gone =
+        net::send_to(workers_, worker_->identity, proto::encode(probe)) == SendResult::kPeerGone;
+    worker_lost("no heartbeat", gone);
+  }
+  if (vision_peer_ && now - vision_peer_->last_seen > timeout) {
+    // Its connection gone too: dead for sure (as for the worker).
+    const bool gone = net::send_to(vision_, vision_peer_->identity, proto::encode(probe)) ==
+                      SendResult::kPeerGone;
+    vision_lost("no heartbeat", gone);
+  }
+  std::vector<std::string> silent;
+  for (const auto& [identity, peer] : tokenizer_peers_) {
+    if (now - peer.last_seen > timeout) silent.push_back(identity);
+  }
+  for (const auto& identity : silent) tokenizer_lost(identity, "no heartbeat");
+}
+
 void SchedulerService::on_tick() {
   const double now = monotonic_seconds();
   const double interval = options_.heartbeat_interval_ms / 1000.0;
@@ -985,14 +1013,6 @@ void SchedulerService::on_tick() {
       vision_lost("disconnected", true);
     }
   }
-  if (vision_peer_ && now - vision_peer_->last_seen > timeout) {
-    // Its connection gone too: dead for sure (as for the worker above).
-    proto::SchedulerHeartbeat probe;
-    probe.incarnation = incarnation_;
-    const bool gone = net::send_to(vision_, vision_peer_->identity, proto::encode(probe)) ==
-                      SendResult::kPeerGone;
-    vision_lost("no heartbeat", gone);
-  }
   // Requests whose images found no free slot try again as slots come back; those the vision
   // service did not serve within the encode budget fail (it may be stuck on an image).
   for (uint64_t id : std::vector<uint64_t>(image_waiters_.begin(), image_waiters_.end())) {
@@ -1008,21 +1028,6 @@ void SchedulerService::on_tick() {
     }
     advance_images(r);
   }
-  if (worker_ && now - worker_->last_seen > timeout) {
-    // Heartbeats of a process that died may still sit in the socket's queue and would announce it
-    // again; when its connection is gone too, it is dead for sure and is never accepted back.
-    proto::SchedulerHeartbeat probe;
-    probe.incarnation = incarnation_;
-    const bool gone =
-        net::send_to(workers_, worker_->identity, proto::encode(probe)) == SendResult::kPeerGone;
-    worker_lost("no heartbeat", gone);
-  }
-  std::vector<std::string> silent;
-  for (const auto& [identity, peer] : tokenizer_peers_) {
-    if (now - peer.last_seen > timeout) silent.push_back(identity);
-  }
-  for (const auto& identity : silent) tokenizer_lost(identity, "no heartbeat");
-
   // An encode past its budget fails its request alone. The op stays (without its request) until
   // the tokenizer answers or is lost, so pick_tokenizer still sees that tokenizer as busy.
   const double encode_budget = options_.encode_timeout_ms / 1000.0;

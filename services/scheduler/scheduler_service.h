@@ -173,6 +173,9 @@ class SchedulerService {
   void release_images(Request* r);
 
   void on_tick();
+  // Declares a worker, tokenizer or vision service lost after peer_timeout_ms without a message;
+  // called right after their sockets are drained.
+  void check_peers_alive();
   void update_gauges();
   std::string ready_reason() const;
   // The context the batcher enforces: the model's, capped by options_.max_model_len.
