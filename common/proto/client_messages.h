@@ -63,8 +63,8 @@ struct GenerateRequest {
   int32_t top_logprobs = 0;
   // Images (LLaVA): the message is followed by this many ZeroMQ frames, each one image's bytes
   // (JPEG or PNG), in the order of the prompt's images. Each image is one image token in the
-  // prompt (expanded to the image's token count by the scheduler) or a run of exactly that
-  // count.
+  // prompt (expanded to the image's token count: by the tokenizer for a text or chat prompt, by
+  // the scheduler for prompt_ids) or a run of exactly that count.
   int32_t n_images = 0;
   MSGPACK_DEFINE_MAP(request_id, prompt, messages, prompt_ids, add_special_tokens, sampling,
                      max_tokens, stop_token_ids, stop, ignore_eos, skip_special_tokens, top_logits,

@@ -22,6 +22,12 @@ struct TokenizerHeartbeat {
   MSGPACK_DEFINE_MAP(incarnation, eos_token_ids);
 };
 
+// Most ids an encode may produce by expanding image tokens (the codec's array limit): a prompt
+// whose expansion would pass it is refused rather than answered with a reply nobody can decode.
+inline constexpr int64_t kMaxExpandedPromptTokens = int64_t{1} << 22;
+// Largest image_token_count an EncodeRequest may ask for.
+inline constexpr int32_t kMaxTokensPerImage = 1 << 16;
+
 // scheduler -> tokenizer: text or chat messages to ids.
 struct EncodeRequest {
   static constexpr MessageType kType = MessageType::kEncodeRequest;
@@ -30,7 +36,13 @@ struct EncodeRequest {
   std::vector<ChatMessage> messages;  // when non-empty: apply the chat template, then encode
   bool add_special_tokens = true;     // text only
   int64_t sent_unix_ns = 0;
-  MSGPACK_DEFINE_MAP(op_id, text, messages, add_special_tokens, sent_unix_ns);
+  // Images (LLaVA): every image_token_id the encoded prompt holds becomes image_token_count
+  // copies of it (the image's rows in the vision pool). image_token_id < 0 (the default, and
+  // what an older scheduler leaves out): no expansion.
+  int32_t image_token_id = -1;
+  int32_t image_token_count = 0;
+  MSGPACK_DEFINE_MAP(op_id, text, messages, add_special_tokens, sent_unix_ns, image_token_id,
+                     image_token_count);
 };
 
 struct EncodeReply {

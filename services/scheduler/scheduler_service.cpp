@@ -818,6 +818,15 @@ void SchedulerService::dispatch_encodes() {
     const uint64_t op_id = next_op_id_++;
     pending->second.op_id = op_id;
     pending->second.sent_unix_ns = net::unix_now_ns();
+    // A request with images has the tokenizer expand each image token to the image's rows (as
+    // the vision service announces them now); a tokenizer that does not expand them leaves
+    // single image tokens, which place_images expands.
+    pending->second.image_token_id = -1;
+    pending->second.image_token_count = 0;
+    if (!r->second->images.empty() && vision_peer_) {
+      pending->second.image_token_id = vision_peer_->info.image_token_id;
+      pending->second.image_token_count = vision_peer_->info.rows_per_slot;
+    }
     TokenizerOp op;
     op.encode = true;
     op.tokenizer = peer->identity;

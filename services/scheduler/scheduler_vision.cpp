@@ -65,8 +65,9 @@ bool SchedulerService::place_images(Request* r) {
                      r->images.size(), vision_peer_->info.n_slots));
     return false;
   }
-  // Runs of the image token: each is one image, written once (expanded here) or already
-  // expanded to the image's token count.
+  // Runs of the image token: each is one image, already expanded to the image's token count
+  // (by the tokenizer for a text or chat prompt, or by the client) or written once (client ids,
+  // or a tokenizer that does not expand): expanded here.
   std::vector<int32_t> ids;
   ids.reserve(r->prompt_ids.size() + r->images.size() * static_cast<size_t>(rows));
   size_t n_runs = 0;

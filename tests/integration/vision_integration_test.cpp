@@ -15,6 +15,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "common/net/run_dir.h"
+#include "common/proto/tokenizer_messages.h"
 #include "services/vision/clip_preprocess.h"
 #include "services/vision/image_decode.h"
 #include "services/vision/llava_vision_encoder.h"
@@ -322,6 +324,142 @@ TEST(VisionIntegration, ImagesThroughTheServicesMatchTheInProcessEngine) {
   auto text_after = client->generate(testing::ignoring_eos_request(before, 3), nullptr, 30000);
   ASSERT_TRUE(text_after.is_ok()) << text_after.status().to_string();
   EXPECT_EQ(text_after->token_ids, text_only->token_ids);
+}
+
+// An encode_request as a scheduler without image fields sends it.
+struct EncodeRequestWithoutImages {
+  static constexpr proto::MessageType kType = proto::MessageType::kEncodeRequest;
+  uint64_t op_id = 0;
+  std::string text;
+  std::vector<proto::ChatMessage> messages;
+  bool add_special_tokens = true;
+  MSGPACK_DEFINE_MAP(op_id, text, messages, add_special_tokens);
+};
+
+// The tokenizer process alone, its scheduler a ROUTER of the test's: an encode request naming the
+// image token and its count gets every occurrence expanded (text and chat messages); without the
+// fields (an older scheduler) the prompt comes back as the tokenizer encodes it; a count out of
+// range or an expansion past the limit is an error reply, and the tokenizer serves on.
+TEST(VisionIntegration, TheTokenizerExpandsTheImageTokenItIsAskedTo) {
+  ServiceCluster cluster;
+  cluster.use_preset("llava-tiny");
+  ASSERT_NO_FATAL_FAILURE(cluster.make_model());
+  ASSERT_NO_FATAL_FAILURE(add_chat_template(cluster.model_dir()));
+  ASSERT_TRUE(net::prepare_run_dir(cluster.run_dir()).is_ok());
+  zmq::context_t context(1);
+  zmq::socket_t router(context, zmq::socket_type::router);
+  net::configure_router(router);
+  router.bind(cluster.endpoint("tokenizer"));
+  cluster.start_tokenizer();
+  std::string identity;
+  std::vector<zmq::message_t> frames;
+  // The next message of type T from the tokenizer (heartbeats skipped), within 20 s.
+  auto next = [&]<typename T>(T*) -> Result<T> {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (std::chrono::steady_clock::now() < deadline) {
+      net::wait_readable({&router}, 50);
+      while (net::recv_frames(router, &frames)) {
+        if (frames.size() != 2) continue;
+        identity = std::string(net::frame_view(frames[0]));
+        auto message = proto::decode<T>(net::frame_view(frames[1]));
+        if (message) return message;
+      }
+    }
+    return make_error(StatusCode::kUnavailable, "no message from the tokenizer");
+  };
+  ASSERT_TRUE(next(static_cast<proto::TokenizerHeartbeat*>(nullptr)).is_ok())
+      << cluster.log("tokenizer");
+  uint64_t op = 0;
+  auto encode = [&](const auto& request) -> Result<proto::EncodeReply> {
+    router.send(zmq::buffer(identity), zmq::send_flags::sndmore);
+    router.send(zmq::buffer(proto::encode(request)), zmq::send_flags::none);
+    while (true) {
+      auto reply = next(static_cast<proto::EncodeReply*>(nullptr));
+      if (!reply || reply->op_id == request.op_id) return reply;
+    }
+  };
+  auto runs_of = [](const std::vector<int32_t>& ids, int32_t token) {
+    std::vector<size_t> runs;
+    for (size_t i = 0; i < ids.size();) {
+      if (ids[i] != token) {
+        ++i;
+        continue;
+      }
+      size_t end = i;
+      while (end < ids.size() && ids[end] == token) ++end;
+      runs.push_back(end - i);
+      i = end;
+    }
+    return runs;
+  };
+  auto without_images = [](const std::vector<int32_t>& ids) {
+    std::vector<int32_t> out;
+    for (int32_t id : ids) {
+      if (id != 32000) out.push_back(id);
+    }
+    return out;
+  };
+
+  proto::EncodeRequest text;
+  text.op_id = ++op;
+  text.text = "<image>\nWhat is in the image?";
+  auto plain = encode(text);
+  ASSERT_TRUE(plain.is_ok()) << plain.status().to_string();
+  ASSERT_EQ(plain->error, "");
+  EXPECT_EQ(runs_of(plain->token_ids, 32000), std::vector<size_t>{1});
+  EncodeRequestWithoutImages old;
+  old.op_id = ++op;
+  old.text = text.text;
+  auto from_old = encode(old);
+  ASSERT_TRUE(from_old.is_ok()) << from_old.status().to_string();
+  EXPECT_EQ(from_old->token_ids, plain->token_ids);
+
+  text.op_id = ++op;
+  text.image_token_id = 32000;
+  text.image_token_count = 25;
+  auto expanded = encode(text);
+  ASSERT_TRUE(expanded.is_ok()) << expanded.status().to_string();
+  ASSERT_EQ(expanded->error, "");
+  EXPECT_EQ(runs_of(expanded->token_ids, 32000), std::vector<size_t>{25});
+  EXPECT_EQ(expanded->token_ids.size(), plain->token_ids.size() + 24);
+  EXPECT_EQ(without_images(expanded->token_ids), without_images(plain->token_ids));
+
+  proto::EncodeRequest chat;
+  chat.op_id = ++op;
+  chat.messages = {{"user", "<image>\nCompare with <image> please."}};
+  auto chat_plain = encode(chat);
+  ASSERT_TRUE(chat_plain.is_ok()) << chat_plain.status().to_string();
+  EXPECT_EQ(runs_of(chat_plain->token_ids, 32000), (std::vector<size_t>{1, 1}));
+  chat.op_id = ++op;
+  chat.image_token_id = 32000;
+  chat.image_token_count = 25;
+  auto chat_expanded = encode(chat);
+  ASSERT_TRUE(chat_expanded.is_ok()) << chat_expanded.status().to_string();
+  EXPECT_EQ(runs_of(chat_expanded->token_ids, 32000), (std::vector<size_t>{25, 25}));
+  EXPECT_EQ(without_images(chat_expanded->token_ids), without_images(chat_plain->token_ids));
+
+  // Out of range, and an expansion past the limit: error replies.
+  text.op_id = ++op;
+  text.image_token_count = 0;
+  auto zero = encode(text);
+  ASSERT_TRUE(zero.is_ok()) << zero.status().to_string();
+  EXPECT_NE(zero->error.find("image_token_count 0 is outside [1, 65536]"), std::string::npos)
+      << zero->error;
+  EXPECT_TRUE(zero->token_ids.empty());
+  text.op_id = ++op;
+  text.image_token_count = 65536;
+  text.text.clear();
+  for (int i = 0; i < 70; ++i) text.text += "<image> ";
+  auto huge = encode(text);
+  ASSERT_TRUE(huge.is_ok()) << huge.status().to_string();
+  EXPECT_NE(huge->error.find("over the limit of 4194304"), std::string::npos) << huge->error;
+  EXPECT_TRUE(huge->token_ids.empty());
+  text.op_id = ++op;
+  text.image_token_count = 25;
+  auto after = encode(text);
+  ASSERT_TRUE(after.is_ok()) << after.status().to_string();
+  EXPECT_EQ(after->error, "");
+  EXPECT_EQ(runs_of(after->token_ids, 32000), std::vector<size_t>(70, 25));
 }
 
 // Pid of the live process whose command line contains both strings (0: none).

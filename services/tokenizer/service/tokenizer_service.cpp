@@ -1,5 +1,6 @@
 #include "services/tokenizer/service/tokenizer_service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <vector>
@@ -24,6 +25,38 @@ constexpr const char* kStopWork = "stop";
 prometheus::Histogram::BucketBoundaries op_buckets() {
   return {0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
           0.005,   0.01,     0.025,   0.05,   0.1,     0.25,   0.5,   1.0};
+}
+
+// Every image_token_id of `ids` becomes image_token_count copies of it; an error (the reply's
+// text) when the count is out of range or the prompt would grow past kMaxExpandedPromptTokens.
+Result<std::vector<int32_t>> expand_image_tokens(std::vector<int32_t> ids, int32_t image_token_id,
+                                                 int32_t image_token_count) {
+  if (image_token_id < 0) return ids;
+  if (image_token_count < 1 || image_token_count > proto::kMaxTokensPerImage) {
+    return make_error(StatusCode::kInvalidArgument, "image_token_count {} is outside [1, {}]",
+                      image_token_count, proto::kMaxTokensPerImage);
+  }
+  const auto n_images = std::count(ids.begin(), ids.end(), image_token_id);
+  if (n_images == 0 || image_token_count == 1) return ids;
+  const int64_t n_expanded =
+      static_cast<int64_t>(ids.size()) + n_images * (int64_t{image_token_count} - 1);
+  if (n_expanded > proto::kMaxExpandedPromptTokens) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "the prompt's {} image tokens (id {}) of {} tokens each make {} tokens, over "
+                      "the limit of {}",
+                      n_images, image_token_id, image_token_count, n_expanded,
+                      proto::kMaxExpandedPromptTokens);
+  }
+  std::vector<int32_t> out;
+  out.reserve(static_cast<size_t>(n_expanded));
+  for (int32_t id : ids) {
+    if (id == image_token_id) {
+      out.insert(out.end(), static_cast<size_t>(image_token_count), id);
+    } else {
+      out.push_back(id);
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -147,7 +180,13 @@ proto::EncodeReply TokenizerService::encode(const proto::EncodeRequest& request)
                               options_.max_prompt_bytes);
     return reply;
   }
-  reply.token_ids = tok.encode(text, add_special);
+  auto ids = expand_image_tokens(tok.encode(text, add_special), request.image_token_id,
+                                 request.image_token_count);
+  if (!ids) {
+    reply.error = ids.status().message();
+    return reply;
+  }
+  reply.token_ids = std::move(ids).value();
   return reply;
 }
 

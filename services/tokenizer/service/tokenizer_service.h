@@ -1,7 +1,8 @@
 // TokenizerService: one stateless tokenizer process. Connects a DEALER to the scheduler's
 // tokenizer endpoint, announces itself with heartbeats, and answers EncodeRequest (text, or chat
-// messages through the model's chat template) and batched DetokenizeRequest. Any number of them
-// may serve one scheduler.
+// messages through the model's chat template; with an image token id, each of its occurrences
+// expanded to the image's token count) and batched DetokenizeRequest. Any number of them may
+// serve one scheduler.
 //
 // Two threads, as in the worker: the I/O thread (run()) owns the socket and sends heartbeats; the
 // work thread encodes and detokenizes, fed over an inproc pair in arrival order. However long one
