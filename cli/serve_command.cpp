@@ -135,7 +135,16 @@ static void add_api_options(CLI::App* sub, LaunchOptions* o) {
                   "Jinja chat template file used instead of the model's own")
       ->check(CLI::ExistingFile);
   add_bounded_option(*sub, "--max-request-bytes", o->max_request_bytes,
-                     "largest HTTP request body (larger gets 413)", int64_t{1}, int64_t{1} << 30);
+                     "largest HTTP request body, or text of one with images (larger gets 413)",
+                     int64_t{1}, int64_t{1} << 30);
+  add_bounded_option(*sub, "--max-image-request-bytes", o->max_image_request_bytes,
+                     "largest chat completion body with images, whose excess over "
+                     "--max-request-bytes is image URLs (larger gets 413)",
+                     int64_t{1}, int64_t{1} << 32);
+  sub->add_option("--allowed-local-media-path", o->allowed_local_media_path,
+                  "directory whose files chat image_url parts may name as file:// URLs (off by "
+                  "default; no network URL is ever fetched)")
+      ->check(CLI::ExistingDirectory);
   add_bounded_option(*sub, "--vision-pool-bytes", o->vision_pool_bytes,
                      "LLaVA models: size of the vision service's image embedding pool", int64_t{1},
                      int64_t{1} << 40);

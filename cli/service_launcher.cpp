@@ -76,6 +76,13 @@ Status ServiceLauncher::add_api_flags(std::vector<std::string>* argv) {
   if (options_.api_port <= 0) return Status::ok();
   argv->insert(argv->end(), {"--api-listen", api_listen(), "--max-request-bytes",
                              std::to_string(options_.max_request_bytes)});
+  argv->insert(argv->end(),
+               {"--max-image-request-bytes", std::to_string(options_.max_image_request_bytes)});
+  if (!options_.allowed_local_media_path.empty()) {
+    argv->insert(argv->end(),
+                 {"--allowed-local-media-path",
+                  std::filesystem::absolute(options_.allowed_local_media_path).string()});
+  }
   if (!options_.served_model_name.empty()) {
     argv->insert(argv->end(), {"--served-model-name", options_.served_model_name});
   }

@@ -50,6 +50,10 @@ struct LaunchOptions {
   std::string served_model_name;
   int64_t max_model_len = 0;
   int64_t max_request_bytes = int64_t{4} << 20;
+  // The scheduler's --max-image-request-bytes and --allowed-local-media-path ("" : off).
+  int64_t max_image_request_bytes = int64_t{64} << 20;
+  std::string allowed_local_media_path;
+
   std::string chat_template_file;     // litellama-tokenizer --chat-template
   int64_t kv_cache_bytes = 0;         // litellama-worker --kv-cache-bytes (0: its default)
   double gpu_memory_utilization = 0;  // litellama-worker --gpu-memory-utilization (0: its default)

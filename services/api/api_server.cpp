@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -75,6 +76,7 @@ namespace {
 // Per connection, from the first call of the access handler to the completed notification.
 struct ConnState {
   std::string body;
+  int64_t max_body_bytes = 0;  // by path (ApiServer::Impl::max_body_bytes)
   bool too_large = false;
   std::shared_ptr<Job> job;
 };
@@ -114,6 +116,7 @@ bool constant_time_equal(const std::string& a, const std::string& b) {
 
 struct ApiServer::Impl {
   ApiOptions options;
+  std::optional<LocalMediaDir> local_media;  // --allowed-local-media-path, resolved at start
   std::shared_ptr<prometheus::Registry> registry;
   MHD_Daemon* daemon = nullptr;
   std::thread pump;
@@ -150,6 +153,13 @@ struct ApiServer::Impl {
     return "";
   }
 
+  // The largest body read for a path: chat completions may carry images, whose URLs may take
+  // the body past max_request_bytes up to max_image_request_bytes.
+  int64_t max_body_bytes(const char* path) const {
+    const bool chat = path != nullptr && std::strcmp(path, "/v1/chat/completions") == 0;
+    return chat ? std::max(options.max_request_bytes, options.max_image_request_bytes)
+                : options.max_request_bytes;
+  }
   MHD_Result answer(MHD_Connection* c, const std::string& path, const std::string& method,
                     ConnState* state);
   MHD_Result start_generation(MHD_Connection* c, bool chat, ConnState* state);
@@ -198,18 +208,18 @@ MHD_Result on_request(void* cls, MHD_Connection* c, const char* url, const char*
   if (state == nullptr) {
     state = new ConnState();
     *con_cls = state;
+    state->max_body_bytes = impl->max_body_bytes(url);
     // A declared body over the limit is refused before it is read.
     const char* length =
         MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-    if (length != nullptr && std::strtoll(length, nullptr, 10) > impl->options.max_request_bytes) {
+    if (length != nullptr && std::strtoll(length, nullptr, 10) > state->max_body_bytes) {
       state->too_large = true;
     }
     return MHD_YES;
   }
   if (*upload_data_size != 0) {
     if (!state->too_large) {
-      if (static_cast<int64_t>(state->body.size() + *upload_data_size) >
-          impl->options.max_request_bytes) {
+      if (static_cast<int64_t>(state->body.size() + *upload_data_size) > state->max_body_bytes) {
         state->too_large = true;
         state->body.clear();
       } else {
@@ -308,13 +318,23 @@ MHD_Result ApiServer::Impl::answer(MHD_Connection* c, const std::string& path,
     }
     return queue_text(c, 200, models_body(name, created, max_len), "application/json");
   }
+  const bool chat = path == "/v1/chat/completions";
   if (state->too_large) {
+    if (chat && state->max_body_bytes > options.max_request_bytes) {
+      return queue_error(
+          c, simple_error(413, "invalid_request_error", "request_too_large",
+                          fmt::format("the request body is larger than {} bytes, the most a chat "
+                                      "completion with images may send "
+                                      "(--max-image-request-bytes; its text alone: {} bytes, "
+                                      "--max-request-bytes)",
+                                      state->max_body_bytes, options.max_request_bytes)));
+    }
     return queue_error(c, simple_error(413, "invalid_request_error", "request_too_large",
                                        fmt::format("the request body is larger than {} bytes "
                                                    "(--max-request-bytes)",
                                                    options.max_request_bytes)));
   }
-  return start_generation(c, path == "/v1/chat/completions", state);
+  return start_generation(c, chat, state);
 }
 
 MHD_Result ApiServer::Impl::start_generation(MHD_Connection* c, bool chat, ConnState* state) {
@@ -322,12 +342,31 @@ MHD_Result ApiServer::Impl::start_generation(MHD_Connection* c, bool chat, ConnS
     return queue_error(
         c, simple_error(503, "service_unavailable", "", "the server is not ready: " + why));
   }
+  // Only image URLs may take a body past --max-request-bytes: one without any is refused before
+  // it is parsed, one with them once its text is known.
+  const auto text_too_large = [&](int64_t n_text_bytes) {
+    return queue_error(
+        c, simple_error(413, "invalid_request_error", "request_too_large",
+                        fmt::format("the request's text (the body less its image URLs) is {} "
+                                    "bytes, over the limit of {} bytes (--max-request-bytes)",
+                                    n_text_bytes, options.max_request_bytes)));
+  };
+  const auto n_body_bytes = static_cast<int64_t>(state->body.size());
+  if (n_body_bytes > options.max_request_bytes &&
+      state->body.find("image_url") == std::string::npos) {
+    return text_too_large(n_body_bytes);
+  }
   ParseContext context;
   context.served_model_name = served_name();
+  context.local_media = local_media;
+  context.max_image_bytes = options.max_image_bytes;
   auto job = std::make_shared<Job>();
   ApiError error;
   if (!parse_request(state->body, chat, context, &job->request, &error)) {
     return queue_error(c, error);
+  }
+  if (n_body_bytes - job->request.n_image_url_bytes > options.max_request_bytes) {
+    return text_too_large(n_body_bytes - job->request.n_image_url_bytes);
   }
   state->body.clear();
   job->connection = c;
@@ -603,10 +642,20 @@ Result<std::unique_ptr<ApiServer>> ApiServer::start(
     return make_error(StatusCode::kInvalidArgument, "cannot resolve API address '{}': {}",
                       options.listen, rc != 0 ? gai_strerror(rc) : "no address");
   }
+  std::optional<LocalMediaDir> local_media;
+  if (!options.allowed_local_media_path.empty()) {
+    auto dir = open_local_media_dir(options.allowed_local_media_path);
+    if (!dir) {
+      freeaddrinfo(found);
+      return dir.status();
+    }
+    local_media = std::move(dir).value();
+  }
   std::unique_ptr<ApiServer> server(new ApiServer());
   server->impl_ = std::make_unique<Impl>();
   Impl& impl = *server->impl_;
   impl.options = std::move(options);
+  impl.local_media = std::move(local_media);
   impl.registry = std::move(registry);
   impl.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   unsigned int flags =

@@ -27,10 +27,19 @@ struct MHD_Daemon;
 
 namespace litellama::api {
 
+// Body limits: every request's text (the body less its image URLs) is bounded by
+// max_request_bytes; a /v1/chat/completions body may be as large as max_image_request_bytes
+// (never less than max_request_bytes) when the excess is image URLs. A body over its limit gets
+// 413 naming the option.
 struct ApiOptions {
   std::string listen = "127.0.0.1:8000";  // HOST:PORT (port 0 picks one)
   std::string api_key;                    // "" : no authentication
   int64_t max_request_bytes = int64_t{4} << 20;
+  int64_t max_image_request_bytes = int64_t{64} << 20;
+  // Largest image of a request (decoded data: URL or local file); the scheduler's limit too.
+  int64_t max_image_bytes = int64_t{20} << 20;
+  // file:// image URLs are read from under this directory; "" : refused.
+  std::string allowed_local_media_path;
   std::string served_model_name;   // "" : the worker's model name
   std::string scheduler_endpoint;  // the scheduler's client endpoint
   unsigned int connection_limit = 1024;

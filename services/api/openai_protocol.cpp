@@ -1,5 +1,6 @@
 #include "services/api/openai_protocol.h"
 
+#include <cctype>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -130,9 +131,27 @@ std::optional<std::string> base64_decode(std::string_view in) {
   return out;
 }
 
-// An image_url part: a data: URL with base64 image bytes (the server never fetches a URL).
-bool read_image_part(const json& part, const std::string& where, std::string* bytes,
-                     ApiError* error) {
+// Whether `url` starts with `scheme` (lower case, with its colon), in any case.
+bool has_scheme(const std::string& url, std::string_view scheme) {
+  if (url.size() < scheme.size()) return false;
+  for (size_t i = 0; i < scheme.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(url[i])) != scheme[i]) return false;
+  }
+  return true;
+}
+
+ApiError image_too_large(const std::string& where, const std::string& message) {
+  ApiError e = bad(where, message);
+  e.http_status = 413;
+  e.code = "request_too_large";
+  return e;
+}
+
+// An image_url part: a data: URL with base64 image bytes, or a file:// URL of a file under the
+// directory the server reads images from (--allowed-local-media-path). The server fetches no
+// URL over the network.
+bool read_image_part(const json& part, const std::string& where, const ParseContext& context,
+                     ParsedRequest* out, ApiError* error) {
   auto image = part.find("image_url");
   const json* url = nullptr;
   if (image != part.end() && image->is_string()) url = &*image;
@@ -145,12 +164,33 @@ bool read_image_part(const json& part, const std::string& where, std::string* by
     return false;
   }
   const std::string& text = url->get_ref<const std::string&>();
+  out->n_image_url_bytes += static_cast<int64_t>(text.size());
+  if (has_scheme(text, "file:")) {
+    if (!context.local_media) {
+      *error = bad(where, where +
+                              ".image_url.url is a file:// URL, but this server reads no local "
+                              "files: start it with --allowed-local-media-path DIR to take images "
+                              "from under DIR, or send the image as a data: URL");
+      return false;
+    }
+    auto read = read_local_media(text, *context.local_media, context.max_image_bytes);
+    if (!read) {
+      const std::string message = where + ".image_url.url: " + read.status().message();
+      *error = read.status().code() == StatusCode::kResourceExhausted
+                   ? image_too_large(where, message)
+                   : bad(where, message);
+      return false;
+    }
+    out->images.push_back(std::move(read).value());
+    return true;
+  }
   const size_t comma = text.find(',');
-  if (text.rfind("data:", 0) != 0 || comma == std::string::npos ||
+  if (!has_scheme(text, "data:") || comma == std::string::npos ||
       text.substr(0, comma).find(";base64") == std::string::npos) {
     *error = bad(where, where +
                             ".image_url.url must be a data: URL with base64 image bytes "
-                            "(data:image/png;base64,...); the server fetches no URL");
+                            "(data:image/png;base64,...) or a file:// URL under the server's "
+                            "--allowed-local-media-path; the server fetches no URL");
     return false;
   }
   auto decoded = base64_decode(std::string_view(text).substr(comma + 1));
@@ -158,12 +198,18 @@ bool read_image_part(const json& part, const std::string& where, std::string* by
     *error = bad(where, where + ".image_url.url does not hold valid base64 data");
     return false;
   }
-  *bytes = std::move(*decoded);
+  if (static_cast<int64_t>(decoded->size()) > context.max_image_bytes) {
+    *error = image_too_large(where, fmt::format("{}.image_url.url holds an image of {} bytes, over "
+                                                "the limit of {} bytes (--max-image-bytes)",
+                                                where, decoded->size(), context.max_image_bytes));
+    return false;
+  }
+  out->images.push_back(std::move(decoded).value());
   return true;
 }
 
-bool read_messages(const json& body, std::vector<proto::ChatMessage>* out,
-                   std::vector<std::string>* images, ApiError* error) {
+bool read_messages(const json& body, const ParseContext& context,
+                   std::vector<proto::ChatMessage>* out, ParsedRequest* parsed, ApiError* error) {
   auto it = body.find("messages");
   if (it == body.end() || !it->is_array() || it->empty()) {
     *error = bad("messages", "'messages' must be a non-empty array");
@@ -208,9 +254,7 @@ bool read_messages(const json& body, std::vector<proto::ChatMessage>* out,
           return false;
         }
         if (*type == "image_url") {
-          std::string bytes;
-          if (!read_image_part(part, where + ".content", &bytes, error)) return false;
-          images->push_back(std::move(bytes));
+          if (!read_image_part(part, where + ".content", context, parsed, error)) return false;
           msg.content += "<image>";
           continue;
         }
@@ -446,7 +490,7 @@ bool parse_request(const std::string& text, bool chat, const ParseContext& conte
 
   std::vector<Prompt> prompts;
   if (chat) {
-    if (!read_messages(body, &base.messages, &out->images, error)) return false;
+    if (!read_messages(body, context, &base.messages, out, error)) return false;
     prompts.emplace_back();
   } else {
     if (!read_prompts(body, &prompts, error)) return false;

@@ -6,16 +6,19 @@
 // an ApiError (400) naming the field; fields we do not know are ignored (as OpenAI's clients send
 // new ones); OpenAI fields we know but do not implement (tools, response_format, logit_bias, ...)
 // are refused naming the field, so that a client never gets an answer that silently ignored what
-// it asked for.
+// it asked for. The one I/O is reading the image of a file:// URL, through local_media.h, when
+// the context names a directory for them.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "common/proto/client_messages.h"
+#include "services/api/local_media.h"
 #include "services/api/openai_logprobs.h"
 
 namespace litellama::api {
@@ -35,6 +38,10 @@ std::string error_body(const ApiError& e);
 struct ParseContext {
   std::string served_model_name;
   int32_t max_n = 16;
+  // Where file:// image URLs may point (--allowed-local-media-path); none: they are refused.
+  std::optional<LocalMediaDir> local_media;
+  // An image (decoded data: URL or file) larger than this gets 413 (--max-image-bytes).
+  int64_t max_image_bytes = int64_t{20} << 20;
 };
 
 // One parsed request: `choices` GenerateRequests (one per prompt and per n), answered as one
@@ -46,8 +53,12 @@ struct ParsedRequest {
   std::string model;
   int32_t n = 1;
   std::vector<proto::GenerateRequest> generate;
-  // Chat image parts (data: URLs), decoded, in message order: every choice carries them.
+  // Chat image parts (data: or file:// URLs), their bytes in message order: every choice
+  // carries them.
   std::vector<std::string> images;
+  // Bytes of the image parts' URLs: the body less these is the request's text, which
+  // --max-request-bytes bounds.
+  int64_t n_image_url_bytes = 0;
   // completions with echo: the prompt text each choice's text starts with.
   std::vector<std::string> echo_prefix;
   // Index of the prompt each choice answers (usage counts each prompt once).

@@ -97,8 +97,18 @@ int main(int argc, char** argv) {
   app.add_option("--served-model-name", api.served_model_name,
                  "Model name the API lists and requests must name (default: the worker's)");
   litellama::add_bounded_option(app, "--max-request-bytes", api.max_request_bytes,
-                                "Largest HTTP request body; larger gets 413", int64_t{1},
-                                int64_t{1} << 30);
+                                "Largest HTTP request body, or text of one with images (the body "
+                                "less its image URLs); larger gets 413",
+                                int64_t{1}, int64_t{1} << 30);
+  litellama::add_bounded_option(
+      app, "--max-image-request-bytes", api.max_image_request_bytes,
+      "Largest /v1/chat/completions body whose excess over --max-request-bytes is image URLs "
+      "(base64 takes 4/3 of an image's bytes); larger gets 413",
+      int64_t{1}, int64_t{1} << 32);
+  app.add_option("--allowed-local-media-path", api.allowed_local_media_path,
+                 "Directory whose files chat image_url parts may name as file:// URLs (off by "
+                 "default: such URLs get 400; the server fetches no network URL)")
+      ->check(CLI::ExistingDirectory);
   litellama::net::add_common_service_flags(app, options, run_dir, log_level, "127.0.0.1:9400",
                                            "A peer silent this long is down");
   CLI11_PARSE(app, argc, argv);
@@ -130,6 +140,7 @@ int main(int argc, char** argv) {
     }
   }
   api.listen = api_listen;
+  api.max_image_bytes = options.max_image_bytes;
   api.scheduler_endpoint = options.client_endpoint;
   SchedulerWithApi service(options, api, !api_listen.empty());
   return litellama::net::run_service(service);

@@ -1,6 +1,9 @@
 // The OpenAI-compatible HTTP API of the scheduler, over raw HTTP against the real processes:
 // every endpoint, the SSE bytes, the request fields, every error code, disconnects.
+#include <sys/stat.h>
+
 #include <csignal>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -24,6 +27,8 @@ constexpr const char* kKey = "sk-test-key";
 constexpr const char* kModel = "tiny";
 constexpr int kMaxModelLen = 256;
 constexpr int kMaxRequestBytes = 64 * 1024;
+constexpr int kMaxImageRequestBytes = 8 << 20;
+constexpr int kMaxImageBytes = 11 << 19;  // 5.5 MiB
 
 // The events of an SSE body: each "data: X\n\n" gives X; fails on any other framing.
 std::vector<std::string> sse_events(const std::string& body) {
@@ -49,10 +54,13 @@ class ApiTest : public ::testing::Test {
     port_ = free_tcp_port();
     const std::string key_file = (cluster_->dir() / "key").string();
     std::ofstream(key_file) << kKey << "\n";
-    cluster_->add_scheduler_args({"--api-listen", "127.0.0.1:" + std::to_string(port_),
-                                  "--api-key-file", key_file, "--served-model-name", kModel,
-                                  "--max-model-len", std::to_string(kMaxModelLen),
-                                  "--max-request-bytes", std::to_string(kMaxRequestBytes)});
+    std::filesystem::create_directories(media_dir());
+    cluster_->add_scheduler_args(
+        {"--api-listen", "127.0.0.1:" + std::to_string(port_), "--api-key-file", key_file,
+         "--served-model-name", kModel, "--max-model-len", std::to_string(kMaxModelLen),
+         "--max-request-bytes", std::to_string(kMaxRequestBytes), "--max-image-request-bytes",
+         std::to_string(kMaxImageRequestBytes), "--max-image-bytes", std::to_string(kMaxImageBytes),
+         "--allowed-local-media-path", media_dir()});
     cluster_->start_all();
     // The API learns readiness from the scheduler a moment later.
     for (int i = 0; i < 100 && get("/ready").status != 200; ++i) {
@@ -89,6 +97,18 @@ class ApiTest : public ::testing::Test {
     if (!code.empty()) {
       EXPECT_EQ(e["code"], code) << r.body;
     }
+  }
+  // The directory file:// image URLs may name (--allowed-local-media-path).
+  static std::string media_dir() { return (cluster_->dir() / "media").string(); }
+  // A chat body whose user message is an image_url part with `url` and then `text`.
+  static json image_body(const std::string& url, const std::string& text = "What is this?") {
+    return json{{"model", kModel},
+                {"max_tokens", 2},
+                {"messages",
+                 json::array({{{"role", "user"},
+                               {"content",
+                                json::array({{{"type", "image_url"}, {"image_url", {{"url", url}}}},
+                                             {{"type", "text"}, {"text", text}}})}}})}};
   }
   static json chat_body(const std::string& text, int max_tokens) {
     return json{{"model", kModel},
@@ -328,6 +348,88 @@ TEST_F(ApiTest, ErrorsUseTheEnvelope) {
   // 413: over --max-request-bytes.
   body = chat_body(std::string(kMaxRequestBytes, 'a'), 2);
   expect_error(post("/v1/chat/completions", body), 413);
+}
+
+// Requests with images on a server without a vision service: an image the API takes reaches the
+// scheduler, which refuses it for want of one (503 naming it); what the API refuses is 400 or 413
+// before that.
+TEST_F(ApiTest, ImageBodiesAndLocalFiles) {
+  auto reaches_scheduler = [](const HttpResponse& r) {
+    EXPECT_EQ(r.status, 503) << r.body.substr(0, 500);
+    EXPECT_NE(r.body.find("no vision service"), std::string::npos) << r.body.substr(0, 500);
+  };
+  // A data: URL image of 5 MiB: its body is far over --max-request-bytes (64 KiB) and within
+  // --max-image-request-bytes (8 MiB).
+  const std::string image_url = "data:image/png;base64," + std::string((5 << 20) / 3 * 4, 'W');
+  reaches_scheduler(post("/v1/chat/completions", image_body(image_url)));
+  // Over --max-image-request-bytes: 413 naming it.
+  const HttpResponse huge =
+      post("/v1/chat/completions",
+           image_body("data:image/png;base64," + std::string(size_t{9} << 20, 'W')));
+  expect_error(huge, 413, "", "request_too_large");
+  EXPECT_NE(huge.body.find("--max-image-request-bytes"), std::string::npos) << huge.body;
+  // The text stays bounded by --max-request-bytes, images or not.
+  const HttpResponse long_text =
+      post("/v1/chat/completions", image_body(image_url, std::string(kMaxRequestBytes, 'a')));
+  expect_error(long_text, 413, "", "request_too_large");
+  EXPECT_NE(long_text.body.find("--max-request-bytes"), std::string::npos) << long_text.body;
+  EXPECT_NE(long_text.body.find("text"), std::string::npos) << long_text.body;
+  // An image over --max-image-bytes (5.5 MiB) within the body limit: 413 naming it.
+  const HttpResponse big_image =
+      post("/v1/chat/completions",
+           image_body("data:image/png;base64," + std::string((23 << 18) / 3 * 4, 'W')));
+  expect_error(big_image, 413, "messages[0].content", "request_too_large");
+  EXPECT_NE(big_image.body.find("--max-image-bytes"), std::string::npos) << big_image.body;
+  // Completions take no images: the body limit stays --max-request-bytes.
+  const HttpResponse completions =
+      post("/v1/completions", json{{"model", kModel}, {"prompt", image_url}, {"max_tokens", 1}});
+  expect_error(completions, 413, "", "request_too_large");
+
+  // No network fetch, ever.
+  for (const char* url : {"http://127.0.0.1:1/cat.png", "https://example.invalid/cat.png"}) {
+    const HttpResponse remote = post("/v1/chat/completions", image_body(url));
+    expect_error(remote, 400, "messages[0].content");
+    EXPECT_NE(remote.body.find("fetches no URL"), std::string::npos) << remote.body;
+  }
+
+  // file:// URLs under --allowed-local-media-path only.
+  namespace fs = std::filesystem;
+  const fs::path media = media_dir();
+  const fs::path outside = cluster_->dir() / "outside.png";
+  std::ofstream(media / "cat.png", std::ios::binary) << "\x89PNG not really";
+  std::ofstream(outside, std::ios::binary) << "\x89PNG outside";
+  fs::create_directories(media / "sub");
+  fs::create_symlink(outside, media / "escape.png");
+  fs::create_symlink(media / "cat.png", media / "alias.png");
+  fs::create_directory_symlink(cluster_->dir(), media / "up");
+  ASSERT_EQ(mkfifo((media / "fifo.png").c_str(), 0600), 0);
+  std::ofstream(media / "big.png") << "x";
+  fs::resize_file(media / "big.png", kMaxImageBytes + 1);
+  const std::string base = "file://" + media.string();
+  reaches_scheduler(post("/v1/chat/completions", image_body(base + "/cat.png")));
+  reaches_scheduler(post("/v1/chat/completions", image_body(base + "/alias.png")));
+  reaches_scheduler(post("/v1/chat/completions", image_body(base + "/sub/../c%61t.png")));
+  reaches_scheduler(
+      post("/v1/chat/completions", image_body("file://localhost" + media.string() + "/cat.png")));
+  auto refused = [&](const std::string& url, int status, const std::string& words) {
+    const HttpResponse r = post("/v1/chat/completions", image_body(url));
+    expect_error(r, status, "messages[0].content");
+    EXPECT_NE(r.body.find(words), std::string::npos) << url << ": " << r.body;
+    EXPECT_EQ(r.body.find(cluster_->dir().string()), std::string::npos)
+        << "the path is echoed: " << r.body;
+  };
+  refused("file://" + outside.string(), 400, "outside the directory");
+  refused(base + "/../outside.png", 400, "outside the directory");
+  refused(base + "/escape.png", 400, "outside the directory");
+  refused(base + "/up/outside.png", 400, "outside the directory");
+  refused("file:///etc/passwd", 400, "outside the directory");
+  refused(base + "/sub", 400, "not a regular file");
+  refused(base + "/fifo.png", 400, "not a regular file");
+  refused(base + "/missing.png", 400, "names no file");
+  refused(base + "/big.png", 413, "--max-image-bytes");
+  refused("file://otherhost/cat.png", 400, "absolute path on this host");
+  refused(base + "/cat.png?x=1", 400, "no query");
+  refused(base + "/cat%00.png", 400, "percent-escape");
 }
 
 // Logprobs (of the raw distribution) in OpenAI's chat format: one entry per generated token,
@@ -574,6 +676,17 @@ TEST(ApiServiceTest, NotReadyIs503TemplateErrorsAre400LateErrorsAreInBand) {
   EXPECT_NE(refused.body.find("this template refuses every chat"), std::string::npos)
       << refused.body;
   EXPECT_EQ(json::parse(refused.body)["error"]["param"], "messages") << refused.body;
+  // Without --allowed-local-media-path a file:// image URL is refused, naming the flag.
+  const json local = {
+      {"model", name},
+      {"messages",
+       json::array(
+           {{{"role", "user"},
+             {"content", json::array({{{"type", "image_url"},
+                                       {"image_url", {{"url", "file:///tmp/cat.png"}}}}})}}})}};
+  const HttpResponse no_files = http(port, "POST", "/v1/chat/completions", local.dump());
+  EXPECT_EQ(no_files.status, 400) << no_files.body;
+  EXPECT_NE(no_files.body.find("--allowed-local-media-path"), std::string::npos) << no_files.body;
   EXPECT_EQ(http(port, "POST", "/v1/completions",
                  json{{"model", name}, {"prompt", "hi"}, {"max_tokens", 2}}.dump())
                 .status,

@@ -126,8 +126,12 @@ TEST(VisionIntegration, ImagesThroughTheServicesMatchTheInProcessEngine) {
   ASSERT_NO_FATAL_FAILURE(cluster.make_model());
   ASSERT_NO_FATAL_FAILURE(add_chat_template(cluster.model_dir()));
   const int api_port = testing::free_tcp_port();
-  cluster.add_scheduler_args(
-      {"--api-listen", "127.0.0.1:" + std::to_string(api_port), "--served-model-name", "llava"});
+  const std::filesystem::path media = cluster.dir() / "media";
+  std::filesystem::create_directories(media);
+  std::ofstream(media / "cat.png", std::ios::binary) << read_image("rgb_37x23.png");
+  cluster.add_scheduler_args({"--api-listen", "127.0.0.1:" + std::to_string(api_port),
+                              "--served-model-name", "llava", "--allowed-local-media-path",
+                              media.string()});
   cluster.start_scheduler();
   cluster.start_worker();
   cluster.start_tokenizer();
@@ -247,6 +251,14 @@ TEST(VisionIntegration, ImagesThroughTheServicesMatchTheInProcessEngine) {
   ASSERT_EQ(ok.status, 200) << ok.body;
   const auto answer = nlohmann::json::parse(ok.body);
   EXPECT_GE(answer["usage"]["prompt_tokens"].get<int>(), 25 + 2) << ok.body;
+  // The same image as a local file under --allowed-local-media-path.
+  const auto local = chat("file://" + (media / "cat.png").string());
+  ASSERT_EQ(local.status, 200) << local.body;
+  EXPECT_EQ(nlohmann::json::parse(local.body)["usage"]["prompt_tokens"],
+            answer["usage"]["prompt_tokens"])
+      << local.body;
+  const auto outside = chat("file://" + (cluster.dir() / "model" / "config.json").string());
+  EXPECT_EQ(outside.status, 400) << outside.body;
   const auto remote = chat("https://example.invalid/cat.png");
   EXPECT_EQ(remote.status, 400) << remote.body;
   EXPECT_NE(remote.body.find("fetches no URL"), std::string::npos) << remote.body;
