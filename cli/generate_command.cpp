@@ -1,7 +1,11 @@
-// litellama generate: offline generation with the in-process engine.
+// litellama generate: offline generation with the in-process engine. A LLaVA prompt's --image
+// files are encoded here (decode, CLIP preprocessing, tower and projector on the CPU, as the
+// vision service does) and their rows take the places of the prompt's image tokens.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,6 +16,10 @@
 #include "cli/commands.h"
 #include "cli/generate_remote.h"
 #include "common/cli_option.h"
+#include "common/image_token_runs.h"
+#include "services/vision/clip_preprocess.h"
+#include "services/vision/image_decode.h"
+#include "services/vision/llava_vision_encoder.h"
 #include "services/worker/checkpoint.h"
 #include "services/worker/offline_engine.h"
 #ifdef LITELLAMA_WITH_TOKENIZER
@@ -32,6 +40,55 @@ struct GenerateArgs : RemoteGenerateArgs {
   double kv_memory_fraction = 0.85;
   int32_t threads = 0;
 };
+
+// Largest --image file read in process (the decoders refuse images of too many pixels first).
+constexpr int64_t kMaxImageFileBytes = int64_t{1} << 30;
+
+Result<std::string> read_image_file(const std::string& path) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(status)) {
+    return make_error(StatusCode::kNotFound, "--image {}: cannot open it", path);
+  }
+  if (!std::filesystem::is_regular_file(status)) {
+    return make_error(StatusCode::kInvalidArgument, "--image {}: not a regular file", path);
+  }
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec || static_cast<int64_t>(size) > kMaxImageFileBytes) {
+    return make_error(StatusCode::kInvalidArgument, "--image {}: larger than {} bytes", path,
+                      kMaxImageFileBytes);
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return make_error(StatusCode::kNotFound, "--image {}: cannot open it", path);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return make_error(StatusCode::kDataLoss, "--image {}: cannot read it", path);
+  return bytes;
+}
+
+// The rows of each image, in order, as the vision service computes them:
+// [n_images * n_image_tokens, text hidden].
+Result<std::vector<float>> encode_images(const Checkpoint& ckpt, const std::string& model_dir,
+                                         const std::vector<std::string>& paths, int32_t n_threads) {
+  LITELLAMA_ASSIGN_OR_RETURN(auto encoder, vision::LlavaVisionEncoder::load(ckpt, n_threads));
+  LITELLAMA_ASSIGN_OR_RETURN(vision::ClipPreprocessConfig config,
+                             vision::load_clip_preprocess_config(model_dir));
+  std::vector<float> rows;
+  for (const std::string& path : paths) {
+    LITELLAMA_ASSIGN_OR_RETURN(std::string bytes, read_image_file(path));
+    auto image = vision::decode_image(
+        std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+    if (!image) {
+      return make_error(image.status().code(), "--image {}: {}", path, image.status().message());
+    }
+    auto pixels = vision::clip_preprocess(*image, config);
+    if (!pixels) {
+      return make_error(pixels.status().code(), "--image {}: {}", path, pixels.status().message());
+    }
+    LITELLAMA_ASSIGN_OR_RETURN(std::vector<float> one, encoder->encode(*pixels));
+    rows.insert(rows.end(), one.begin(), one.end());
+  }
+  return rows;
+}
 
 int run_generate(const GenerateArgs& a) {
   const char* cmd = "generate";
@@ -108,6 +165,28 @@ int run_generate(const GenerateArgs& a) {
   if (req.prompt_ids.empty()) {
     return fail(cmd, Status(StatusCode::kInvalidArgument, "the prompt encodes to no tokens"));
   }
+  // Images: each is one image token of the prompt (expanded here to the image's token count) or
+  // a run of exactly that count, as the server takes them.
+  if (!a.images.empty()) {
+    const LlavaConfig* llava = ckpt->llava();
+    if (llava == nullptr) {
+      return fail(cmd, make_error(StatusCode::kInvalidArgument,
+                                  "--image needs a LLaVA checkpoint (a config.json with "
+                                  "vision_config); '{}' is not one",
+                                  model_dir));
+    }
+    auto runs = expand_image_token_runs(req.prompt_ids, llava->image_token_id,
+                                        llava->n_image_tokens(), a.images.size());
+    if (!runs) {
+      return fail(cmd, runs.status());
+    }
+    req.prompt_ids = std::move(runs->prompt_ids);
+    for (int32_t first : runs->image_positions) {
+      for (int32_t k = 0; k < llava->n_image_tokens(); ++k) {
+        req.input_embedding_positions.push_back(first + k);
+      }
+    }
+  }
   // The same bound as the served path's admission (ContinuousBatcher::plan).
   if (const int64_t context = ckpt->config().max_position_embeddings; context > 0) {
     const int64_t need = static_cast<int64_t>(req.prompt_ids.size()) + a.max_new_tokens;
@@ -135,6 +214,18 @@ int run_generate(const GenerateArgs& a) {
   options.max_batch_tokens = std::max<int32_t>(8192, static_cast<int32_t>(req.prompt_ids.size()));
   auto runner = create_model_runner(*ckpt, options);
   if (!runner.is_ok()) return fail(cmd, runner.status());
+  if (!a.images.empty()) {
+    if (!(*runner)->supports_input_embeddings(EmbeddingMemory::kHost)) {
+      return fail(cmd, make_error(StatusCode::kUnsupported,
+                                  "--image runs in process on the CPU backend only: the {} "
+                                  "runner does not read image rows from host memory (use "
+                                  "--device cpu, or --server with litellama serve)",
+                                  a.device));
+    }
+    auto rows = encode_images(*ckpt, model_dir, a.images, a.threads);
+    if (!rows.is_ok()) return fail(cmd, rows.status());
+    req.input_embeddings = std::move(rows).value();
+  }
 
   OfflineEngine engine(**runner);
   const auto t0 = std::chrono::steady_clock::now();
@@ -221,17 +312,13 @@ CommandMain register_generate_command(CLI::App& app) {
   sub->add_option("--priority", args->priority,
                   "with --server: scheduling priority (larger is served first; default 0)");
   sub->add_option("--image", args->images,
-                  "with --server: an image file (JPEG/PNG) for a LLaVA prompt, once per image "
-                  "token of --input-ids or <image> of --prompt, in order");
+                  "an image file (JPEG/PNG) for a LLaVA prompt, once per image token of "
+                  "--input-ids or <image> of --prompt (one token, or already expanded to the "
+                  "image's token count), in order; in process on the CPU backend, or with "
+                  "--server encoded by its vision service");
   return [args, prompt_option]() {
     args->prompt_given = prompt_option->count() > 0;
     if (!args->server.empty()) return run_generate_remote(*args);
-    if (!args->images.empty()) {
-      std::fprintf(stderr,
-                   "generate: --image needs --server (images are encoded by the vision service "
-                   "of litellama serve; the in-process path takes none yet)\n");
-      return 2;
-    }
     return run_generate(*args);
   };
 }

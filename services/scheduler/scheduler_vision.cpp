@@ -11,6 +11,7 @@
 // later makes need the rows again (its prefix no longer cached) fails then.
 #include <algorithm>
 
+#include "common/image_token_runs.h"
 #include "common/log.h"
 #include "common/net/zmq_util.h"
 #include "services/scheduler/scheduler_service.h"
@@ -68,36 +69,13 @@ bool SchedulerService::place_images(Request* r) {
   // Runs of the image token: each is one image, already expanded to the image's token count
   // (by the tokenizer for a text or chat prompt, or by the client) or written once (client ids,
   // or a tokenizer that does not expand): expanded here.
-  std::vector<int32_t> ids;
-  ids.reserve(r->prompt_ids.size() + r->images.size() * static_cast<size_t>(rows));
-  size_t n_runs = 0;
-  for (size_t i = 0; i < r->prompt_ids.size();) {
-    if (r->prompt_ids[i] != token) {
-      ids.push_back(r->prompt_ids[i++]);
-      continue;
-    }
-    size_t end = i;
-    while (end < r->prompt_ids.size() && r->prompt_ids[end] == token) ++end;
-    const size_t run = end - i;
-    if (run != 1 && run != static_cast<size_t>(rows)) {
-      fail(r, StatusCode::kInvalidArgument,
-           fmt::format("a run of {} image tokens (id {}) in the prompt: an image is one image "
-                       "token or exactly {}",
-                       run, token, rows));
-      return false;
-    }
-    if (n_runs < r->images.size()) r->images[n_runs].pos = static_cast<int32_t>(ids.size());
-    ++n_runs;
-    ids.insert(ids.end(), static_cast<size_t>(rows), token);
-    i = end;
-  }
-  if (n_runs != r->images.size()) {
-    fail(r, StatusCode::kInvalidArgument,
-         fmt::format("the prompt has {} images (image token id {}) but the request carries {}",
-                     n_runs, token, r->images.size()));
+  auto runs = expand_image_token_runs(r->prompt_ids, token, rows, r->images.size());
+  if (!runs) {
+    fail(r, StatusCode::kInvalidArgument, runs.status().message());
     return false;
   }
-  r->prompt_ids = std::move(ids);
+  for (size_t i = 0; i < r->images.size(); ++i) r->images[i].pos = runs->image_positions[i];
+  r->prompt_ids = std::move(runs->prompt_ids);
   r->image_rows = rows;
   return true;
 }

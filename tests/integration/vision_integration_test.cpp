@@ -505,6 +505,101 @@ std::string run_generate(const std::string& cmd) {
   return out;
 }
 
+// `litellama generate --image` in process: the image encoded and its rows placed by the CLI give
+// the reference's greedy ids and top logits bit for bit, from one image token, from the run
+// already expanded and from "<image>" in a text prompt; several images go in order; bad input
+// gets a clear error and a non-zero exit.
+TEST(VisionIntegration, GenerateWithImagesInProcessMatchesTheReference) {
+  ServiceCluster cluster;
+  cluster.use_preset("llava-tiny");
+  ASSERT_NO_FATAL_FAILURE(cluster.make_model());
+  const std::string images = testing::env_or("LITELLAMA_SOURCE_DIR", ".") + "/tests/golden/images/";
+  const std::vector<int32_t> before = {1, 319, 1967, 29901};
+  const std::vector<int32_t> after = {13, 5618, 338, 445};
+  const Expected want =
+      expected_for(cluster.model_dir(), before, read_image("rgb_37x23.png"), after, 6);
+  auto id_list = [](const std::vector<int32_t>& ids) {
+    std::string out;
+    for (int32_t id : ids) {
+      if (!out.empty()) out += ',';
+      out += std::to_string(id);
+    }
+    return out;
+  };
+  auto generate = [&](const std::string& args) {
+    const std::string out = run_generate(
+        cluster.bin_dir() + "/litellama generate --model " + cluster.model_dir() +
+        " --threads 1 --max-new-tokens 6 --ignore-eos --json " + args + " 2>&1; echo rc=$?");
+    return out;
+  };
+  auto check = [&](const std::string& out, const Expected& expected) {
+    const size_t brace = out.find('{');
+    ASSERT_NE(brace, std::string::npos) << out;
+    const auto j =
+        nlohmann::json::parse(out.substr(brace, out.find('\n', brace) - brace), nullptr, false);
+    ASSERT_TRUE(j.is_object()) << out;
+    EXPECT_EQ(j["output_ids"].get<std::vector<int32_t>>(), expected.ids) << out;
+    ASSERT_EQ(j["top_logits"].size(), expected.top.size()) << out;
+    for (size_t i = 0; i < expected.top.size(); ++i) {
+      EXPECT_EQ(j["top_logits"][i][0].get<int32_t>(), expected.top[i].first);
+      EXPECT_EQ(j["top_logits"][i][1].get<float>(), expected.top[i].second);  // float32: exact
+    }
+    EXPECT_NE(out.find("rc=0"), std::string::npos) << out;
+  };
+  std::vector<int32_t> one = before;
+  one.push_back(32000);
+  one.insert(one.end(), after.begin(), after.end());
+  std::vector<int32_t> expanded = before;
+  expanded.insert(expanded.end(), 25, 32000);
+  expanded.insert(expanded.end(), after.begin(), after.end());
+  check(generate("--top-logits 4 --input-ids " + id_list(one) + " --image " + images +
+                 "rgb_37x23.png"),
+        want);
+  check(generate("--top-logits 4 --input-ids " + id_list(expanded) + " --image " + images +
+                 "rgb_37x23.png"),
+        want);
+  // "<image>" of a text prompt is the image token: the same as its ids.
+  const std::string from_text = generate("--prompt '<image>' --image " + images + "rgb_37x23.png");
+  const std::string from_ids = generate("--input-ids 1,32000 --image " + images + "rgb_37x23.png");
+  EXPECT_NE(from_text.find("\"n_prompt_tokens\":26"), std::string::npos) << from_text;
+  EXPECT_EQ(from_text.substr(from_text.find("\"output_ids\"")).substr(0, 60),
+            from_ids.substr(from_ids.find("\"output_ids\"")).substr(0, 60));
+  // Two images, in order: each changes the answer, and their order matters.
+  std::vector<int32_t> two = one;
+  two.push_back(32000);
+  const std::string ab = generate("--input-ids " + id_list(two) + " --image " + images +
+                                  "rgb_37x23.png --image " + images + "gray_29x40.jpg");
+  const std::string ba = generate("--input-ids " + id_list(two) + " --image " + images +
+                                  "gray_29x40.jpg --image " + images + "rgb_37x23.png");
+  EXPECT_NE(ab.find("\"n_prompt_tokens\":58"), std::string::npos) << ab;
+  EXPECT_NE(ab.find("rc=0"), std::string::npos) << ab;
+  EXPECT_NE(ab.substr(ab.find("\"output_ids\"")).substr(0, 60),
+            ba.substr(ba.find("\"output_ids\"")).substr(0, 60));
+
+  // Bad input: a clear error, exit 1.
+  auto refused = [&](const std::string& args, const std::string& words) {
+    const std::string out = generate(args);
+    EXPECT_NE(out.find(words), std::string::npos) << args << ": " << out;
+    EXPECT_NE(out.find("rc=1"), std::string::npos) << args << ": " << out;
+  };
+  refused("--input-ids 1,32000,32000,13 --image " + images + "rgb_37x23.png",
+          "a run of 2 image tokens");
+  refused("--input-ids " + id_list(one) + " --image " + images + "rgb_37x23.png --image " + images +
+              "rgb_37x23.png",
+          "the prompt has 1 images (image token id 32000) but the request carries 2");
+  refused("--input-ids 1,32000 --image /nonexistent.png", "cannot open it");
+  refused("--input-ids 1,32000 --image " + images, "not a regular file");
+  refused("--input-ids 1,32000 --image " + cluster.model_dir() + "/config.json",
+          "not a JPEG or PNG");
+  ServiceCluster text_only;
+  ASSERT_NO_FATAL_FAILURE(text_only.make_model());
+  const std::string no_tower =
+      run_generate(cluster.bin_dir() + "/litellama generate --model " + text_only.model_dir() +
+                   " --input-ids 1,2 --image " + images + "rgb_37x23.png 2>&1; echo rc=$?");
+  EXPECT_NE(no_tower.find("needs a LLaVA checkpoint"), std::string::npos) << no_tower;
+  EXPECT_NE(no_tower.find("rc=1"), std::string::npos) << no_tower;
+}
+
 // `litellama serve` starts the vision service for a LLaVA checkpoint; `litellama generate
 // --server --image` gets the in-process engine's ids; the vision process killed is restarted by
 // serve, the worker (not restarted) reads the new process's pool, and images work again.
@@ -553,6 +648,12 @@ TEST(VisionIntegration, ServeStartsAndRestartsTheVisionServiceWithoutTheWorker) 
   };
   const std::string first = run_generate(generate);
   EXPECT_EQ(ids_of(first), want.ids) << first;
+  // The same command in process (no --server): the same ids.
+  const std::string in_process =
+      run_generate(cluster.bin_dir() + "/litellama generate --model " + cluster.model_dir() +
+                   " --threads 1 --input-ids " + ids + " --image " + image +
+                   " --max-new-tokens 5 --ignore-eos --json");
+  EXPECT_EQ(ids_of(in_process), ids_of(first)) << in_process;
 
   const int worker = find_process("litellama-worker", run);
   const int vision = find_process("litellama-vision", run);

@@ -1,10 +1,11 @@
 // Scheduler pieces without processes: KV slot allocator, wire codec, the continuous batcher's
-// placeholders and slot release, the stateless detokenization window.
+// placeholders and slot release, the stateless detokenization window, image token runs.
 #include <cstring>
 #include <map>
 
 #include <gtest/gtest.h>
 
+#include "common/image_token_runs.h"
 #include "common/proto/client_messages.h"
 #include "common/proto/step_ring.h"
 #include "common/proto/worker_messages.h"
@@ -33,6 +34,38 @@ TEST(KvSlotAllocator, AllocateReleaseRefcountReserve) {
   EXPECT_FALSE(a.reserve(2).is_ok());
   a.unreserve(6);
   EXPECT_EQ(a.n_free_unreserved(), 7);
+}
+
+// Each image is one image token (expanded) or a run of exactly its count, at odd sizes: the
+// expansion, the images' first positions, and the refusals with their numbers.
+TEST(ImageTokenRuns, ExpandsSingleTokensKeepsFullRunsRefusesTheRest) {
+  constexpr int32_t kImage = 9;
+  auto runs = expand_image_token_runs(std::vector<int32_t>{1, 9, 2, 9, 9, 9, 3, 9}, kImage, 3, 3);
+  ASSERT_TRUE(runs.is_ok()) << runs.status().to_string();
+  EXPECT_EQ(runs->prompt_ids, (std::vector<int32_t>{1, 9, 9, 9, 2, 9, 9, 9, 3, 9, 9, 9}));
+  EXPECT_EQ(runs->image_positions, (std::vector<int32_t>{1, 5, 9}));
+  auto none = expand_image_token_runs(std::vector<int32_t>{4, 5}, kImage, 7, 0);
+  ASSERT_TRUE(none.is_ok());
+  EXPECT_EQ(none->prompt_ids, (std::vector<int32_t>{4, 5}));
+  EXPECT_TRUE(none->image_positions.empty());
+  // Adjacent images are one run, of a length no image has: refused as the scheduler always has.
+  EXPECT_FALSE(expand_image_token_runs(std::vector<int32_t>{9, 9}, kImage, 3, 2).is_ok());
+
+  auto run_of_two = expand_image_token_runs(std::vector<int32_t>{1, 9, 9}, kImage, 3, 1);
+  ASSERT_FALSE(run_of_two.is_ok());
+  EXPECT_NE(run_of_two.status().message().find("a run of 2 image tokens (id 9)"), std::string::npos)
+      << run_of_two.status().message();
+  auto too_few = expand_image_token_runs(std::vector<int32_t>{1, 9}, kImage, 3, 2);
+  ASSERT_FALSE(too_few.is_ok());
+  EXPECT_NE(too_few.status().message().find("has 1 images (image token id 9) but the request "
+                                            "carries 2"),
+            std::string::npos)
+      << too_few.status().message();
+  // Many single tokens against one image: refused by count, before any expansion.
+  auto many = expand_image_token_runs(std::vector<int32_t>(19, 9), kImage, 1 << 20, 1);
+  ASSERT_FALSE(many.is_ok());
+  EXPECT_EQ(many.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(expand_image_token_runs(std::vector<int32_t>{1}, kImage, 0, 0).is_ok());
 }
 
 TEST(ProtoCodec, RoundTripAndRejections) {
