@@ -19,9 +19,6 @@ namespace {
 using net::frame_view;
 using net::monotonic_seconds;
 
-constexpr const char* kWorkEndpoint = "inproc://tokenizer-work";
-constexpr const char* kStopWork = "stop";
-
 prometheus::Histogram::BucketBoundaries op_buckets() {
   return {0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
           0.005,   0.01,     0.025,   0.05,   0.1,     0.25,   0.5,   1.0};
@@ -70,7 +67,6 @@ TokenizerService::TokenizerService(TokenizerOptions options)
     : options_(std::move(options)),
       impl_(std::make_unique<Impl>()),
       registry_(std::make_shared<prometheus::Registry>()) {
-  incarnation_ = net::random_id();
   auto& r = *registry_;
   auto& duration = net::histogram_family(r, "litellama_tokenizer_op_duration_seconds",
                                          "Time to serve one encode or detokenize message");
@@ -85,43 +81,24 @@ TokenizerService::TokenizerService(TokenizerOptions options)
                                    "Detokenization windows served");
   protocol_errors_ =
       net::counter(r, "litellama_tokenizer_protocol_errors_total", "Unknown or malformed messages");
+  net::WorkThreadServiceConfig loop;
+  loop.name = "tokenizer";
+  loop.peer = options_;
+  loop.work_types = {proto::MessageType::kEncodeRequest, proto::MessageType::kDetokenizeRequest};
+  loop.loading_what = "loading the tokenizer";
+  loop_ = std::make_unique<net::WorkThreadService>(std::move(loop), registry_, protocol_errors_);
 }
 
-TokenizerService::~TokenizerService() {
-  stop_.store(true);
-  if (work_thread_.joinable()) {
-    try {
-      (void)net::send_one(work_io_, kStopWork);
-    } catch (const zmq::error_t&) {
-    }
-    work_thread_.join();
-  }
-}
-
-std::string TokenizerService::ready_reason() const {
-  if (!loaded_.load()) return "loading the tokenizer";
-  if (monotonic_seconds() - last_scheduler_seen_.load() > options_.peer_timeout_ms / 1000.0) {
-    return "the scheduler is down";
-  }
-  return "";
-}
+TokenizerService::~TokenizerService() = default;
 
 Status TokenizerService::start() {
-  LITELLAMA_RETURN_IF_ERROR(
-      net::check_liveness_flags(options_.heartbeat_interval_ms, options_.peer_timeout_ms));
-  LITELLAMA_RETURN_IF_ERROR(
-      net::prepare_endpoint(options_.scheduler_endpoint, options_.allow_insecure_tcp));
-  if (!options_.metrics_listen.empty()) {
-    LITELLAMA_ASSIGN_OR_RETURN(metrics_,
-                               net::MetricsServer::start(options_.metrics_listen, registry_,
-                                                         [this] { return ready_reason(); }));
-  }
+  LITELLAMA_RETURN_IF_ERROR(loop_->prepare());
   auto loaded = Tokenizer::load(options_.tokenizer_dir);
   if (!loaded) return loaded.status();
   impl_->tokenizer.emplace(std::move(loaded).value());
   const Tokenizer& tok = *impl_->tokenizer;
   impl_->eos_token_ids = tok.eos_token_ids();
-  loaded_.store(true);
+  loop_->mark_loaded();
   {
     // A template we cannot render still serves text prompts: say so now, in the words chat
     // requests will get.
@@ -137,22 +114,10 @@ Status TokenizerService::start() {
     }
   }
 
-  try {
-    scheduler_ = zmq::socket_t(context_, zmq::socket_type::dealer);
-    net::configure_socket(scheduler_);
-    scheduler_.set(zmq::sockopt::routing_id, fmt::format("tokenizer-{:016x}", incarnation_));
-    scheduler_.connect(options_.scheduler_endpoint);
-    work_io_ = zmq::socket_t(context_, zmq::socket_type::pair);
-    work_io_.set(zmq::sockopt::linger, 0);
-    work_io_.bind(kWorkEndpoint);
-  } catch (const zmq::error_t& e) {
-    return make_error(StatusCode::kUnavailable, "cannot connect to '{}': {}",
-                      options_.scheduler_endpoint, e.what());
-  }
+  LITELLAMA_RETURN_IF_ERROR(loop_->connect(
+      [this](std::vector<zmq::message_t>& frames) { return handle(frame_view(frames[0])); }));
   LITELLAMA_LOG_INFO("tokenizer: {} loaded, scheduler at {}, metrics on {}", options_.tokenizer_dir,
-                     options_.scheduler_endpoint,
-                     metrics_ ? std::to_string(metrics_->port()) : std::string("(off)"));
-  work_thread_ = std::thread([this] { work_main(); });
+                     options_.scheduler_endpoint, loop_->metrics_port());
   return Status::ok();
 }
 
@@ -210,7 +175,7 @@ proto::DetokenizeReply TokenizerService::detokenize(const proto::DetokenizeReque
   return reply;
 }
 
-std::string TokenizerService::handle(const std::string& bytes) {
+std::string TokenizerService::handle(std::string_view bytes) {
   auto envelope = proto::Envelope::parse(bytes);
   if (!envelope) {
     protocol_errors_->Increment();
@@ -253,63 +218,11 @@ std::string TokenizerService::handle(const std::string& bytes) {
       detokenize_duration_);
 }
 
-void TokenizerService::work_main() {
-  zmq::socket_t io(context_, zmq::socket_type::pair);
-  io.set(zmq::sockopt::linger, 0);
-  io.set(zmq::sockopt::rcvtimeo, 200);
-  io.connect(kWorkEndpoint);
-  while (!stop_.load()) {
-    zmq::message_t msg;
-    if (!io.recv(msg, zmq::recv_flags::none)) continue;
-    const std::string bytes(frame_view(msg));
-    if (bytes == kStopWork) break;
-    const std::string reply = handle(bytes);
-    if (!reply.empty()) io.send(zmq::buffer(reply), zmq::send_flags::none);
-  }
-}
-
 void TokenizerService::run() {
-  std::vector<zmq::message_t> frames;
-  double last_heartbeat = 0.0;
   proto::TokenizerHeartbeat hb;
-  hb.incarnation = incarnation_;
+  hb.incarnation = loop_->incarnation();
   hb.eos_token_ids = impl_->eos_token_ids;
-  const std::string hb_bytes = proto::encode(hb);
-  while (!stop_.load()) {
-    const double now = monotonic_seconds();
-    if (now - last_heartbeat >= options_.heartbeat_interval_ms / 1000.0) {
-      last_heartbeat = now;
-      (void)net::send_one(scheduler_, hb_bytes);
-    }
-    net::wait_readable({&scheduler_, &work_io_}, std::max(1, options_.heartbeat_interval_ms / 2));
-    // Replies first: the scheduler is waiting on them.
-    net::forward_waiting(work_io_, scheduler_, &frames);
-    while (net::recv_frames(scheduler_, &frames)) {
-      auto envelope = net::parse_one_frame(frames);
-      if (!envelope) {
-        protocol_errors_->Increment();
-        LITELLAMA_LOG_WARN("tokenizer: dropped a message: {}", envelope.status().to_string());
-        continue;
-      }
-      last_scheduler_seen_.store(monotonic_seconds());
-      switch (envelope->type()) {
-        case proto::MessageType::kSchedulerHeartbeat:
-          break;
-        case proto::MessageType::kEncodeRequest:
-        case proto::MessageType::kDetokenizeRequest:
-          // The work thread decodes and serves it; messages queue there in order.
-          (void)work_io_.send(frames[0], zmq::send_flags::none);
-          break;
-        default:
-          protocol_errors_->Increment();
-          LITELLAMA_LOG_WARN("tokenizer: dropped an unexpected '{}' message",
-                             proto::message_type_name(envelope->type()));
-      }
-    }
-  }
-  (void)net::send_one(work_io_, kStopWork);
-  if (work_thread_.joinable()) work_thread_.join();
-  LITELLAMA_LOG_INFO("tokenizer: stopped");
+  loop_->run(proto::encode(hb));
 }
 
 }  // namespace litellama

@@ -20,9 +20,6 @@ namespace {
 using net::frame_view;
 using net::monotonic_seconds;
 
-constexpr const char* kWorkEndpoint = "inproc://vision-work";
-constexpr const char* kStopWork = "stop";
-
 prometheus::Histogram::BucketBoundaries encode_buckets() {
   return {0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0};
 }
@@ -45,7 +42,6 @@ VisionService::VisionService(VisionOptions options)
     : options_(std::move(options)),
       impl_(std::make_unique<Impl>()),
       registry_(std::make_shared<prometheus::Registry>()) {
-  incarnation_ = net::random_id();
   auto& r = *registry_;
   encode_duration_ = net::histogram(
       r, "litellama_vision_encode_seconds",
@@ -60,30 +56,19 @@ VisionService::VisionService(VisionOptions options)
       net::counter(r, "litellama_vision_protocol_errors_total", "Unknown or malformed messages");
   pool_slots_ = net::gauge(r, "litellama_vision_pool_slots", "Image slots of the embedding pool");
   pool_bytes_ = net::gauge(r, "litellama_vision_pool_bytes", "Bytes of the embedding pool");
+  net::WorkThreadServiceConfig loop;
+  loop.name = "vision";
+  loop.peer = options_;
+  // [encode_image_request, image bytes]: the bytes frame may be missing (an error reply).
+  loop.work_types = {proto::MessageType::kEncodeImageRequest};
+  loop.max_work_frames = 2;
+  loop.loading_what = "loading the vision tower";
+  loop_ = std::make_unique<net::WorkThreadService>(std::move(loop), registry_, protocol_errors_);
 }
 
-VisionService::~VisionService() {
-  stop_.store(true);
-  if (work_thread_.joinable()) {
-    try {
-      (void)net::send_one(work_io_, kStopWork);
-    } catch (const zmq::error_t&) {
-    }
-    work_thread_.join();
-  }
-}
-
-std::string VisionService::ready_reason() const {
-  if (!loaded_.load()) return "loading the vision tower";
-  if (monotonic_seconds() - last_scheduler_seen_.load() > options_.peer_timeout_ms / 1000.0) {
-    return "the scheduler is down";
-  }
-  return "";
-}
+VisionService::~VisionService() = default;
 
 Status VisionService::start() {
-  LITELLAMA_RETURN_IF_ERROR(
-      net::check_liveness_flags(options_.heartbeat_interval_ms, options_.peer_timeout_ms));
   if (options_.device != "cpu") {
     return make_error(StatusCode::kUnsupported,
                       "--device {}: the vision service runs its tower on the CPU only so far (the "
@@ -93,13 +78,7 @@ Status VisionService::start() {
   if (options_.max_image_bytes < 1) {
     return make_error(StatusCode::kInvalidArgument, "--max-image-bytes must be positive");
   }
-  LITELLAMA_RETURN_IF_ERROR(
-      net::prepare_endpoint(options_.scheduler_endpoint, options_.allow_insecure_tcp));
-  if (!options_.metrics_listen.empty()) {
-    LITELLAMA_ASSIGN_OR_RETURN(metrics_,
-                               net::MetricsServer::start(options_.metrics_listen, registry_,
-                                                         [this] { return ready_reason(); }));
-  }
+  LITELLAMA_RETURN_IF_ERROR(loop_->prepare());
   LITELLAMA_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open(options_.model_dir));
   if (checkpoint.llava() == nullptr) {
     return make_error(StatusCode::kInvalidArgument,
@@ -120,13 +99,14 @@ Status VisionService::start() {
   geometry.n_slots = static_cast<int32_t>(
       std::clamp<int64_t>(options_.pool_bytes / std::max<int64_t>(slot_bytes, 1), 1, 1 << 20));
   const std::string pool_name = options_.pool_name.empty()
-                                    ? fmt::format("litellama-vision-{:016x}", incarnation_)
+                                    ? fmt::format("litellama-vision-{:016x}", loop_->incarnation())
                                     : options_.pool_name;
-  LITELLAMA_ASSIGN_OR_RETURN(impl_->pool, EmbeddingPool::create(pool_name, geometry, incarnation_));
+  LITELLAMA_ASSIGN_OR_RETURN(impl_->pool,
+                             EmbeddingPool::create(pool_name, geometry, loop_->incarnation()));
   pool_slots_->Set(geometry.n_slots);
   pool_bytes_->Set(static_cast<double>(impl_->pool->size_bytes()));
 
-  heartbeat_.incarnation = incarnation_;
+  heartbeat_.incarnation = loop_->incarnation();
   heartbeat_.model = options_.model_dir;
   heartbeat_.device = options_.device;
   heartbeat_.pool_name = pool_name;
@@ -135,27 +115,14 @@ Status VisionService::start() {
   heartbeat_.hidden = geometry.hidden;
   heartbeat_.image_token_id = cfg.image_token_id;
   heartbeat_.max_image_bytes = options_.max_image_bytes;
-  loaded_.store(true);
-
-  try {
-    scheduler_ = zmq::socket_t(context_, zmq::socket_type::dealer);
-    net::configure_socket(scheduler_);
-    scheduler_.set(zmq::sockopt::routing_id, fmt::format("vision-{:016x}", incarnation_));
-    scheduler_.connect(options_.scheduler_endpoint);
-    work_io_ = zmq::socket_t(context_, zmq::socket_type::pair);
-    work_io_.set(zmq::sockopt::linger, 0);
-    work_io_.bind(kWorkEndpoint);
-  } catch (const zmq::error_t& e) {
-    return make_error(StatusCode::kUnavailable, "cannot connect to '{}': {}",
-                      options_.scheduler_endpoint, e.what());
-  }
+  loop_->mark_loaded();
+  LITELLAMA_RETURN_IF_ERROR(
+      loop_->connect([this](std::vector<zmq::message_t>& frames) { return serve(frames); }));
   LITELLAMA_LOG_INFO(
       "vision: {} loaded ({} image tokens of {} per image), pool '{}' of {} slots ({} MiB), "
       "scheduler at {}, metrics on {}",
       options_.model_dir, geometry.rows_per_slot, geometry.hidden, pool_name, geometry.n_slots,
-      impl_->pool->size_bytes() >> 20, options_.scheduler_endpoint,
-      metrics_ ? std::to_string(metrics_->port()) : std::string("(off)"));
-  work_thread_ = std::thread([this] { work_main(); });
+      impl_->pool->size_bytes() >> 20, options_.scheduler_endpoint, loop_->metrics_port());
   return Status::ok();
 }
 
@@ -207,82 +174,19 @@ proto::EncodeImageReply VisionService::encode(const proto::EncodeImageRequest& r
   return reply;
 }
 
-void VisionService::work_main() {
-  zmq::socket_t io(context_, zmq::socket_type::pair);
-  io.set(zmq::sockopt::linger, 0);
-  io.set(zmq::sockopt::rcvtimeo, 200);
-  io.connect(kWorkEndpoint);
-  std::vector<zmq::message_t> frames;
-  while (!stop_.load()) {
-    zmq::message_t msg;
-    if (!io.recv(msg, zmq::recv_flags::none)) continue;
-    if (frame_view(msg) == kStopWork) break;
-    // The I/O thread forwards [request, image bytes] as two frames.
-    zmq::message_t image;
-    if (msg.more()) (void)io.recv(image, zmq::recv_flags::none);
-    while (image.more()) {  // never more than two; drain anything else
-      zmq::message_t extra;
-      (void)io.recv(extra, zmq::recv_flags::none);
-      if (!extra.more()) break;
-    }
-    auto request = proto::decode<proto::EncodeImageRequest>(frame_view(msg));
-    if (!request) {
-      protocol_errors_->Increment();
-      continue;
-    }
-    const std::string reply = proto::encode(encode(*request, frame_view(image)));
-    io.send(zmq::buffer(reply), zmq::send_flags::none);
+std::string VisionService::serve(std::vector<zmq::message_t>& frames) {
+  auto request = proto::decode<proto::EncodeImageRequest>(frame_view(frames[0]));
+  if (!request) {
+    protocol_errors_->Increment();
+    return "";
   }
+  // A missing bytes frame reaches encode() as an empty image, which it refuses as the client's.
+  const std::string_view bytes = frames.size() > 1 ? frame_view(frames[1]) : std::string_view();
+  return proto::encode(encode(*request, bytes));
 }
 
 void VisionService::run() {
-  std::vector<zmq::message_t> frames;
-  double last_heartbeat = 0.0;
-  const std::string hb_bytes = proto::encode(heartbeat_);
-  while (!stop_.load()) {
-    const double now = monotonic_seconds();
-    if (now - last_heartbeat >= options_.heartbeat_interval_ms / 1000.0) {
-      last_heartbeat = now;
-      (void)net::send_one(scheduler_, hb_bytes);
-    }
-    net::wait_readable({&scheduler_, &work_io_}, std::max(1, options_.heartbeat_interval_ms / 2));
-    net::forward_waiting(work_io_, scheduler_, &frames);
-    while (net::recv_frames(scheduler_, &frames)) {
-      if (frames.empty()) continue;
-      auto envelope = proto::Envelope::parse(frame_view(frames[0]));
-      if (!envelope) {
-        protocol_errors_->Increment();
-        LITELLAMA_LOG_WARN("vision: dropped a message: {}", envelope.status().to_string());
-        continue;
-      }
-      last_scheduler_seen_.store(monotonic_seconds());
-      switch (envelope->type()) {
-        case proto::MessageType::kSchedulerHeartbeat:
-          break;
-        case proto::MessageType::kEncodeImageRequest: {
-          // [request] or [request, bytes]; a missing bytes frame reaches encode() as an empty
-          // image, which it refuses as the client's.
-          if (frames.size() > 2) {
-            protocol_errors_->Increment();
-            LITELLAMA_LOG_WARN("vision: dropped an encode request of {} frames", frames.size());
-            break;
-          }
-          const bool with_bytes = frames.size() == 2;
-          (void)work_io_.send(frames[0],
-                              with_bytes ? zmq::send_flags::sndmore : zmq::send_flags::none);
-          if (with_bytes) (void)work_io_.send(frames[1], zmq::send_flags::none);
-          break;
-        }
-        default:
-          protocol_errors_->Increment();
-          LITELLAMA_LOG_WARN("vision: dropped an unexpected '{}' message",
-                             proto::message_type_name(envelope->type()));
-      }
-    }
-  }
-  (void)net::send_one(work_io_, kStopWork);
-  if (work_thread_.joinable()) work_thread_.join();
-  LITELLAMA_LOG_INFO("vision: stopped");
+  loop_->run(proto::encode(heartbeat_));
 }
 
 }  // namespace litellama

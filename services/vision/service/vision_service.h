@@ -4,9 +4,9 @@
 // the request names: decode (JPEG/PNG), the checkpoint's CLIP preprocessing, the vision tower and
 // the projector, rows written in place into the pool the worker reads (vision_messages.h).
 //
-// Two threads, as in the tokenizer: the I/O thread (run()) owns the socket and sends heartbeats;
-// the work thread encodes, fed over an inproc pair in arrival order, so a long encode never makes
-// the service look dead. The pool is created at start and removed when the service stops; a
+// Two threads (net::WorkThreadService, as the tokenizer): the I/O thread (run()) owns the socket
+// and sends heartbeats; the work thread encodes in arrival order, so a long encode never makes the
+// service look dead. The pool is created at start and removed when the service stops; a
 // restarted service is a new incarnation with a new, empty pool, which the scheduler learns from
 // its heartbeat.
 //
@@ -19,16 +19,15 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <thread>
+#include <string_view>
 #include <vector>
 
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
-#include <zmq.hpp>
 
-#include "common/net/metrics_server.h"
+#include "common/net/work_thread_service.h"
 #include "common/proto/vision_messages.h"
 #include "common/status.h"
 
@@ -37,14 +36,10 @@ namespace litellama {
 inline constexpr int64_t kDefaultMaxImageBytes = int64_t{20} << 20;
 inline constexpr int64_t kDefaultVisionPoolBytes = int64_t{256} << 20;
 
-struct VisionOptions {
-  std::string scheduler_endpoint;  // the scheduler's vision endpoint
-  std::string model_dir;           // a LLaVA checkpoint
+// scheduler_endpoint: the scheduler's vision endpoint.
+struct VisionOptions : net::PeerServiceOptions {
+  std::string model_dir;  // a LLaVA checkpoint
   std::string device = "cpu";
-  std::string metrics_listen;  // "" : no HTTP listener
-  int32_t heartbeat_interval_ms = 200;
-  int32_t peer_timeout_ms = 2000;
-  bool allow_insecure_tcp = false;
   int64_t max_image_bytes = kDefaultMaxImageBytes;
   // The pool's size in bytes: as many whole image slots as fit (at least one).
   int64_t pool_bytes = kDefaultVisionPoolBytes;
@@ -64,8 +59,8 @@ class VisionService {
   // Loads the tower, creates the pool, connects, starts the metrics listener.
   Status start();
   void run();
-  void request_stop() { stop_.store(true); }
-  std::atomic<bool>* stop_flag() { return &stop_; }
+  void request_stop() { loop_->request_stop(); }
+  std::atomic<bool>* stop_flag() { return loop_->stop_flag(); }
 
   // One encode, as the work thread serves it (exposed for tests of the service's logic).
   proto::EncodeImageReply encode(const proto::EncodeImageRequest& request, std::string_view bytes);
@@ -73,23 +68,13 @@ class VisionService {
 
  private:
   struct Impl;
-  void work_main();
-  std::string ready_reason() const;
+  // Serves [encode_image_request, image bytes] on the work thread; "" when malformed (counted).
+  std::string serve(std::vector<zmq::message_t>& frames);
 
   VisionOptions options_;
   std::unique_ptr<Impl> impl_;
-  uint64_t incarnation_ = 0;
   proto::VisionHeartbeat heartbeat_;
-  std::atomic<bool> stop_{false};
-  std::atomic<bool> loaded_{false};
-  std::atomic<double> last_scheduler_seen_{0.0};
-  zmq::context_t context_{1};
-  zmq::socket_t scheduler_;
-  zmq::socket_t work_io_;  // I/O thread's end of the inproc pair to the work thread
-  std::thread work_thread_;
-
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<net::MetricsServer> metrics_;
   prometheus::Histogram* encode_duration_ = nullptr;
   prometheus::Counter* encodes_ = nullptr;
   prometheus::Counter* bad_images_ = nullptr;
@@ -97,6 +82,8 @@ class VisionService {
   prometheus::Counter* protocol_errors_ = nullptr;
   prometheus::Gauge* pool_slots_ = nullptr;
   prometheus::Gauge* pool_bytes_ = nullptr;
+  // Last: destroyed first, so the work thread stops before the encoder and pool go.
+  std::unique_ptr<net::WorkThreadService> loop_;
 };
 
 }  // namespace litellama
