@@ -115,7 +115,13 @@ int run_chat(ChatArgs a) {
   auto turn = [&](const std::string& text) -> Status {
     const bool first = std::none_of(history.begin(), history.end(),
                                     [](const proto::ChatMessage& m) { return m.role == "user"; });
-    history.push_back({"user", first ? image_lines + text : text});
+    proto::ChatMessage user{"user", first ? image_lines + text : text, {}};
+    if (first && !a.images.empty()) {
+      // As typed parts too, for templates that read them (images first, as LLaVA's place them).
+      for (size_t i = 0; i < a.images.size(); ++i) user.parts.push_back({"image", ""});
+      user.parts.push_back({"text", text});
+    }
+    history.push_back(std::move(user));
     auto reply = chat_turn(**client, a, history);
     if (!reply.is_ok()) {
       history.pop_back();

@@ -17,10 +17,22 @@
 
 namespace litellama::proto {
 
+// One typed part of a message's content: "text" with its text, or "image" (its bytes travel as
+// a frame of the request, in order).
+struct ChatContentPart {
+  std::string type;
+  std::string text;
+  MSGPACK_DEFINE_MAP(type, text);
+};
+
+// content: the text, with "<image>" where each image part stands (for chat templates that read a
+// string); parts: the same as typed parts when the client sent them that way (for templates that
+// read parts, such as llava-hf's), else empty. Absent parts read as empty.
 struct ChatMessage {
   std::string role;
   std::string content;
-  MSGPACK_DEFINE_MAP(role, content);
+  std::vector<ChatContentPart> parts;
+  MSGPACK_DEFINE_MAP(role, content, parts);
 };
 
 inline constexpr int32_t kMaxTopLogits = kMaxStepTopLogits;

@@ -246,7 +246,8 @@ bool read_messages(const json& body, const ParseContext& context,
       msg.content = content->get<std::string>();
     } else if (content->is_array()) {
       // An array of parts: text parts concatenated, each image part an "<image>" placeholder
-      // (the image token of a LLaVA tokenizer) where it stands, its bytes sent with the request.
+      // (the image token of a LLaVA tokenizer) where it stands, its bytes sent with the request;
+      // the parts also go as they are, for chat templates that read typed parts.
       for (const auto& part : *content) {
         auto type = part.is_object() ? part.find("type") : part.end();
         if (!part.is_object() || type == part.end() || !type->is_string()) {
@@ -256,6 +257,7 @@ bool read_messages(const json& body, const ParseContext& context,
         if (*type == "image_url") {
           if (!read_image_part(part, where + ".content", context, parsed, error)) return false;
           msg.content += "<image>";
+          msg.parts.push_back({"image", ""});
           continue;
         }
         if (*type != "text") {
@@ -271,6 +273,7 @@ bool read_messages(const json& body, const ParseContext& context,
           return false;
         }
         msg.content += text->get<std::string>();
+        msg.parts.push_back({"text", text->get<std::string>()});
       }
     } else {
       *error = bad(where + ".content", where + ".content must be a string or an array of parts");

@@ -244,6 +244,10 @@ void SchedulerService::on_generate(const std::string& client, const proto::Gener
     int64_t n_bytes = static_cast<int64_t>(msg.prompt.size());
     for (const auto& m : msg.messages) {
       n_bytes += static_cast<int64_t>(m.role.size() + m.content.size());
+      // Typed parts repeat the content: they count too (with a little for each part, so that
+      // no number of empty parts is free).
+      for (const auto& p : m.parts)
+        n_bytes += static_cast<int64_t>(p.type.size() + p.text.size() + 8);
     }
     if (n_bytes > options_.max_prompt_bytes) {
       return reject(

@@ -38,6 +38,13 @@ class ChatTemplate {
   // bos_token, ...). A `raise_exception(msg)` in the template returns kInvalidArgument with msg.
   Result<std::string> render(const nlohmann::ordered_json& context) const;
 
+  // Whether the template reads a message's content as a list of typed parts (OpenAI's format,
+  // as multimodal templates such as llava-hf's do: `for c in message['content'] |
+  // selectattr('type', 'equalto', 'image')`): some loop of it iterates `X['content']` or
+  // `X.content`, through any filters. Such a template renders a plain string content as nothing,
+  // so callers hand it parts (chat_context in tokenizer.h); the others get strings.
+  bool reads_content_parts() const { return reads_content_parts_; }
+
   ChatTemplate(ChatTemplate&&) noexcept;
   ChatTemplate& operator=(ChatTemplate&&) noexcept;
   ~ChatTemplate();
@@ -47,6 +54,7 @@ class ChatTemplate {
  private:
   explicit ChatTemplate(std::shared_ptr<const Program> program);
   std::shared_ptr<const Program> program_;
+  bool reads_content_parts_ = false;
 };
 
 }  // namespace litellama

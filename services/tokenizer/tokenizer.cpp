@@ -204,7 +204,8 @@ Result<Tokenizer> Tokenizer::load(const std::string& dir) {
     }
 
     // Chat template: tokenizer_config.json (a string, or a list of named templates), else
-    // chat_template.jinja. It is parsed here; a parse failure is reported when it is used.
+    // chat_template.jinja, else the processor's chat_template.json (where llava-hf checkpoints
+    // keep theirs). It is parsed here; a parse failure is reported when it is used.
     if (config.contains("chat_template")) {
       const auto& ct = config["chat_template"];
       if (ct.is_string()) {
@@ -220,6 +221,16 @@ Result<Tokenizer> Tokenizer::load(const std::string& dir) {
     if (tok.chat_template_source_.empty() && fs::exists(root / "chat_template.jinja", ec)) {
       LITELLAMA_ASSIGN_OR_RETURN(tok.chat_template_source_,
                                  read_file(root / "chat_template.jinja"));
+    }
+    if (tok.chat_template_source_.empty() && fs::exists(root / "chat_template.json", ec)) {
+      LITELLAMA_ASSIGN_OR_RETURN(const std::string text, read_file(root / "chat_template.json"));
+      const nlohmann::json processor = nlohmann::json::parse(text, nullptr, false);
+      if (!processor.is_object() || !processor.contains("chat_template") ||
+          !processor["chat_template"].is_string()) {
+        return make_error(StatusCode::kInvalidArgument,
+                          "'{}': chat_template.json has no string \"chat_template\"", dir);
+      }
+      tok.chat_template_source_ = processor["chat_template"].get<std::string>();
     }
     if (!tok.chat_template_source_.empty()) {
       tok.chat_template_ = std::make_shared<const Result<ChatTemplate>>(
@@ -370,10 +381,26 @@ bool Tokenizer::is_special(int32_t id) const {
 }
 
 nlohmann::ordered_json Tokenizer::chat_context(const std::vector<ChatMessage>& messages,
-                                               bool add_generation_prompt) const {
+                                               bool add_generation_prompt,
+                                               bool content_parts) const {
   nlohmann::ordered_json context = special_tokens_map_;
   nlohmann::ordered_json list = nlohmann::ordered_json::array();
-  for (const ChatMessage& m : messages) list.push_back({{"role", m.role}, {"content", m.content}});
+  for (const ChatMessage& m : messages) {
+    if (!content_parts) {
+      list.push_back({{"role", m.role}, {"content", m.content}});
+      continue;
+    }
+    nlohmann::ordered_json parts = nlohmann::ordered_json::array();
+    if (m.parts.empty()) parts.push_back({{"type", "text"}, {"text", m.content}});
+    for (const ContentPart& p : m.parts) {
+      if (p.type == "text") {
+        parts.push_back({{"type", "text"}, {"text", p.text}});
+      } else {
+        parts.push_back({{"type", p.type}});
+      }
+    }
+    list.push_back({{"role", m.role}, {"content", std::move(parts)}});
+  }
   context["messages"] = std::move(list);
   context["tools"] = nullptr;
   context["documents"] = nullptr;
@@ -385,18 +412,19 @@ Result<std::string> Tokenizer::apply_chat_template(const std::vector<ChatMessage
                                                    bool add_generation_prompt) const {
   if (!chat_template_) {
     return Status(StatusCode::kNotFound,
-                  "the tokenizer has no chat template (tokenizer_config.json has no "
-                  "chat_template)");
+                  "the tokenizer has no chat template (none in tokenizer_config.json, "
+                  "chat_template.jinja or chat_template.json)");
   }
   if (!chat_template_->is_ok()) return chat_template_->status();
-  return chat_template_->value().render(chat_context(messages, add_generation_prompt));
+  const ChatTemplate& t = chat_template_->value();
+  return t.render(chat_context(messages, add_generation_prompt, t.reads_content_parts()));
 }
 
 Result<std::string> Tokenizer::apply_chat_template(const std::string& chat_template,
                                                    const std::vector<ChatMessage>& messages,
                                                    bool add_generation_prompt) const {
   LITELLAMA_ASSIGN_OR_RETURN(ChatTemplate parsed, ChatTemplate::parse(chat_template));
-  return parsed.render(chat_context(messages, add_generation_prompt));
+  return parsed.render(chat_context(messages, add_generation_prompt, parsed.reads_content_parts()));
 }
 
 }  // namespace litellama

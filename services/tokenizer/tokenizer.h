@@ -43,15 +43,26 @@ class Tokenizer {
   // Ids outside the vocabulary are skipped.
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
 
+  // One typed part of a message's content, as OpenAI's format has them: "text" (with its text)
+  // or "image".
+  struct ContentPart {
+    std::string type;
+    std::string text;
+  };
   struct ChatMessage {
     std::string role;
-    std::string content;
+    std::string content;             // the text, with "<image>" where each image part stands
+    std::vector<ContentPart> parts;  // the same as parts; empty: a plain string
   };
   // Renders the tokenizer's chat template with the variables transformers passes (messages,
   // add_generation_prompt, tools=None, documents=None and the special tokens bos_token,
-  // eos_token, ...). Fails with kNotFound when the tokenizer has no chat template, kUnsupported
-  // for a template construct outside the supported subset, kInvalidArgument when the template
-  // raises an exception (e.g. roles that do not alternate).
+  // eos_token, ...). A template that reads typed content parts
+  // (ChatTemplate::reads_content_parts, e.g. llava-hf's) gets every message's content as a list
+  // of {"type": "text", "text": ...} and {"type": "image"} (a plain string as one text part,
+  // where transformers would hand it the string and the template would render nothing); any
+  // other template gets the content string. Fails with kNotFound when the tokenizer has no chat
+  // template, kUnsupported for a template construct outside the supported subset, kInvalidArgument
+  // when the template raises an exception (e.g. roles that do not alternate).
   Result<std::string> apply_chat_template(const std::vector<ChatMessage>& messages,
                                           bool add_generation_prompt = true) const;
   // The same with another template (e.g. a model's template that its tokenizer_config lacks).
@@ -92,7 +103,7 @@ class Tokenizer {
   // What a chat template renders: the special tokens, the messages, no tools or documents, and
   // whether to open the assistant's turn.
   nlohmann::ordered_json chat_context(const std::vector<ChatMessage>& messages,
-                                      bool add_generation_prompt) const;
+                                      bool add_generation_prompt, bool content_parts) const;
 
   BpeModel model_;
   Normalizer normalizer_;

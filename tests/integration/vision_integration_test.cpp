@@ -6,6 +6,7 @@
 // process dying fails the requests that need it, with a clear error, and the server serves on.
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +18,7 @@
 
 #include "common/net/run_dir.h"
 #include "common/proto/tokenizer_messages.h"
+#include "services/tokenizer/tokenizer.h"
 #include "services/vision/clip_preprocess.h"
 #include "services/vision/image_decode.h"
 #include "services/vision/llava_vision_encoder.h"
@@ -118,6 +120,74 @@ void add_chat_template(const std::string& model_dir) {
       "{% for m in messages %}{{ m['role'].upper() + ': ' + m['content'] + '\n' }}{% endfor %}"
       "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}";
   std::ofstream(path) << config.dump(2);
+}
+
+// llava-hf's LLaVA-1.5 checkpoints keep their chat template in the processor's
+// chat_template.json, in this form: each message's content read as typed parts, images first.
+void add_processor_chat_template(const std::string& model_dir) {
+  const nlohmann::json processor = {
+      {"chat_template",
+       "{% for message in messages %}{% if message['role'] != 'system' %}{{ "
+       "message['role'].upper() + ': '}}{% endif %}{% for content in message['content'] | "
+       "selectattr('type', 'equalto', 'image') %}{{ '<image>\\n' }}{% endfor %}{% for content in "
+       "message['content'] | selectattr('type', 'equalto', 'text') %}{{ content['text'] + ' '}}{% "
+       "endfor %}{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"}};
+  std::ofstream(model_dir + "/chat_template.json") << processor.dump();
+}
+
+TEST(VisionIntegration, AProcessorTemplateThatReadsTypedPartsGetsThemThroughHttp) {
+  ServiceCluster cluster;
+  cluster.use_preset("llava-tiny");
+  ASSERT_NO_FATAL_FAILURE(cluster.make_model());
+  ASSERT_NO_FATAL_FAILURE(add_processor_chat_template(cluster.model_dir()));
+  const int api_port = testing::free_tcp_port();
+  cluster.add_scheduler_args(
+      {"--api-listen", "127.0.0.1:" + std::to_string(api_port), "--served-model-name", "llava"});
+  cluster.start_scheduler();
+  cluster.start_worker();
+  cluster.start_tokenizer();
+  cluster.start_vision();
+  ASSERT_NO_FATAL_FAILURE(cluster.wait_ready());
+  auto client = cluster.client();
+  ASSERT_TRUE(testing::poll_until(
+      [&] {
+        auto info = client->server_info(1000);
+        return info.is_ok() && info->vision_up;
+      },
+      20000))
+      << cluster.logs();
+  ASSERT_TRUE(testing::poll_until(
+      [&] { return testing::http(api_port, "GET", "/ready").status == 200; }, 10000));
+  // The prompt the template renders, as the tokenizer encodes it; the image token becomes 25.
+  auto tok = Tokenizer::load(cluster.model_dir());
+  ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
+  auto tokens_of = [&](const std::string& prompt) {
+    const std::vector<int32_t> ids = tok->encode(prompt, false);
+    return static_cast<int>(ids.size()) +
+           24 * static_cast<int>(std::count(ids.begin(), ids.end(), 32000));
+  };
+  auto chat = [&](const nlohmann::json& content) {
+    const nlohmann::json body = {{"model", "llava"},
+                                 {"max_tokens", 2},
+                                 {"messages", {{{"role", "user"}, {"content", content}}}}};
+    return testing::http(api_port, "POST", "/v1/chat/completions", body.dump(),
+                         {"Content-Type: application/json"});
+  };
+  const std::string png = read_image("rgb_37x23.png");
+  // Text, then the image: the template places the image first.
+  const auto with_image = chat(
+      {{{"type", "text"}, {"text", "What is in the image?"}},
+       {{"type", "image_url"}, {"image_url", {{"url", "data:image/png;base64," + base64(png)}}}}});
+  ASSERT_EQ(with_image.status, 200) << with_image.body;
+  EXPECT_EQ(nlohmann::json::parse(with_image.body)["usage"]["prompt_tokens"].get<int>(),
+            tokens_of("USER: <image>\nWhat is in the image? ASSISTANT:"))
+      << with_image.body;
+  // A plain string is one text part; the template would have rendered a string as nothing.
+  const auto plain = chat("Hello there");
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  EXPECT_EQ(nlohmann::json::parse(plain.body)["usage"]["prompt_tokens"].get<int>(),
+            tokens_of("USER: Hello there ASSISTANT:"))
+      << plain.body;
 }
 
 TEST(VisionIntegration, ImagesThroughTheServicesMatchTheInProcessEngine) {

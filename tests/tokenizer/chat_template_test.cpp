@@ -73,6 +73,27 @@ TEST_P(ChatTemplateTest, MatchesJinja2) {
   }
 }
 
+TEST_P(ChatTemplateTest, TemplatesThatLoopOverContentReadTypedParts) {
+  for (const char* reads_parts :
+       {"{% for m in messages %}{% for c in m['content'] %}{{ c['text'] }}{% endfor %}{% endfor %}",
+        "{% for m in messages %}{% if m.content is string %}{{ m.content }}{% else %}{% for c in "
+        "m.content | selectattr('type', 'equalto', 'text') | list %}{{ c.text }}{% endfor %}{% "
+        "endif %}{% endfor %}"}) {
+    auto t = ChatTemplate::parse(reads_parts);
+    ASSERT_TRUE(t.is_ok()) << t.status().to_string();
+    EXPECT_TRUE(t->reads_content_parts()) << reads_parts;
+  }
+  for (const char* reads_strings : {"{% for m in messages %}{{ m['content'] }}{% endfor %}",
+                                    "{% for m in messages %}{% for line in "
+                                    "m['content'].split('\\n') %}{{ line }}{% endfor %}{% "
+                                    "endfor %}",
+                                    "{% for c in contents %}{{ c }}{% endfor %}"}) {
+    auto t = ChatTemplate::parse(reads_strings);
+    ASSERT_TRUE(t.is_ok()) << t.status().to_string();
+    EXPECT_FALSE(t->reads_content_parts()) << reads_strings;
+  }
+}
+
 TEST_P(ChatTemplateTest, TrailingNewlineAndCrLfAreNormalizedLikeJinja) {
   auto tmpl = ChatTemplate::parse("a\r\nb\rc\n");
   ASSERT_TRUE(tmpl.is_ok());

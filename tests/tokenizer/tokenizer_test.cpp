@@ -159,6 +159,55 @@ TEST_P(TokenizerLoadTest, BrokenChatTemplateFailsWhenUsedNotAtLoad) {
   EXPECT_NE(chat.status().message().find("macro"), std::string::npos);
 }
 
+// A template of the form llava-hf's LLaVA-1.5 checkpoints publish in chat_template.json: it reads
+// each message's content as typed parts, images first, then text.
+constexpr const char* kPartsTemplate =
+    "{% for message in messages %}{% if message['role'] != 'system' %}{{ "
+    "message['role'].upper() + ': '}}{% endif %}{% for content in message['content'] | "
+    "selectattr('type', 'equalto', 'image') %}{{ '<image>\\n' }}{% endfor %}{% for content in "
+    "message['content'] | selectattr('type', 'equalto', 'text') %}{{ content['text'] + ' '}}{% "
+    "endfor %}{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}";
+
+TEST_P(TokenizerLoadTest, ProcessorChatTemplateJsonReadsTypedContentParts) {
+  TempDir dir;
+  dir.write("tokenizer.json", kTinyTokenizer);
+  dir.write("chat_template.json", std::string(R"({"chat_template": ")") + kPartsTemplate + "\"}");
+  auto tok = Tokenizer::load(dir.str());
+  ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
+  // A plain string is one text part: the template would render a string as nothing.
+  auto plain = tok->apply_chat_template({{"user", "hi"}, {"assistant", "yes"}, {"user", "and?"}});
+  ASSERT_TRUE(plain.is_ok()) << plain.status().to_string();
+  EXPECT_EQ(*plain, "USER: hi ASSISTANT: yes USER: and? ASSISTANT:");
+  Tokenizer::ChatMessage with_image;
+  with_image.role = "user";
+  with_image.content = "What is it?<image>";
+  with_image.parts = {{"text", "What is it?"}, {"image", ""}};
+  auto parts = tok->apply_chat_template({with_image});
+  ASSERT_TRUE(parts.is_ok()) << parts.status().to_string();
+  EXPECT_EQ(*parts, "USER: <image>\nWhat is it? ASSISTANT:");
+  // The same message through a template that reads strings: the content string.
+  auto string_template = tok->apply_chat_template(
+      "{% for m in messages %}[{{ m['content'] }}]{% endfor %}", {with_image}, false);
+  ASSERT_TRUE(string_template.is_ok()) << string_template.status().to_string();
+  EXPECT_EQ(*string_template, "[What is it?<image>]");
+}
+
+TEST_P(TokenizerLoadTest, TokenizerConfigTemplateWinsAndABrokenProcessorTemplateIsAnError) {
+  TempDir dir;
+  dir.write("tokenizer.json", kTinyTokenizer);
+  dir.write("tokenizer_config.json", R"({"chat_template": "{{ messages[0]['content'] }}"})");
+  dir.write("chat_template.json", std::string(R"({"chat_template": ")") + kPartsTemplate + "\"}");
+  auto tok = Tokenizer::load(dir.str());
+  ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
+  auto chat = tok->apply_chat_template({{"user", "hi"}});
+  ASSERT_TRUE(chat.is_ok());
+  EXPECT_EQ(*chat, "hi");
+  TempDir broken;
+  broken.write("tokenizer.json", kTinyTokenizer);
+  broken.write("chat_template.json", R"({"template": 3})");
+  expect_load_error(broken.str(), StatusCode::kInvalidArgument, "chat_template.json");
+}
+
 INSTANTIATE_TEST_SUITE_P(tokenizer, TokenizerLoadTest, ::testing::Values("files"),
                          [](const auto& info) { return std::string(info.param); });
 

@@ -129,7 +129,12 @@ proto::EncodeReply TokenizerService::encode(const proto::EncodeRequest& request)
   bool add_special = request.add_special_tokens;
   if (!request.messages.empty()) {
     std::vector<Tokenizer::ChatMessage> messages;
-    for (const auto& m : request.messages) messages.push_back({m.role, m.content});
+    for (const auto& m : request.messages) {
+      Tokenizer::ChatMessage& msg = messages.emplace_back();
+      msg.role = m.role;
+      msg.content = m.content;
+      for (const auto& p : m.parts) msg.parts.push_back({p.type, p.text});
+    }
     auto templated = options_.chat_template.empty()
                          ? tok.apply_chat_template(messages, true)
                          : tok.apply_chat_template(options_.chat_template, messages, true);
