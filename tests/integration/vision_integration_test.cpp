@@ -122,6 +122,24 @@ void add_chat_template(const std::string& model_dir) {
   std::ofstream(path) << config.dump(2);
 }
 
+// Starts the scheduler, worker, tokenizer and vision service and waits until the scheduler
+// has the vision service.
+void start_with_vision(ServiceCluster& cluster) {
+  cluster.start_scheduler();
+  cluster.start_worker();
+  cluster.start_tokenizer();
+  cluster.start_vision();
+  ASSERT_NO_FATAL_FAILURE(cluster.wait_ready());
+  auto client = cluster.client();
+  ASSERT_TRUE(testing::poll_until(
+      [&] {
+        auto info = client->server_info(1000);
+        return info.is_ok() && info->vision_up;
+      },
+      20000))
+      << cluster.logs();
+}
+
 // llava-hf's LLaVA-1.5 checkpoints keep their chat template in the processor's
 // chat_template.json, in this form: each message's content read as typed parts, images first.
 void add_processor_chat_template(const std::string& model_dir) {
@@ -143,19 +161,8 @@ TEST(VisionIntegration, AProcessorTemplateThatReadsTypedPartsGetsThemThroughHttp
   const int api_port = testing::free_tcp_port();
   cluster.add_scheduler_args(
       {"--api-listen", "127.0.0.1:" + std::to_string(api_port), "--served-model-name", "llava"});
-  cluster.start_scheduler();
-  cluster.start_worker();
-  cluster.start_tokenizer();
-  cluster.start_vision();
-  ASSERT_NO_FATAL_FAILURE(cluster.wait_ready());
+  ASSERT_NO_FATAL_FAILURE(start_with_vision(cluster));
   auto client = cluster.client();
-  ASSERT_TRUE(testing::poll_until(
-      [&] {
-        auto info = client->server_info(1000);
-        return info.is_ok() && info->vision_up;
-      },
-      20000))
-      << cluster.logs();
   ASSERT_TRUE(testing::poll_until(
       [&] { return testing::http(api_port, "GET", "/ready").status == 200; }, 10000));
   // The prompt the template renders, as the tokenizer encodes it; the image token becomes 25.
@@ -202,19 +209,8 @@ TEST(VisionIntegration, ImagesThroughTheServicesMatchTheInProcessEngine) {
   cluster.add_scheduler_args({"--api-listen", "127.0.0.1:" + std::to_string(api_port),
                               "--served-model-name", "llava", "--allowed-local-media-path",
                               media.string()});
-  cluster.start_scheduler();
-  cluster.start_worker();
-  cluster.start_tokenizer();
-  cluster.start_vision();
-  ASSERT_NO_FATAL_FAILURE(cluster.wait_ready());
+  ASSERT_NO_FATAL_FAILURE(start_with_vision(cluster));
   auto client = cluster.client();
-  ASSERT_TRUE(testing::poll_until(
-      [&] {
-        auto info = client->server_info(1000);
-        return info.is_ok() && info->vision_up;
-      },
-      20000))
-      << cluster.logs();
   auto info = client->server_info(1000);
   ASSERT_TRUE(info.is_ok());
   EXPECT_EQ(info->image_token_id, 32000);
