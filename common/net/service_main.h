@@ -68,6 +68,10 @@ void add_common_service_flags(CLI::App& app, Options& options, std::string& run_
 template <typename Service>
 int run_service(Service& service) {
   install_stop_signal(service.stop_flag());
+  // The flag is the service's, which the caller destroys after this returns.
+  struct Detach {
+    ~Detach() { detach_stop_signal(); }
+  } detach;
   if (auto st = service.start(); !st) {
     LITELLAMA_LOG_ERROR("{}", st.to_string());
     notify_status(st.to_string());
