@@ -98,7 +98,11 @@ stage_asan() {
   sanitizer_env "$root/build-asan/sanitizer-reports"
   local rc=0
   # The 100-request preemption test runs its reference one request at a time, past its timeout
-  # under ASan; the batcher's preemption runs under ASan in scheduler_unit_test.
+  # under ASan; the batcher's preemption runs under ASan in scheduler_unit_test. The soak runs 30 s
+  # here (ASan finds its memory errors in any stretch of mixed load; the main stage's full minute
+  # is the endurance run).
+  local LITELLAMA_SOAK_SECONDS="${LITELLAMA_SOAK_SECONDS:-30}"
+  export LITELLAMA_SOAK_SECONDS
   ctest --test-dir build-asan --output-on-failure --timeout 900 -j"$jobs" --no-tests=error \
     -L 'unit|integration' -E '^deploy_|^PrefixCacheIntegration\.TinyPool' \
     || rc=$?
