@@ -7,9 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
-#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
@@ -77,10 +75,9 @@ Result<std::string> chat_turn(net::SchedulerClient& client, const ChatArgs& a,
 int run_chat(ChatArgs a) {
   const char* cmd = "chat";
   for (const std::string& path : a.image_paths) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in)
-      return fail(cmd, make_error(StatusCode::kNotFound, "--image {}: cannot open it", path));
-    a.images.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    auto bytes = read_image_file(path);
+    if (!bytes.is_ok()) return fail(cmd, bytes.status());
+    a.images.push_back(std::move(bytes).value());
   }
   std::unique_ptr<ServiceLauncher> launcher;
   auto resolved = server_endpoint(a.server);

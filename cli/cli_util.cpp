@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include "common/net/child_process.h"
 
@@ -85,6 +87,33 @@ CLI::Validator port_number(int max_port) {
 int fail(const char* command, const Status& status) {
   std::fprintf(stderr, "litellama %s: error: %s\n", command, status.message().c_str());
   return 1;
+}
+
+namespace {
+// Largest --image file read (the decoders refuse images of too many pixels first; a server also
+// refuses more than its --max-image-bytes).
+constexpr int64_t kMaxImageFileBytes = int64_t{1} << 30;
+}  // namespace
+
+Result<std::string> read_image_file(const std::string& path) {
+  std::error_code ec;
+  const auto status = fs::status(path, ec);
+  if (ec || !fs::exists(status)) {
+    return make_error(StatusCode::kNotFound, "--image {}: cannot open it", path);
+  }
+  if (!fs::is_regular_file(status)) {
+    return make_error(StatusCode::kInvalidArgument, "--image {}: not a regular file", path);
+  }
+  const auto size = fs::file_size(path, ec);
+  if (ec || static_cast<int64_t>(size) > kMaxImageFileBytes) {
+    return make_error(StatusCode::kInvalidArgument, "--image {}: larger than {} bytes", path,
+                      kMaxImageFileBytes);
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return make_error(StatusCode::kNotFound, "--image {}: cannot open it", path);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return make_error(StatusCode::kDataLoss, "--image {}: cannot read it", path);
+  return bytes;
 }
 
 }  // namespace litellama::cli

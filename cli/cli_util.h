@@ -26,6 +26,9 @@ CLI::Validator non_negative(const std::string& meaning_of_zero);
 // A CLI11 check for a TCP port option: 0 (off) or 1..max_port.
 CLI::Validator port_number(int max_port);
 
+// The bytes of an --image file: a regular file of at most 1 GiB; errors name the path.
+Result<std::string> read_image_file(const std::string& path);
+
 // Prints "litellama <command>: error: <message>" to stderr and returns the exit code 1.
 int fail(const char* command, const Status& status);
 

@@ -4,8 +4,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,30 +38,6 @@ struct GenerateArgs : RemoteGenerateArgs {
   double kv_memory_fraction = 0.85;
   int32_t threads = 0;
 };
-
-// Largest --image file read in process (the decoders refuse images of too many pixels first).
-constexpr int64_t kMaxImageFileBytes = int64_t{1} << 30;
-
-Result<std::string> read_image_file(const std::string& path) {
-  std::error_code ec;
-  const auto status = std::filesystem::status(path, ec);
-  if (ec || !std::filesystem::exists(status)) {
-    return make_error(StatusCode::kNotFound, "--image {}: cannot open it", path);
-  }
-  if (!std::filesystem::is_regular_file(status)) {
-    return make_error(StatusCode::kInvalidArgument, "--image {}: not a regular file", path);
-  }
-  const auto size = std::filesystem::file_size(path, ec);
-  if (ec || static_cast<int64_t>(size) > kMaxImageFileBytes) {
-    return make_error(StatusCode::kInvalidArgument, "--image {}: larger than {} bytes", path,
-                      kMaxImageFileBytes);
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return make_error(StatusCode::kNotFound, "--image {}: cannot open it", path);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) return make_error(StatusCode::kDataLoss, "--image {}: cannot read it", path);
-  return bytes;
-}
 
 // The rows of each image, in order, as the vision service computes them:
 // [n_images * n_image_tokens, text hidden].

@@ -2,8 +2,6 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 
 #include <nlohmann/json.hpp>
 
@@ -71,14 +69,9 @@ int run_generate_remote(const RemoteGenerateArgs& a) {
 
   std::vector<std::string> images;
   for (const std::string& path : a.images) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
-      return fail(cmd, make_error(StatusCode::kNotFound, "--image {}: cannot open it", path));
-    }
-    images.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    if (in.bad()) {
-      return fail(cmd, make_error(StatusCode::kDataLoss, "--image {}: cannot read it", path));
-    }
+    auto bytes = read_image_file(path);
+    if (!bytes.is_ok()) return fail(cmd, bytes.status());
+    images.push_back(std::move(bytes).value());
   }
 
   auto endpoint = server_endpoint(a.server);
