@@ -14,6 +14,7 @@
 #include "common/net/run_dir.h"
 #include "common/net/scheduler_client.h"
 #include "common/net/zmq_util.h"
+#include "services/worker/llava_config.h"
 
 namespace litellama::cli {
 
@@ -108,11 +109,20 @@ Status ServiceLauncher::start() {
   const std::string bin = net::executable_dir();
   // A LLaVA checkpoint (config.json with a vision_config) gets the fourth service.
   bool vision = false;
+  // With the vision service on the GPU too: what the worker leaves it, whichever starts first.
+  int64_t vision_reserve_bytes = 0;
   {
     std::ifstream config(std::filesystem::path(options_.model_dir) / "config.json");
     if (config) {
       const nlohmann::json j = nlohmann::json::parse(config, nullptr, false);
       vision = j.is_object() && j.contains("vision_config");
+      if (vision && options_.device == "cuda") {
+        if (auto llava = parse_llava_config(j); llava.is_ok()) {
+          const int64_t elem_bytes = options_.dtype == "float32" ? 4 : 2;
+          vision_reserve_bytes =
+              llava_vision_device_bytes(*llava, elem_bytes, options_.vision_pool_bytes);
+        }
+      }
     }
   }
   std::vector<const char*> programs = {"litellama-scheduler", "litellama-worker",
@@ -201,6 +211,10 @@ Status ServiceLauncher::start() {
     worker_argv.insert(worker_argv.end(),
                        {"--max-model-len", std::to_string(options_.max_model_len)});
   }
+  if (vision_reserve_bytes > 0 && options_.kv_slots == 0) {
+    worker_argv.insert(worker_argv.end(),
+                       {"--reserve-device-bytes", std::to_string(vision_reserve_bytes)});
+  }
   for (int32_t i = 0; i < options_.n_tokenizers; ++i) {
     add(fmt::format("tokenizer-{}", i),
         {bin + "/litellama-tokenizer", "--model", options_.model_dir, "--scheduler", tokenizer_ep,
@@ -212,15 +226,16 @@ Status ServiceLauncher::start() {
     }
   }
   if (vision) {
-    // The image encoder: its own metrics port after the tokenizers'. It runs on the CPU (the
-    // device tower is not built yet); a crash or kill is restarted like any service, and the
-    // worker opens the new process's pool when steps name it.
+    // The image encoder: its own metrics port after the tokenizers', on the worker's device and
+    // in its dtype (a device pool is mapped by a CUDA worker, a shared-memory one read by a CPU
+    // worker); a crash or kill is restarted like any service, and the worker opens the new
+    // process's pool when steps name it.
     const std::string listen = metrics(2 + options_.n_tokenizers);
     add("vision",
-        {bin + "/litellama-vision", "--model", options_.model_dir, "--scheduler", vision_ep,
-         "--metrics", listen, "--log-level", options_.log_level, "--vision-pool-bytes",
-         std::to_string(options_.vision_pool_bytes), "--max-image-bytes",
-         std::to_string(options_.max_image_bytes)},
+        {bin + "/litellama-vision", "--model", options_.model_dir, "--device", options_.device,
+         "--dtype", options_.dtype, "--scheduler", vision_ep, "--metrics", listen, "--log-level",
+         options_.log_level, "--vision-pool-bytes", std::to_string(options_.vision_pool_bytes),
+         "--max-image-bytes", std::to_string(options_.max_image_bytes)},
         listen);
   }
   // A server already on this run dir would refuse our scheduler, and our worker and tokenizers

@@ -43,10 +43,12 @@ Status launch_typed(void* out, const void* in, const int32_t* rows, int32_t n_ro
 // One block per input row.
 template <typename T>
 __global__ void scatter_rows_f32_kernel(T* __restrict__ out, const float* __restrict__ in,
-                                        const int32_t* __restrict__ rows, int cols) {
+                                        const int32_t* __restrict__ rows,
+                                        const int32_t* __restrict__ src_rows, int cols) {
   pdl_launch_dependents();
   pdl_wait();
-  const float* src = in + static_cast<int64_t>(blockIdx.x) * cols;
+  const int64_t src_row = src_rows != nullptr ? src_rows[blockIdx.x] : blockIdx.x;
+  const float* src = in + src_row * cols;
   T* dst = out + static_cast<int64_t>(rows[blockIdx.x]) * cols;
   for (int i = threadIdx.x; i < cols; i += blockDim.x) dst[i] = from_float<T>(src[i]);
 }
@@ -80,15 +82,16 @@ Status launch_gather_rows(void* out, const void* in, const int32_t* rows, int32_
   });
 }
 
-Status launch_scatter_rows_f32(void* out, const float* in, const int32_t* rows, int32_t n_rows_in,
-                               int32_t cols, DType dtype, KernelStream stream) {
-  if (n_rows_in == 0) return Status::ok();
+Status launch_scatter_rows_f32(void* out, const float* in, const int32_t* rows,
+                               const int32_t* src_rows, int32_t n_rows, int32_t cols, DType dtype,
+                               KernelStream stream) {
+  if (n_rows == 0) return Status::ok();
   return dispatch_float_dtype(dtype, "scatter_rows_f32", [&](auto type) -> Status {
     using T = typename decltype(type)::type;
     const int threads = std::min(256, std::max(32, (cols + 31) / 32 * 32));
-    LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(scatter_rows_f32_kernel<T>, dim3(n_rows_in),
+    LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(scatter_rows_f32_kernel<T>, dim3(n_rows),
                                                  dim3(threads), 0, stream, static_cast<T*>(out), in,
-                                                 rows, cols));
+                                                 rows, src_rows, cols));
     return Status::ok();
   });
 }

@@ -20,13 +20,15 @@ Status launch_gather_rows(void* out,            // [n_rows_out, cols]
                           const int32_t* rows,  // [n_rows_out]
                           int32_t n_rows_out, int32_t cols, DType dtype, KernelStream stream);
 
-// Row scatter from float32: out[rows[i]] = in[i] rounded to dtype, for i < n_rows_in (input
-// embeddings such as LLaVA's image features replacing the embedding lookup of some tokens; `in`
-// is read in place, e.g. from a pool another process exports). rows[i] must be in range.
-Status launch_scatter_rows_f32(void* out,            // [*, cols] of dtype
-                               const float* in,      // [n_rows_in, cols]
-                               const int32_t* rows,  // [n_rows_in]
-                               int32_t n_rows_in, int32_t cols, DType dtype, KernelStream stream);
+// Row scatter from float32: out[rows[i]] = in[src_rows ? src_rows[i] : i] rounded to dtype, for
+// i < n_rows (input embeddings such as LLaVA's image features replacing the embedding lookup of
+// some tokens; `in` is read in place, e.g. from a pool another process exports, whose rows
+// src_rows names). rows[i] and src_rows[i] must be in range.
+Status launch_scatter_rows_f32(void* out,                // [*, cols] of dtype
+                               const float* in,          // [*, cols]
+                               const int32_t* rows,      // [n_rows]
+                               const int32_t* src_rows,  // [n_rows] or null
+                               int32_t n_rows, int32_t cols, DType dtype, KernelStream stream);
 
 // The slot-table write of a step (StepBatchView's contract): for each sequence s < n_seqs, the
 // n_w = new_slot_start[s+1] - new_slot_start[s] entries new_slots[new_slot_start[s] ..] go to

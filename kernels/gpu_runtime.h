@@ -3,7 +3,8 @@
 // are written once against the CUDA runtime's names; in a HIP build this header maps each name the
 // project uses to its HIP equivalent, so a name missing here is a compile error of the HIP build
 // (which CI compiles), not a silent difference. It maps
-//   - the runtime API: errors, devices, memory, copies, streams, events, graphs, IPC handles;
+//   - the runtime API: errors, devices, memory, copies, streams, events, graphs, IPC handles,
+//     and gpu_device_uuid (the two runtimes read it differently);
 //   - the 16-bit float types: gpu_bf16 (__nv_bfloat16 / hip_bfloat16) with its float conversions;
 //     __half is the same name in both runtimes;
 //   - warp intrinsics, as the project's own gpu_* functions below.
@@ -96,6 +97,18 @@
 #define cudaIpcCloseMemHandle hipIpcCloseMemHandle
 #define cudaIpcMemLazyEnablePeerAccess hipIpcMemLazyEnablePeerAccess
 
+namespace litellama {
+// The device's 16-byte UUID (cudaDeviceProp::uuid in CUDA; ROCm's properties have none).
+inline hipError_t gpu_device_uuid(int device, unsigned char (&uuid)[16]) {
+  hipUUID id;
+  const hipError_t err = hipDeviceGetUuid(&id, device);
+  if (err == hipSuccess) {
+    for (int i = 0; i < 16; ++i) uuid[i] = static_cast<unsigned char>(id.bytes[i]);
+  }
+  return err;
+}
+}  // namespace litellama
+
 #define cudaFuncAttributes hipFuncAttributes
 #define cudaFuncGetAttributes(attr, kernel) \
   hipFuncGetAttributes((attr), reinterpret_cast<const void*>(kernel))
@@ -121,6 +134,15 @@ __host__ __device__ inline gpu_bf16 gpu_float_to_bf16_rn(float x) {
 #include <cuda_runtime.h>
 
 namespace litellama {
+// The device's 16-byte UUID (cudaDeviceProp::uuid).
+inline cudaError_t gpu_device_uuid(int device, unsigned char (&uuid)[16]) {
+  cudaDeviceProp prop{};
+  const cudaError_t err = cudaGetDeviceProperties(&prop, device);
+  if (err == cudaSuccess) {
+    for (int i = 0; i < 16; ++i) uuid[i] = static_cast<unsigned char>(prop.uuid.bytes[i]);
+  }
+  return err;
+}
 using gpu_bf16 = __nv_bfloat16;
 __host__ __device__ inline float gpu_bf16_to_float(gpu_bf16 x) {
   return __bfloat162float(x);

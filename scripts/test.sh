@@ -9,7 +9,7 @@
 #   hip    build-hip/   the HIP build for AMD GPUs (gfx90a), compiled and linked: the worker and
 #                       the kernel and runner tests. No AMD GPU here, so only the host-side plan
 #                       test runs; every kernel object with device code must be linked into
-#                       the worker with gfx90a code
+#                       the worker with gfx90a code (but vision_ops, the vision service's)
 # A sanitizer finding stops the process that made it (halt_on_error). ASan, LSan and TSan reports
 # go to build-*/sanitizer-reports/ and any report there fails the stage, including one from a
 # service process a test started; UBSan (not recoverable in these builds) prints to the process's
@@ -157,6 +157,8 @@ stage_hip() {
   # grep reads readelf's whole output (no -q): leaving early would end readelf with SIGPIPE, and
   # under pipefail that failed pipeline would drop the object from the count on a busy machine.
   for o in build-hip/kernels/hip/*.o; do
+    # The vision tower's kernels belong to litellama-vision (CUDA builds only), not the worker.
+    [ "$(basename "$o")" != vision_ops.o ] || continue
     if readelf -S "$o" | grep '\.hip_fatbin' > /dev/null; then with_code=$((with_code + 1)); fi
   done
   objects="$(roc-obj-ls build-hip/bin/litellama-worker | grep -c 'amdgcn-amd-amdhsa--gfx90a')"

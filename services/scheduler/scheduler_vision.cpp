@@ -52,9 +52,17 @@ bool SchedulerService::place_images(Request* r) {
   }
   if (worker_ && !worker_->info.reads_images) {
     fail(r, StatusCode::kUnsupported,
-         fmt::format("the request has images but the worker ({} on {}) reads none: image "
-                     "embeddings are read by the CPU backend of a LLaVA model only so far",
+         fmt::format("the request has images but the worker ({} on {}) reads none: it does not "
+                     "serve a LLaVA model",
                      worker_->info.model, worker_->info.device));
+    return false;
+  }
+  // A CPU worker reads a shared-memory pool, a CUDA worker a device pool.
+  if (worker_ && (worker_->info.device == "cpu") != (vision_peer_->info.device == "cpu")) {
+    fail(r, StatusCode::kUnsupported,
+         fmt::format("the request has images but the vision service runs on {} and the worker "
+                     "on {}: both must run on the CPU or both on the GPU",
+                     vision_peer_->info.device, worker_->info.device));
     return false;
   }
   const int32_t token = vision_peer_->info.image_token_id;

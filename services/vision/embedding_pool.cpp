@@ -1,11 +1,13 @@
 // EmbeddingPool on Boost.Interprocess shared memory. Region layout (every offset 64-byte
-// aligned): [RegionHeader][slot 0 rows][slot 1 rows]...; a slot's rows are rows_per_slot * hidden
+// aligned): [RegionHeader][slot 0 rows][slot 1 rows]... (a device pool: the header alone, its rows
+// laid out the same way in the device allocation); a slot's rows are rows_per_slot * hidden
 // float32, padded with whole rows up to the fewest that make a multiple of 64 bytes. So every slot
 // starts on a cache line and also a whole number of rows after slot 0's first row, which lets a
 // reader name any row of the pool by one index (row_index) counted from rows(0).data().
 #include "services/vision/embedding_pool.h"
 
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <limits>
 #include <numeric>
@@ -21,7 +23,7 @@ namespace bip = boost::interprocess;
 namespace {
 
 constexpr uint64_t kEmbeddingPoolMagic = 0x4c4c4d454d425031ull;  // "LLMEMBP1"
-constexpr uint32_t kEmbeddingPoolLayoutVersion = 2;
+constexpr uint32_t kEmbeddingPoolLayoutVersion = 3;
 constexpr size_t kAlign = 64;
 // The largest region create() makes or open() accepts: 1 TiB, far above any real pool, and small
 // enough that every size computation below stays exact in 64 bits.
@@ -33,12 +35,14 @@ static_assert(sizeof(size_t) >= sizeof(uint64_t), "the region size must fit in s
 struct RegionHeader {
   uint64_t magic;
   uint32_t layout_version;
-  uint32_t reserved0;
+  uint32_t on_device;  // 1: the rows are in device memory (ipc_handle, device_uuid)
   int32_t n_slots;
   int32_t rows_per_slot;
   int32_t hidden;
   int32_t reserved1;
   uint64_t incarnation;
+  uint8_t ipc_handle[64];
+  uint8_t device_uuid[16];
 };
 
 constexpr uint64_t align_up(uint64_t n) {
@@ -61,8 +65,8 @@ uint64_t slot_stride_bytes(const EmbeddingPoolGeometry& g) {
   return slot_stride_rows(g) * static_cast<uint64_t>(g.hidden) * sizeof(float);
 }
 
-uint64_t region_bytes(const EmbeddingPoolGeometry& g) {
-  return kRowsOffset + static_cast<uint64_t>(g.n_slots) * slot_stride_bytes(g);
+uint64_t region_bytes(const EmbeddingPoolGeometry& g, bool on_device) {
+  return kRowsOffset + (on_device ? 0 : static_cast<uint64_t>(g.n_slots) * slot_stride_bytes(g));
 }
 
 // Every factor is positive and the region is at most kMaxRegionBytes. Each step divides before
@@ -111,10 +115,17 @@ void EmbeddingPool::remove(const std::string& name) {
   bip::shared_memory_object::remove(name.c_str());
 }
 
+uint64_t EmbeddingPool::rows_bytes(const EmbeddingPoolGeometry& geometry) {
+  if (!check_geometry(geometry)) return 0;
+  return static_cast<uint64_t>(geometry.n_slots) * slot_stride_bytes(geometry);
+}
+
 Result<std::unique_ptr<EmbeddingPool>> EmbeddingPool::create(const std::string& name,
                                                              const EmbeddingPoolGeometry& geometry,
-                                                             uint64_t incarnation) {
+                                                             uint64_t incarnation,
+                                                             const EmbeddingPoolDevice* device) {
   LITELLAMA_RETURN_IF_ERROR(check_geometry(geometry));
+  const bool on_device = device != nullptr;
   try {
     bip::shared_memory_object::remove(name.c_str());
     auto impl = std::make_unique<Impl>();
@@ -122,7 +133,7 @@ Result<std::unique_ptr<EmbeddingPool>> EmbeddingPool::create(const std::string& 
     // vision service and the worker) may map them. Boost sets the mode with fchmod, past the umask.
     impl->shm = bip::shared_memory_object(bip::create_only, name.c_str(), bip::read_write,
                                           bip::permissions(0600));
-    const uint64_t size = region_bytes(geometry);
+    const uint64_t size = region_bytes(geometry, on_device);
     impl->shm.truncate(static_cast<bip::offset_t>(size));
     impl->region = bip::mapped_region(impl->shm, bip::read_write);
     // A freshly created object reads as zeros (POSIX ftruncate), so only the header is written:
@@ -133,15 +144,23 @@ Result<std::unique_ptr<EmbeddingPool>> EmbeddingPool::create(const std::string& 
     header->rows_per_slot = geometry.rows_per_slot;
     header->hidden = geometry.hidden;
     header->incarnation = incarnation;
+    if (on_device) {
+      header->on_device = 1;
+      std::memcpy(header->ipc_handle, device->ipc_handle.data(), sizeof header->ipc_handle);
+      std::memcpy(header->device_uuid, device->device_uuid.data(), sizeof header->device_uuid);
+    }
     header->layout_version = kEmbeddingPoolLayoutVersion;
     header->magic = kEmbeddingPoolMagic;
-    return std::unique_ptr<EmbeddingPool>(
+    std::unique_ptr<EmbeddingPool> pool(
         new EmbeddingPool(name, true, std::move(impl), geometry, incarnation));
+    pool->on_device_ = on_device;
+    if (on_device) pool->device_ = *device;
+    return pool;
   } catch (const std::exception& e) {
     bip::shared_memory_object::remove(name.c_str());
     return make_error(StatusCode::kResourceExhausted,
                       "cannot create embedding pool shared memory '{}' ({} bytes): {}", name,
-                      region_bytes(geometry), e.what());
+                      region_bytes(geometry, on_device), e.what());
   }
 }
 
@@ -164,11 +183,16 @@ Result<std::unique_ptr<EmbeddingPool>> EmbeddingPool::open(const std::string& na
     }
     const EmbeddingPoolGeometry geometry{header.n_slots, header.rows_per_slot, header.hidden};
     LITELLAMA_RETURN_IF_ERROR(check_geometry(geometry));
-    if (impl->region.get_size() < region_bytes(geometry)) {
+    if (header.on_device > 1) {
+      return make_error(StatusCode::kDataLoss, "embedding pool '{}' has memory kind {}", name,
+                        header.on_device);
+    }
+    const bool on_device = header.on_device == 1;
+    if (impl->region.get_size() < region_bytes(geometry, on_device)) {
       return make_error(StatusCode::kDataLoss,
                         "embedding pool shared memory '{}' is smaller than its layout ({} < {} "
                         "bytes)",
-                        name, impl->region.get_size(), region_bytes(geometry));
+                        name, impl->region.get_size(), region_bytes(geometry, on_device));
     }
     // A pool of another vision process (a stale region, or a restart the caller has not heard of
     // yet): its slot numbering is not the one the caller's scheduler assigned.
@@ -177,8 +201,14 @@ Result<std::unique_ptr<EmbeddingPool>> EmbeddingPool::open(const std::string& na
                         "embedding pool '{}' belongs to vision incarnation {}, expected {}", name,
                         header.incarnation, incarnation);
     }
-    return std::unique_ptr<EmbeddingPool>(
+    std::unique_ptr<EmbeddingPool> pool(
         new EmbeddingPool(name, false, std::move(impl), geometry, header.incarnation));
+    pool->on_device_ = on_device;
+    if (on_device) {
+      std::memcpy(pool->device_.ipc_handle.data(), header.ipc_handle, sizeof header.ipc_handle);
+      std::memcpy(pool->device_.device_uuid.data(), header.device_uuid, sizeof header.device_uuid);
+    }
+    return pool;
   } catch (const bip::interprocess_exception& e) {
     if (e.get_error_code() == bip::not_found_error) {
       return make_error(StatusCode::kNotFound, "embedding pool shared memory '{}' does not exist",
@@ -193,7 +223,7 @@ Result<std::unique_ptr<EmbeddingPool>> EmbeddingPool::open(const std::string& na
 }
 
 std::span<float> EmbeddingPool::rows(int32_t slot) {
-  if (slot < 0 || slot >= geometry_.n_slots) return {};
+  if (on_device_ || slot < 0 || slot >= geometry_.n_slots) return {};
   auto* base = static_cast<uint8_t*>(impl_->region.get_address()) + kRowsOffset +
                static_cast<size_t>(slot) * slot_stride_bytes(geometry_);
   return {reinterpret_cast<float*>(base),
@@ -213,7 +243,7 @@ int64_t EmbeddingPool::row_index(int32_t slot, int32_t row) const {
 }
 
 size_t EmbeddingPool::size_bytes() const {
-  return region_bytes(geometry_);
+  return region_bytes(geometry_, false);
 }
 
 }  // namespace litellama

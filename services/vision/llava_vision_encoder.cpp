@@ -16,6 +16,26 @@ constexpr int64_t kMinParallelMacs = int64_t{1} << 18;
 
 }  // namespace
 
+std::vector<float> flatten_patches(const PixelValues& pixels, int32_t patch_size) {
+  const int64_t p = patch_size, side = pixels.width / patch_size, img = pixels.width;
+  const int64_t patch_len = 3 * p * p;
+  // Flattened patches in the kernel's (channel, ky, kx) order; patch index y * side + x, the
+  // order of the convolution output's flatten(2).
+  std::vector<float> patches(static_cast<size_t>(side * side * patch_len));
+  for (int64_t py = 0; py < side; ++py) {
+    for (int64_t px = 0; px < side; ++px) {
+      float* dst = patches.data() + (py * side + px) * patch_len;
+      for (int64_t c = 0; c < 3; ++c) {
+        for (int64_t ky = 0; ky < p; ++ky) {
+          const float* src = pixels.data.data() + (c * img + py * p + ky) * img + px * p;
+          std::copy_n(src, p, dst + (c * p + ky) * p);
+        }
+      }
+    }
+  }
+  return patches;
+}
+
 Result<std::unique_ptr<LlavaVisionEncoder>> LlavaVisionEncoder::load(const Checkpoint& ckpt,
                                                                      int32_t n_threads) {
   if (ckpt.llava() == nullptr) {
@@ -146,24 +166,10 @@ Result<std::vector<float>> LlavaVisionEncoder::vision_features(const PixelValues
                       "pixel values are {}x{} but the vision tower takes {}x{} images",
                       pixels.width, pixels.height, vc.image_size, vc.image_size);
   }
-  const int64_t H = vc.hidden_size, p = vc.patch_size, side = vc.n_patches_per_side();
+  const int64_t H = vc.hidden_size, p = vc.patch_size;
   const int64_t n_patches = vc.n_patches(), T = vc.n_positions(), inter = vc.intermediate_size;
   const int64_t patch_len = 3 * p * p;
-  // Flattened patches in the kernel's (channel, ky, kx) order; patch index y * side + x, the
-  // order of the convolution output's flatten(2).
-  std::vector<float> patches(static_cast<size_t>(n_patches * patch_len));
-  const int64_t img = pixels.width;
-  for (int64_t py = 0; py < side; ++py) {
-    for (int64_t px = 0; px < side; ++px) {
-      float* dst = patches.data() + (py * side + px) * patch_len;
-      for (int64_t c = 0; c < 3; ++c) {
-        for (int64_t ky = 0; ky < p; ++ky) {
-          const float* src = pixels.data.data() + (c * img + py * p + ky) * img + px * p;
-          std::copy_n(src, p, dst + (c * p + ky) * p);
-        }
-      }
-    }
-  }
+  const std::vector<float> patches = flatten_patches(pixels, static_cast<int32_t>(p));
   std::vector<float> x(static_cast<size_t>(T * H)), h(x.size());
   std::copy(class_embedding_.begin(), class_embedding_.end(), x.begin());
   linear(x.data() + H, patches.data(), patch_weight_, {}, n_patches, H, patch_len);

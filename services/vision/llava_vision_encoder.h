@@ -29,6 +29,11 @@ class Checkpoint;
 
 namespace litellama::vision {
 
+// The patch convolution's input as a matrix: [n_patches, 3 * patch_size^2] rows of square pixel
+// values [3, side * patch_size, side * patch_size], each patch in the kernel's (channel, ky, kx)
+// order, patches row by row (the convolution output's flatten(2) order).
+std::vector<float> flatten_patches(const PixelValues& pixels, int32_t patch_size);
+
 class LlavaVisionEncoder {
  public:
   // Loads the vision tower and projector of a LLaVA checkpoint (either published layout).

@@ -1,5 +1,7 @@
 #include "services/worker/llava_config.h"
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "services/worker/model_config.h"
@@ -30,6 +32,23 @@ int32_t LlavaConfig::n_layers_used() const {
 
 int32_t LlavaConfig::n_image_tokens() const {
   return vision.n_patches() + (feature_select == VisionFeatureSelect::kFull ? 1 : 0);
+}
+
+int64_t llava_vision_device_bytes(const LlavaConfig& c, int64_t elem_bytes, int64_t pool_bytes) {
+  const ClipVisionConfig& v = c.vision;
+  const int64_t H = v.hidden_size, I = v.intermediate_size, th = c.text_hidden_size;
+  const int64_t T = v.n_positions(), patch = int64_t{3} * v.patch_size * v.patch_size;
+  const int64_t weights =
+      int64_t{c.n_layers_used()} * (4 * H * H + 2 * H * I) + H * patch + H * th + th * th;
+  // Activations (x, h, attn: [T, H]; qkv [T, 3H]; mid [T, max(I, th)]; patches) and the
+  // attention's float scores and probabilities of every head.
+  const int64_t activations = T * (6 * H + std::max(I, th) + patch) * elem_bytes;
+  const int64_t attention = int64_t{v.n_heads} * T * T * (4 + elem_bytes);
+  // The pool holds whole slots of [n_image_tokens, text_hidden] float32 rows, at least one.
+  const int64_t slot = int64_t{c.n_image_tokens()} * th * 4;
+  const int64_t pool = std::max(slot, pool_bytes / std::max<int64_t>(slot, 1) * slot);
+  constexpr int64_t kContextBytes = int64_t{1} << 30;
+  return weights * elem_bytes + activations + attention + pool + kContextBytes;
 }
 
 Result<LlavaConfig> parse_llava_config(const json& j) {

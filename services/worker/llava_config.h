@@ -54,6 +54,14 @@ struct LlavaConfig {
   int32_t n_image_tokens() const;
 };
 
+// What a vision service on a GPU holds for this model (services/vision/cuda/): the weights of the
+// layers it runs and of the projector in `elem_bytes` per value, its workspaces, the embedding
+// pool of `pool_bytes` (whole slots of float32 rows), and 1 GiB for the process's CUDA context
+// and cuBLAS. An upper bound, so that a worker on the same GPU can leave it that much
+// (RunnerOptions::reserve_device_bytes) before the vision service has started.
+int64_t llava_vision_device_bytes(const LlavaConfig& config, int64_t elem_bytes,
+                                  int64_t pool_bytes);
+
 // Parses the LLaVA parts of config.json (which must be a LLaVA config). Errors name the key.
 Result<LlavaConfig> parse_llava_config(const nlohmann::json& json);
 Result<LlavaConfig> parse_llava_config(const std::string& json_text);

@@ -27,6 +27,7 @@
 namespace litellama {
 
 class Checkpoint;
+struct EmbeddingPoolDevice;
 
 // Where StepBatch::embed_rows lives.
 enum class EmbeddingMemory {
@@ -187,6 +188,11 @@ struct RunnerOptions {
   // total memory this process may hold (weights, workspaces and KV); the pool takes what is left
   // of it once the rest is allocated. Replaces kv_memory_fraction.
   double gpu_memory_utilization = 0.0;
+  // CUDA, n_kv_slots == 0, when > 0: device bytes left to another process on the same GPU (the
+  // vision service) whether it has started yet or not. The pool is then sized against the
+  // device's total memory (gpu_memory_utilization, 0.9 when unset, less these bytes), never
+  // against what happens to be free, so the start order changes nothing.
+  int64_t reserve_device_bytes = 0;
   // Longest sequence served (--max-model-len); 0: the model's. Sizes the CPU's default pool.
   int64_t max_model_len = 0;
   int32_t n_threads = 0;            // CPU: 0 = all hardware threads
@@ -227,7 +233,21 @@ struct RunnerOptions {
 #endif
 };
 
-class ModelRunner {
+// Maps the embedding rows another process exports from device memory (an EmbeddingPool on a
+// device: its CUDA IPC handle and GPU) into this process, for StepBatch::embed_rows with
+// EmbeddingMemory::kDevice read in place. The model runner of a device backend is one.
+class DeviceEmbeddingMapper {
+ public:
+  virtual ~DeviceEmbeddingMapper() = default;
+  // The rows' `bytes`, mapped. kUnavailable when the handle cannot be opened (another GPU without
+  // peer access, an exporter gone). Each successful map is undone by one unmap.
+  virtual Result<const float*> map_device_embeddings(const EmbeddingPoolDevice& pool,
+                                                     uint64_t bytes) = 0;
+  // Waits until no queued step reads `rows`, then unmaps them.
+  virtual void unmap_device_embeddings(const float* rows) = 0;
+};
+
+class ModelRunner : public DeviceEmbeddingMapper {
  public:
   virtual ~ModelRunner() = default;
   virtual const ModelConfig& config() const = 0;
@@ -248,6 +268,12 @@ class ModelRunner {
   // Whether step() takes StepBatch::embed_rows in `memory`; a batch with rows elsewhere is
   // refused with kUnsupported.
   virtual bool supports_input_embeddings(EmbeddingMemory memory) const { return false; }
+  // DeviceEmbeddingMapper: kUnsupported where the backend has no device.
+  Result<const float*> map_device_embeddings(const EmbeddingPoolDevice& pool,
+                                             uint64_t bytes) override {
+    return make_error(StatusCode::kUnsupported, "this backend reads no device embedding pool");
+  }
+  void unmap_device_embeddings(const float* rows) override {}
   // Device time of the last successful step, from the start of its host-to-device copy to the end
   // of its device-to-host copy (CUDA events on the step's stream); the rest of the step's wall
   // time is host work and launch/synchronisation latency. nullopt where the backend has no

@@ -90,6 +90,25 @@ Status RingStepReader::read(const proto::StepView& view, const proto::StepRingLi
   return Status::ok();
 }
 
+RingStepReader& RingStepReader::operator=(RingStepReader&& o) noexcept {
+  if (this == &o) return *this;
+  close_pool();
+  epoch_ = std::exchange(o.epoch_, 0);
+  hidden_size_ = o.hidden_size_;
+  mapper_ = o.mapper_;
+  pool_ = std::move(o.pool_);
+  device_rows_ = std::exchange(o.device_rows_, nullptr);
+  embed_token_index_ = std::move(o.embed_token_index_);
+  embed_row_index_ = std::move(o.embed_row_index_);
+  return *this;
+}
+
+void RingStepReader::close_pool() {
+  if (device_rows_ != nullptr && mapper_ != nullptr) mapper_->unmap_device_embeddings(device_rows_);
+  device_rows_ = nullptr;
+  pool_.reset();
+}
+
 Status RingStepReader::open_pool(const proto::StepHeader& h) {
   const size_t length = strnlen(h.vision_pool, proto::kVisionPoolNameBytes);
   if (length == proto::kVisionPoolNameBytes) {
@@ -113,7 +132,7 @@ Status RingStepReader::open_pool(const proto::StepHeader& h) {
   }
   // Another pool (a new vision process): the old mapping goes first, so that a pool that cannot
   // be opened or does not fit leaves none open, and every step naming it tries again.
-  pool_.reset();
+  close_pool();
   auto opened = EmbeddingPool::open(std::string(name), h.vision_incarnation);
   if (!opened.is_ok()) {
     return Status(opened.status().code(),
@@ -131,6 +150,19 @@ Status RingStepReader::open_pool(const proto::StepHeader& h) {
     return make_error(StatusCode::kUnsupported,
                       "embedding pool '{}' has more rows than an int32 row index reaches",
                       pool->name());
+  }
+  if (pool->on_device()) {
+    if (mapper_ == nullptr) {
+      return make_error(StatusCode::kUnsupported,
+                        "embedding pool '{}' is in device memory; this worker reads host pools",
+                        pool->name());
+    }
+    auto mapped = mapper_->map_device_embeddings(pool->device(), EmbeddingPool::rows_bytes(g));
+    if (!mapped.is_ok()) {
+      return Status(mapped.status().code(), fmt::format("embedding pool '{}': {}", pool->name(),
+                                                        mapped.status().message()));
+    }
+    device_rows_ = *mapped;
   }
   pool_ = std::move(pool);
   return Status::ok();
@@ -217,8 +249,13 @@ Status RingStepReader::read_images(const proto::StepView& view, const proto::Ste
   StepBatchView& b = *batch;
   b.embed_token_index = embed_token_index_;
   b.embed_row_index = embed_row_index_;
-  b.embed_rows = pool_->rows(0).data();
-  b.embed_rows_memory = EmbeddingMemory::kHost;
+  if (pool_->on_device()) {
+    b.embed_rows = device_rows_;
+    b.embed_rows_memory = EmbeddingMemory::kDevice;
+  } else {
+    b.embed_rows = pool_->rows(0).data();
+    b.embed_rows_memory = EmbeddingMemory::kHost;
+  }
   return Status::ok();
 }
 

@@ -7,12 +7,15 @@
 // EmbeddingPool whose rows replace the embeddings of the image's positions. The reader opens that
 // pool (by the header's name and incarnation, again whenever either changes) and keeps it mapped;
 // each token whose position an image covers becomes an embedded token whose row is read in place
-// from the mapping (StepBatchView::embed_row_index into the pool's rows, host memory).
+// from the mapping (StepBatchView::embed_row_index into the pool's rows). A pool on a device is
+// mapped through the runner (DeviceEmbeddingMapper, CUDA IPC) and unmapped through it when
+// another pool replaces it or the reader goes.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "common/proto/step_ring.h"
@@ -27,8 +30,13 @@ class RingStepReader {
   // Reads no images: a step with images is refused.
   RingStepReader() = default;
   // hidden_size: the model's hidden size (ModelConfig::hidden_size), which the rows of an
-  // embedding pool must have.
-  explicit RingStepReader(int32_t hidden_size) : hidden_size_(hidden_size) {}
+  // embedding pool must have. mapper: maps device pools (the runner; null: host pools only); it
+  // must outlive the reader.
+  explicit RingStepReader(int32_t hidden_size, DeviceEmbeddingMapper* mapper = nullptr)
+      : hidden_size_(hidden_size), mapper_(mapper) {}
+  ~RingStepReader() { close_pool(); }
+  RingStepReader(RingStepReader&& o) noexcept { *this = std::move(o); }
+  RingStepReader& operator=(RingStepReader&& o) noexcept;
 
   // Reads `view` (a buffer of a ring with `limits`) into *batch, whose spans point into the
   // buffer and stay valid while the worker owns it. `previous` holds the previous step's sampled
@@ -53,10 +61,14 @@ class RingStepReader {
                      const proto::StepRingLimits& limits, StepBatchView* batch);
   // Makes pool_ the pool the header names, opening it unless it is open already.
   Status open_pool(const proto::StepHeader& h);
+  // Drops pool_ (and its device mapping).
+  void close_pool();
 
   uint32_t epoch_ = 0;  // 0: none
   int32_t hidden_size_ = 0;
+  DeviceEmbeddingMapper* mapper_ = nullptr;
   std::unique_ptr<EmbeddingPool> pool_;
+  const float* device_rows_ = nullptr;      // pool_'s rows mapped by mapper_ (device pools)
   std::vector<int32_t> embed_token_index_;  // the last step's, which its batch points into
   std::vector<int32_t> embed_row_index_;
 };

@@ -211,10 +211,27 @@ class ServiceCluster {
   }
   // The vision service (LLaVA presets), two encoder threads, the pool sized for `pool_bytes`.
   void start_vision(int64_t pool_bytes = 64 << 10) {
-    start("vision",
-          {bin_ + "/litellama-vision", "--model", model_, "--run-dir", run_, "--metrics",
-           "127.0.0.1:" + std::to_string(vision_port_), "--threads", "2", "--vision-pool-bytes",
-           std::to_string(pool_bytes), "--heartbeat-ms", "50", "--peer-timeout-ms", "600"});
+    std::vector<std::string> argv = {bin_ + "/litellama-vision",
+                                     "--model",
+                                     model_,
+                                     "--run-dir",
+                                     run_,
+                                     "--metrics",
+                                     "127.0.0.1:" + std::to_string(vision_port_),
+                                     "--threads",
+                                     "2",
+                                     "--vision-pool-bytes",
+                                     std::to_string(pool_bytes),
+                                     "--heartbeat-ms",
+                                     "50",
+                                     "--peer-timeout-ms",
+                                     "600"};
+    argv.insert(argv.end(), vision_args_.begin(), vision_args_.end());
+    start("vision", argv);
+  }
+  // Flags appended to the vision service's command line (e.g. --device cuda).
+  void add_vision_args(const std::vector<std::string>& args) {
+    vision_args_.insert(vision_args_.end(), args.begin(), args.end());
   }
   int vision_metrics_port() const { return vision_port_; }
   void start_all() {
@@ -289,6 +306,7 @@ class ServiceCluster {
   std::filesystem::path dir_;
   std::string model_, run_;
   std::vector<std::string> worker_args_;
+  std::vector<std::string> vision_args_;
   std::vector<std::string> scheduler_args_;
   int scheduler_port_ = 0, worker_port_ = 0, tokenizer_port_ = 0, vision_port_ = 0;
   std::string preset_ = "llama3-tiny";

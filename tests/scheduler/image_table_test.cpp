@@ -357,6 +357,36 @@ TEST(EmbeddingPool, CreateWriteOpenRead) {
   EXPECT_TRUE(std::as_const(**reader).rows(g.n_slots).empty());
 }
 
+TEST(EmbeddingPool, ADevicePoolCarriesItsExportAndNoHostRows) {
+  const std::string name = unique_pool_name();
+  const EmbeddingPoolGeometry g{5, 7, 19};
+  EmbeddingPoolDevice d;
+  for (size_t i = 0; i < d.ipc_handle.size(); ++i) d.ipc_handle[i] = static_cast<uint8_t>(3 * i);
+  for (size_t i = 0; i < d.device_uuid.size(); ++i) d.device_uuid[i] = static_cast<uint8_t>(~i);
+  auto owner = EmbeddingPool::create(name, g, 42, &d);
+  ASSERT_TRUE(owner.is_ok()) << owner.status().to_string();
+  auto host = EmbeddingPool::create(unique_pool_name(), g, 43);
+  ASSERT_TRUE(host.is_ok());
+  auto reader = EmbeddingPool::open(name, 42);
+  ASSERT_TRUE(reader.is_ok()) << reader.status().to_string();
+  for (const EmbeddingPool* pool : {owner->get(), reader->get()}) {
+    EXPECT_TRUE(pool->on_device());
+    EXPECT_EQ(pool->device().ipc_handle, d.ipc_handle);
+    EXPECT_EQ(pool->device().device_uuid, d.device_uuid);
+    EXPECT_EQ(pool->geometry(), g);
+    EXPECT_TRUE(pool->rows(0).empty());  // the rows are device memory
+    // The same numbering as a host pool's, so the scheduler's slots mean the same rows.
+    for (int32_t s = 0; s < g.n_slots; ++s) {
+      EXPECT_EQ(pool->row_index(s, 3), (*host)->row_index(s, 3));
+    }
+  }
+  EXPECT_FALSE((*host)->on_device());
+  // Whole slots of 64-byte-aligned rows: slot s starts row_index(s, 0) rows in.
+  EXPECT_EQ(EmbeddingPool::rows_bytes(g),
+            static_cast<uint64_t>((*host)->row_index(1, 0)) * g.n_slots * g.hidden * sizeof(float));
+  EXPECT_EQ(EmbeddingPool::rows_bytes({0, 7, 19}), 0u);
+}
+
 TEST(EmbeddingPool, WrongIncarnationFails) {
   const std::string name = unique_pool_name();
   auto owner = EmbeddingPool::create(name, {2, 3, 4}, 7);

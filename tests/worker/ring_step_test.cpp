@@ -3,9 +3,11 @@
 // worker has not seen start, or after a failed step, is refused; an epoch's first step must bring
 // every sequence's whole table). Images: the tokens an image covers (also when a prefill chunk
 // covers only part of it) become embedded tokens whose rows are read in place from a real
-// EmbeddingPool, and every malformed image entry fails the read with a message.
+// EmbeddingPool (a device pool's rows through the runner's mapping), and every malformed image
+// entry fails the read with a message.
 #include <unistd.h>
 
+#include <array>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -287,6 +289,106 @@ TEST_F(RingStepImageTest, ANewIncarnationOpensTheNewPool) {
   view_.header->vision_incarnation = kVisionIncarnation + 5;
   expect_error(StatusCode::kUnavailable, "incarnation");
   EXPECT_EQ(reader_.pool(), nullptr);
+}
+
+// Maps a device pool's rows as a device runner would, into host memory the test can read; counts
+// maps and unmaps.
+class FakeMapper : public DeviceEmbeddingMapper {
+ public:
+  Result<const float*> map_device_embeddings(const EmbeddingPoolDevice& pool,
+                                             uint64_t bytes) override {
+    if (fail) return make_error(StatusCode::kUnavailable, "the exporter is gone");
+    handles.push_back(pool.ipc_handle);
+    buffers.emplace_back(bytes / sizeof(float), static_cast<float>(buffers.size() + 1));
+    ++n_mapped;
+    return buffers.back().data();
+  }
+  void unmap_device_embeddings(const float* rows) override { unmapped.push_back(rows); }
+  bool fail = false;
+  int n_mapped = 0;
+  std::vector<std::array<uint8_t, 64>> handles;
+  std::vector<std::vector<float>> buffers;
+  std::vector<const float*> unmapped;
+};
+
+EmbeddingPoolDevice device_export(uint8_t tag) {
+  EmbeddingPoolDevice d;
+  for (size_t i = 0; i < d.ipc_handle.size(); ++i) d.ipc_handle[i] = static_cast<uint8_t>(tag + i);
+  for (size_t i = 0; i < d.device_uuid.size(); ++i) d.device_uuid[i] = static_cast<uint8_t>(i);
+  return d;
+}
+
+TEST_F(RingStepImageTest, ADevicePoolIsMappedThroughTheRunnerOnceAndUnmappedWhenReplaced) {
+  FakeMapper mapper;
+  // The vision process's pool on a device: the region holds the header and the export only.
+  const std::string device_name = pool_name_ + "-dev";
+  const EmbeddingPoolDevice first = device_export(1);
+  auto pool =
+      EmbeddingPool::create(device_name, {3, kImageRows, kHidden}, kVisionIncarnation + 1, &first);
+  ASSERT_TRUE(pool.is_ok()) << pool.status().to_string();
+  {
+    RingStepReader reader(kHidden, &mapper);
+    reader_ = std::move(reader);
+  }
+  EXPECT_EQ(mapper.unmapped.size(), 0u);  // the moved-from reader held nothing
+  write_two_sequences();
+  view_.header->vision_incarnation = kVisionIncarnation + 1;
+  std::snprintf(view_.header->vision_pool, proto::kVisionPoolNameBytes, "%s", device_name.c_str());
+  StepBatchView b;
+  ASSERT_TRUE(read(&b).is_ok());
+  ASSERT_EQ(mapper.n_mapped, 1);
+  EXPECT_EQ(mapper.handles[0], first.ipc_handle);
+  EXPECT_EQ(mapper.buffers[0].size() * sizeof(float),
+            EmbeddingPool::rows_bytes({3, kImageRows, kHidden}));
+  EXPECT_EQ(b.embed_rows_memory, EmbeddingMemory::kDevice);
+  EXPECT_EQ(b.embed_rows, mapper.buffers[0].data());
+  ASSERT_EQ(b.embed_row_index.size(), 9u);
+  EXPECT_EQ(b.embed_row_index[0], (*pool)->row_index(2, 0));  // same numbering as a host pool
+  // The same pool again: no second map.
+  ASSERT_TRUE(read(&b).is_ok());
+  EXPECT_EQ(mapper.n_mapped, 1);
+  // A new vision process: the old rows are unmapped before the new ones are mapped.
+  const std::string next_name = pool_name_ + "-dev2";
+  const EmbeddingPoolDevice second = device_export(9);
+  auto next =
+      EmbeddingPool::create(next_name, {3, kImageRows, kHidden}, kVisionIncarnation + 2, &second);
+  ASSERT_TRUE(next.is_ok());
+  view_.header->vision_incarnation = kVisionIncarnation + 2;
+  std::snprintf(view_.header->vision_pool, proto::kVisionPoolNameBytes, "%s", next_name.c_str());
+  ASSERT_TRUE(read(&b).is_ok());
+  ASSERT_EQ(mapper.unmapped.size(), 1u);
+  EXPECT_EQ(mapper.unmapped[0], mapper.buffers[0].data());
+  ASSERT_EQ(mapper.n_mapped, 2);
+  EXPECT_EQ(mapper.handles[1], second.ipc_handle);
+  EXPECT_EQ(b.embed_rows, mapper.buffers[1].data());
+  // A map that fails leaves nothing open, with the pool's name in the message.
+  const std::string third_name = pool_name_ + "-dev3";
+  auto third =
+      EmbeddingPool::create(third_name, {3, kImageRows, kHidden}, kVisionIncarnation + 3, &first);
+  ASSERT_TRUE(third.is_ok());
+  mapper.fail = true;
+  view_.header->vision_incarnation = kVisionIncarnation + 3;
+  std::snprintf(view_.header->vision_pool, proto::kVisionPoolNameBytes, "%s", third_name.c_str());
+  expect_error(StatusCode::kUnavailable, third_name);
+  EXPECT_EQ(reader_.pool(), nullptr);
+  EXPECT_EQ(mapper.unmapped.size(), 2u);
+  // The reader's end unmaps what it holds.
+  mapper.fail = false;
+  ASSERT_TRUE(read(&b).is_ok());
+  reader_ = RingStepReader();
+  EXPECT_EQ(mapper.unmapped.size(), 3u);
+  EXPECT_EQ(mapper.unmapped.back(), mapper.buffers.back().data());
+}
+
+TEST_F(RingStepImageTest, ADevicePoolWithoutAMapperIsRefused) {
+  reader_ = RingStepReader(kHidden);
+  const std::string device_name = pool_name_ + "-dev";
+  const EmbeddingPoolDevice d = device_export(3);
+  auto pool = EmbeddingPool::create(device_name, {3, kImageRows, kHidden}, kVisionIncarnation, &d);
+  ASSERT_TRUE(pool.is_ok());
+  write_two_sequences();
+  std::snprintf(view_.header->vision_pool, proto::kVisionPoolNameBytes, "%s", device_name.c_str());
+  expect_error(StatusCode::kUnsupported, "device memory");
 }
 
 TEST_F(RingStepImageTest, RefusesMalformedImageEntries) {

@@ -15,9 +15,16 @@ int main(int argc, char** argv) {
   app.add_option("--model", options.model_dir, "LLaVA checkpoint directory")->required();
   app.add_option("--scheduler", options.scheduler_endpoint,
                  "The scheduler's vision endpoint (default ipc://RUN_DIR/vision.sock)");
-  app.add_option("--device", options.device, "cpu (the CUDA tower is not built yet)")
+  app.add_option("--device", options.device,
+                 "cpu (shared-memory pool) or cuda (device pool shared with the worker through "
+                 "CUDA IPC)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--dtype", options.dtype,
+                 "cuda: the tower's compute dtype (auto: as the worker's, float16 for float16 "
+                 "checkpoints, else bfloat16)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "float32", "bfloat16", "float16"}));
   litellama::add_bounded_option(app, "--max-image-bytes", options.max_image_bytes,
                                 "Largest image accepted, in bytes", int64_t{1}, int64_t{1} << 30);
   litellama::add_bounded_option(app, "--vision-pool-bytes", options.pool_bytes,

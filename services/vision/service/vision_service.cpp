@@ -12,6 +12,11 @@
 #include "services/vision/image_decode.h"
 #include "services/vision/llava_vision_encoder.h"
 #include "services/worker/checkpoint.h"
+#include "services/worker/model_runner.h"
+#if LITELLAMA_VISION_CUDA
+#include "kernels/gpu_runtime.h"
+#include "services/vision/cuda/cuda_vision_encoder.h"
+#endif
 
 namespace litellama {
 
@@ -33,9 +38,13 @@ bool is_bad_image(const Status& st) {
 }  // namespace
 
 struct VisionService::Impl {
-  std::unique_ptr<vision::LlavaVisionEncoder> encoder;
+  std::unique_ptr<vision::LlavaVisionEncoder> encoder;  // --device cpu
+#if LITELLAMA_VISION_CUDA
+  std::unique_ptr<vision::CudaVisionEncoder> cuda_encoder;  // --device cuda
+  std::unique_ptr<vision::DevicePoolRows> device_rows;      // the device pool's rows
+#endif
   vision::ClipPreprocessConfig preprocess;
-  std::unique_ptr<EmbeddingPool> pool;
+  std::unique_ptr<EmbeddingPool> pool;  // destroyed before device_rows: the header goes first
 };
 
 VisionService::VisionService(VisionOptions options)
@@ -69,12 +78,14 @@ VisionService::VisionService(VisionOptions options)
 VisionService::~VisionService() = default;
 
 Status VisionService::start() {
+#if !LITELLAMA_VISION_CUDA
   if (options_.device != "cpu") {
     return make_error(StatusCode::kUnsupported,
-                      "--device {}: the vision service runs its tower on the CPU only so far (the "
-                      "CUDA tower and a device pool shared through CUDA IPC are not built yet)",
+                      "--device {}: this build of litellama-vision has no CUDA backend (built "
+                      "without the CUDA toolkit)",
                       options_.device);
   }
+#endif
   if (options_.max_image_bytes < 1) {
     return make_error(StatusCode::kInvalidArgument, "--max-image-bytes must be positive");
   }
@@ -85,12 +96,33 @@ Status VisionService::start() {
                       "'{}' is not a LLaVA checkpoint: the vision service needs a vision tower",
                       options_.model_dir);
   }
-  LITELLAMA_ASSIGN_OR_RETURN(impl_->encoder,
-                             vision::LlavaVisionEncoder::load(checkpoint, options_.n_threads));
+  const bool on_gpu = options_.device == "cuda";
+  std::string backend = "cpu float32";
+  if (!on_gpu) {
+    LITELLAMA_ASSIGN_OR_RETURN(impl_->encoder,
+                               vision::LlavaVisionEncoder::load(checkpoint, options_.n_threads));
+  }
+#if LITELLAMA_VISION_CUDA
+  if (on_gpu) {
+    int n_devices = 0;
+    if (cudaGetDeviceCount(&n_devices) != cudaSuccess || n_devices == 0) {
+      (void)cudaGetLastError();
+      return make_error(StatusCode::kUnavailable, "--device cuda: no CUDA device is visible");
+    }
+    LITELLAMA_ASSIGN_OR_RETURN(
+        const DType dtype,
+        resolve_compute_dtype(Device::kCuda, options_.dtype, checkpoint.config().torch_dtype));
+    LITELLAMA_ASSIGN_OR_RETURN(impl_->cuda_encoder,
+                               vision::CudaVisionEncoder::load(checkpoint, dtype));
+    backend = fmt::format("cuda {}, {} MiB of weights and {} MiB of workspaces on the device",
+                          dtype_torch_name(dtype), impl_->cuda_encoder->weight_bytes() >> 20,
+                          impl_->cuda_encoder->workspace_bytes() >> 20);
+  }
+#endif
   LITELLAMA_ASSIGN_OR_RETURN(impl_->preprocess,
                              vision::load_clip_preprocess_config(options_.model_dir));
   impl_->preprocess.pad_to_square = options_.pad_to_square;
-  const LlavaConfig& cfg = impl_->encoder->config();
+  const LlavaConfig& cfg = *checkpoint.llava();
 
   EmbeddingPoolGeometry geometry;
   geometry.rows_per_slot = cfg.n_image_tokens();
@@ -101,8 +133,16 @@ Status VisionService::start() {
   const std::string pool_name = options_.pool_name.empty()
                                     ? fmt::format("litellama-vision-{:016x}", loop_->incarnation())
                                     : options_.pool_name;
-  LITELLAMA_ASSIGN_OR_RETURN(impl_->pool,
-                             EmbeddingPool::create(pool_name, geometry, loop_->incarnation()));
+  const EmbeddingPoolDevice* device_export = nullptr;
+#if LITELLAMA_VISION_CUDA
+  if (on_gpu) {
+    LITELLAMA_ASSIGN_OR_RETURN(
+        impl_->device_rows, vision::DevicePoolRows::allocate(EmbeddingPool::rows_bytes(geometry)));
+    device_export = &impl_->device_rows->exported();
+  }
+#endif
+  LITELLAMA_ASSIGN_OR_RETURN(
+      impl_->pool, EmbeddingPool::create(pool_name, geometry, loop_->incarnation(), device_export));
   pool_slots_->Set(geometry.n_slots);
   pool_bytes_->Set(static_cast<double>(impl_->pool->size_bytes()));
 
@@ -119,10 +159,12 @@ Status VisionService::start() {
   LITELLAMA_RETURN_IF_ERROR(
       loop_->connect([this](std::vector<zmq::message_t>& frames) { return serve(frames); }));
   LITELLAMA_LOG_INFO(
-      "vision: {} loaded ({} image tokens of {} per image), pool '{}' of {} slots ({} MiB), "
-      "scheduler at {}, metrics on {}",
-      options_.model_dir, geometry.rows_per_slot, geometry.hidden, pool_name, geometry.n_slots,
-      impl_->pool->size_bytes() >> 20, options_.scheduler_endpoint, loop_->metrics_port());
+      "vision: {} loaded on {} ({} image tokens of {} per image), pool '{}' of {} slots ({} MiB, "
+      "{}), scheduler at {}, metrics on {}",
+      options_.model_dir, backend, geometry.rows_per_slot, geometry.hidden, pool_name,
+      geometry.n_slots, impl_->pool->size_bytes() >> 20,
+      on_gpu ? "device memory shared through CUDA IPC" : "shared memory",
+      options_.scheduler_endpoint, loop_->metrics_port());
   return Status::ok();
 }
 
@@ -156,16 +198,28 @@ proto::EncodeImageReply VisionService::encode(const proto::EncodeImageRequest& r
   if (!image) return fail(image.status(), is_bad_image(image.status()));
   auto pixels = vision::clip_preprocess(*image, impl_->preprocess);
   if (!pixels) return fail(pixels.status(), is_bad_image(pixels.status()));
-  auto rows = impl_->encoder->encode(*pixels);
-  if (!rows) return fail(rows.status(), false);
-  const size_t expected = static_cast<size_t>(g.rows_per_slot) * static_cast<size_t>(g.hidden);
-  if (rows->size() != expected) {
-    return fail(make_error(StatusCode::kInternal, "the encoder gave {} values, the slot holds {}",
-                           rows->size(), expected),
-                false);
+#if LITELLAMA_VISION_CUDA
+  if (impl_->cuda_encoder) {
+    // In place: the tower's last GEMM writes the slot's rows in device memory.
+    float* slot = impl_->device_rows->data() +
+                  impl_->pool->row_index(request.slot, 0) * static_cast<int64_t>(g.hidden);
+    if (Status st = impl_->cuda_encoder->encode_to_device(*pixels, slot); !st) {
+      return fail(st, false);
+    }
   }
-  std::span<float> slot = impl_->pool->rows(request.slot);
-  std::memcpy(slot.data(), rows->data(), expected * sizeof(float));
+#endif
+  if (impl_->encoder) {
+    auto rows = impl_->encoder->encode(*pixels);
+    if (!rows) return fail(rows.status(), false);
+    const size_t expected = static_cast<size_t>(g.rows_per_slot) * static_cast<size_t>(g.hidden);
+    if (rows->size() != expected) {
+      return fail(make_error(StatusCode::kInternal, "the encoder gave {} values, the slot holds {}",
+                             rows->size(), expected),
+                  false);
+    }
+    std::span<float> slot = impl_->pool->rows(request.slot);
+    std::memcpy(slot.data(), rows->data(), expected * sizeof(float));
+  }
   reply.n_rows = g.rows_per_slot;
   reply.encode_seconds = monotonic_seconds() - start;
   reply.finished_unix_ns = net::unix_now_ns();

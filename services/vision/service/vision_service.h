@@ -10,9 +10,10 @@
 // restarted service is a new incarnation with a new, empty pool, which the scheduler learns from
 // its heartbeat.
 //
-// Backend: the CPU encoder (services/vision/llava_vision_encoder.h) with a shared-memory pool.
-// The CUDA tower and a device pool exported through CUDA IPC are not built yet: --device cuda is
-// refused at start with that reason.
+// Backends: --device cpu, the CPU encoder (services/vision/llava_vision_encoder.h) with a
+// shared-memory pool; --device cuda (CUDA builds), the device encoder
+// (services/vision/cuda/cuda_vision_encoder.h) writing into a device pool exported through CUDA
+// IPC, which the worker maps and reads in place.
 #pragma once
 
 #include <atomic>
@@ -40,6 +41,7 @@ inline constexpr int64_t kDefaultVisionPoolBytes = int64_t{256} << 20;
 struct VisionOptions : net::PeerServiceOptions {
   std::string model_dir;  // a LLaVA checkpoint
   std::string device = "cpu";
+  std::string dtype = "auto";  // --device cuda: the tower's compute dtype (as the worker's)
   int64_t max_image_bytes = kDefaultMaxImageBytes;
   // The pool's size in bytes: as many whole image slots as fit (at least one).
   int64_t pool_bytes = kDefaultVisionPoolBytes;

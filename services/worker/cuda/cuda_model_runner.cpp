@@ -64,6 +64,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -85,6 +86,7 @@
 #include "kernels/qkv_rope.h"
 #include "kernels/sampling.h"
 #include "kernels/silu_mul.h"
+#include "services/vision/embedding_pool.h"
 #include "services/worker/checkpoint.h"
 #include "services/worker/cuda/cuda_context.h"
 #include "services/worker/cuda/cuda_weights.h"
@@ -141,6 +143,9 @@ class CudaModelRunner final : public ModelRunner {
   bool supports_input_embeddings(EmbeddingMemory memory) const override {
     return memory == EmbeddingMemory::kDevice;
   }
+  Result<const float*> map_device_embeddings(const EmbeddingPoolDevice& pool,
+                                             uint64_t bytes) override;
+  void unmap_device_embeddings(const float* rows) override;
 
  private:
   Status allocate_workspaces();
@@ -220,6 +225,9 @@ class CudaModelRunner final : public ModelRunner {
   // Device memory --gpu-memory-utilization leaves free after the KV pool (cuBLAS and graph
   // captures allocate after it).
   static constexpr size_t kGpuMemoryReserveBytes = size_t{512} << 20;
+  // The share of the device's memory the worker sizes against when it reserves bytes for another
+  // process and no --gpu-memory-utilization is given.
+  static constexpr double kDefaultUtilizationWithReserve = 0.9;
 
   // Activations, [max_batch_tokens, ...] each.
   DeviceBuffer residual_;  // [T, hidden]
@@ -401,22 +409,29 @@ Status CudaModelRunner::allocate_kv_pool() {
     size_t free_bytes = 0, total_bytes = 0;
     LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
     double budget = static_cast<double>(free_bytes) * options_.kv_memory_fraction;
-    if (options_.gpu_memory_utilization > 0.0) {
+    const double reserve = static_cast<double>(std::max<int64_t>(options_.reserve_device_bytes, 0));
+    const double utilization = options_.gpu_memory_utilization > 0.0
+                                   ? options_.gpu_memory_utilization
+                               : reserve > 0.0 ? kDefaultUtilizationWithReserve
+                                               : 0.0;
+    if (utilization > 0.0) {
       // A per-instance limit, as vLLM's: this share of the device's total memory for this
       // worker's weights, workspaces and KV pool, whatever other processes on the device hold
-      // (a second server, the vision service), and never more than is free now less a reserve
-      // for what cuBLAS and graph captures allocate later.
+      // (a second server), less what is reserved for the vision service (already started or
+      // not: the limit does not depend on what is free), and never more than is free now less a
+      // margin for what cuBLAS and graph captures allocate later.
       const double own =
           std::max(0.0, static_cast<double>(free_before_load_) - static_cast<double>(free_bytes));
-      const double limit = static_cast<double>(total_bytes) * options_.gpu_memory_utilization;
+      const double limit = static_cast<double>(total_bytes) * utilization - reserve;
       budget = std::min(limit - own, static_cast<double>(free_bytes) -
                                          static_cast<double>(kGpuMemoryReserveBytes));
       if (budget <= 0.0) {
         return make_error(StatusCode::kResourceExhausted,
                           "--gpu-memory-utilization {} leaves no memory for the KV pool: the "
-                          "limit is {} bytes, this worker's weights and workspaces take {}, and "
-                          "{} of the device's {} bytes are free",
-                          options_.gpu_memory_utilization, static_cast<size_t>(limit),
+                          "limit is {} bytes ({} reserved for another process), this worker's "
+                          "weights and workspaces take {}, and {} of the device's {} bytes are "
+                          "free",
+                          utilization, static_cast<size_t>(limit), static_cast<size_t>(reserve),
                           static_cast<size_t>(own), free_bytes, total_bytes);
       }
     }
@@ -500,6 +515,35 @@ void CudaModelRunner::unregister_host_memory(void* data) {
   (void)cudaHostUnregister(data);
 }
 
+Result<const float*> CudaModelRunner::map_device_embeddings(const EmbeddingPoolDevice& pool,
+                                                            uint64_t bytes) {
+  int device = 0;
+  LITELLAMA_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  unsigned char uuid[16];
+  LITELLAMA_CUDA_RETURN_IF_ERROR(gpu_device_uuid(device, uuid));
+  const bool same_gpu = std::memcmp(uuid, pool.device_uuid.data(), sizeof uuid) == 0;
+  cudaIpcMemHandle_t handle;
+  static_assert(sizeof handle == std::tuple_size_v<decltype(pool.ipc_handle)>);
+  std::memcpy(&handle, pool.ipc_handle.data(), sizeof handle);
+  void* rows = nullptr;
+  // Another GPU's pool is read over peer access where the two GPUs have it.
+  const cudaError_t err = cudaIpcOpenMemHandle(&rows, handle, cudaIpcMemLazyEnablePeerAccess);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return make_error(StatusCode::kUnavailable,
+                      "cannot map the embedding pool's device memory (CUDA IPC, {} GPU): {}",
+                      same_gpu ? "this worker's" : "another", cudaGetErrorString(err));
+  }
+  (void)bytes;  // the allocation is the exporter's; its size is checked by whoever wrote the pool
+  return static_cast<const float*>(rows);
+}
+
+void CudaModelRunner::unmap_device_embeddings(const float* rows) {
+  if (rows == nullptr) return;
+  (void)cudaStreamSynchronize(ctx_.stream());
+  (void)cudaIpcCloseMemHandle(const_cast<float*>(rows));
+}
+
 Status CudaModelRunner::step(const StepBatchView& batch, StepOutput* out) {
   // The new slots are range-checked as fill_step copies them (one pass over them instead of two).
   LITELLAMA_RETURN_IF_ERROR(
@@ -507,13 +551,6 @@ Status CudaModelRunner::step(const StepBatchView& batch, StepOutput* out) {
   if (!batch.embed_token_index.empty() && !supports_input_embeddings(batch.embed_rows_memory)) {
     return make_error(StatusCode::kUnsupported,
                       "the CUDA backend reads input embedding rows in device memory only");
-  }
-  // The device path reads rows j = 0 .. n_embed - 1 contiguously (step_staging's plan); rows
-  // named one by one come from a pool that has no device copy yet.
-  if (!batch.embed_row_index.empty()) {
-    return make_error(StatusCode::kUnsupported,
-                      "the CUDA backend does not take per-token embedding row indices (rows read "
-                      "in place from an embedding pool); give the rows contiguously");
   }
   if (batch.n_tokens() > options_.max_batch_tokens || batch.n_seqs() > options_.max_batch_seqs) {
     return make_error(StatusCode::kInvalidArgument,
@@ -730,7 +767,8 @@ Status CudaModelRunner::run_layers(const StepPlan& plan, const ForwardPlan& fp) 
   LITELLAMA_RETURN_IF_ERROR(
       launch_embedding(residual_.data(), i32(L.token_ids), weights_.embed, T, H, dtype_, stream));
   LITELLAMA_RETURN_IF_ERROR(launch_scatter_rows_f32(
-      residual_.data(), plan.embed_rows, i32(L.embed_index), plan.n_embed, H, dtype_, stream));
+      residual_.data(), plan.embed_rows, i32(L.embed_index),
+      plan.embed_by_row_index ? i32(L.embed_row_index) : nullptr, plan.n_embed, H, dtype_, stream));
   for (int32_t l = 0; l < c.n_layers; ++l) {
     if (fp.gemv_layers) {
       LITELLAMA_RETURN_IF_ERROR(run_layer_fused(plan, fp, l));

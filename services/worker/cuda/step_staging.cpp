@@ -241,6 +241,8 @@ StepPlan plan_step(const StepBatchView& batch, const ModelConfig& config, bool c
   plan.n_embed = static_cast<int32_t>(batch.embed_token_index.size());
   plan.embed_rows = batch.embed_rows;
   l.embed_index = p.take(static_cast<size_t>(plan.n_embed) * i32);
+  plan.embed_by_row_index = !batch.embed_row_index.empty();
+  l.embed_row_index = p.take(batch.embed_row_index.size() * i32);
   // Last, so that new slots copied from where they lie leave one contiguous range to stage.
   plan.n_new_slots = static_cast<int32_t>(batch.new_slots.size());
   l.new_slots = p.take(batch.new_slots.size() * i32);
@@ -279,6 +281,7 @@ Status fill_step(const StepBatchView& batch, const ModelConfig& config, StepPlan
   copy(l.slot_start, batch.slot_start);
   copy(l.new_slot_start, batch.new_slot_start);
   copy(l.embed_index, batch.embed_token_index);
+  copy(l.embed_row_index, batch.embed_row_index);
 
   auto* token_slot = at<int32_t>(host, l.token_slot);
   auto* work = at<int32_t>(host, l.work_seqs);

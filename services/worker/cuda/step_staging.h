@@ -22,19 +22,20 @@ namespace litellama {
 
 // Byte offsets into the staging buffer.
 struct StepLayout {
-  size_t token_ids = 0;       // int32 [n_tokens]
-  size_t positions = 0;       // int32 [n_tokens]
-  size_t token_slot = 0;      // int32 [n_tokens] KV slot each new token writes
-  size_t token_freq_row = 0;  // int32 [n_tokens] row of freq_table (dynamic NTK only)
-  size_t token_start = 0;     // int32 [n_seqs + 1]
-  size_t kv_len = 0;          // int32 [n_seqs]
-  size_t slot_start = 0;      // int32 [n_seqs] table index of each sequence's position 0
-  size_t new_slot_start = 0;  // int32 [n_seqs + 1] offsets into new_slots
-  size_t work_seqs = 0;       // int32 [n_seqs] decode sequences (n_new == 1), then the others
-  size_t sample_rows = 0;     // int32 [n_seqs] token row of each sampled sequence's last token
-  size_t sampling_rows = 0;   // SamplingRow [n_seqs]
-  size_t freq_table = 0;      // float [n_seqs + 1, head_dim / 2] (dynamic NTK only)
-  size_t embed_index = 0;     // int32 [n_embed] StepBatchView::embed_token_index
+  size_t token_ids = 0;        // int32 [n_tokens]
+  size_t positions = 0;        // int32 [n_tokens]
+  size_t token_slot = 0;       // int32 [n_tokens] KV slot each new token writes
+  size_t token_freq_row = 0;   // int32 [n_tokens] row of freq_table (dynamic NTK only)
+  size_t token_start = 0;      // int32 [n_seqs + 1]
+  size_t kv_len = 0;           // int32 [n_seqs]
+  size_t slot_start = 0;       // int32 [n_seqs] table index of each sequence's position 0
+  size_t new_slot_start = 0;   // int32 [n_seqs + 1] offsets into new_slots
+  size_t work_seqs = 0;        // int32 [n_seqs] decode sequences (n_new == 1), then the others
+  size_t sample_rows = 0;      // int32 [n_seqs] token row of each sampled sequence's last token
+  size_t sampling_rows = 0;    // SamplingRow [n_seqs]
+  size_t freq_table = 0;       // float [n_seqs + 1, head_dim / 2] (dynamic NTK only)
+  size_t embed_index = 0;      // int32 [n_embed] StepBatchView::embed_token_index
+  size_t embed_row_index = 0;  // int32 [n_embed] StepBatchView::embed_row_index (when given)
   // Shared-prefix decode (kernels/attention_decode.h's DecodeCascade), reserved when the step
   // may take it (StepPlan::cascade_max_tasks > 0).
   size_t cascade_n_tasks = 0;     // int32 [1]
@@ -61,7 +62,8 @@ struct StepPlan {
   // place on the device.
   int32_t n_embed = 0;
   const float* embed_rows = nullptr;
-  bool logprobs = false;  // StepBatch::logprobs: the sampler returns logprobs
+  bool embed_by_row_index = false;  // token j reads row embed_row_index[j], else row j
+  bool logprobs = false;            // StepBatch::logprobs: the sampler returns logprobs
   // Shared-prefix decode: the bounds the layout reserves (0: none) and, set by fill_step, the
   // tasks it planned (0: the plain decode kernel runs).
   int32_t cascade_max_tasks = 0;

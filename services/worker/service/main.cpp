@@ -38,6 +38,12 @@ int main(int argc, char** argv) {
       "workspaces, as vLLM's (0: 85% of the memory free after loading)",
       0.0, 1.0);
   litellama::add_bounded_option(
+      app, "--reserve-device-bytes", options.runner.reserve_device_bytes,
+      "cuda, --kv-slots 0: device memory left to another process on the GPU (the vision "
+      "service), started before or after this one; sizes the KV pool against the device's total "
+      "memory (--gpu-memory-utilization, 0.9 when unset)",
+      int64_t{0}, int64_t{1} << 42);
+  litellama::add_bounded_option(
       app, "--max-model-len", options.runner.max_model_len,
       "longest sequence served; sizes the cpu's default KV pool (0: the model's)", int64_t{0},
       int64_t{1} << 30);

@@ -234,8 +234,9 @@ Status WorkerService::load() {
   limits.max_images = 4 * options_.runner.max_batch_seqs;
   LITELLAMA_ASSIGN_OR_RETURN(ring_, proto::StepRing::create(options_.step_ring_name, limits));
   // Image rows are read in place from the vision process's embedding pool, which the reader opens
-  // when a step first names it; its rows must be of the model's hidden size.
-  reader_ = RingStepReader(config.hidden_size);
+  // when a step first names it (a device pool: mapped through the runner); its rows must be of
+  // the model's hidden size.
+  reader_ = RingStepReader(config.hidden_size, runner_.get());
   // Page-locked, so that the runner's copies to the device read the step where it lies; a ring
   // the device cannot register is still read (through staging), so this is not fatal.
   if (Status st = runner_->register_host_memory(ring_->data(), ring_->size_bytes()); st) {
@@ -257,8 +258,12 @@ Status WorkerService::load() {
   info.vocab_size = config.vocab_size;
   info.max_position_embeddings = config.max_position_embeddings;
   info.eos_token_ids = config.eos_token_ids;
-  info.reads_images =
-      checkpoint.llava() != nullptr && runner_->supports_input_embeddings(EmbeddingMemory::kHost);
+  // The CPU backend reads a shared-memory pool, the CUDA backend a device pool (a vision service
+  // of the same device kind: the scheduler checks).
+  info.reads_images = checkpoint.llava() != nullptr &&
+                      runner_->supports_input_embeddings(options_.runner.device == Device::kCuda
+                                                             ? EmbeddingMemory::kDevice
+                                                             : EmbeddingMemory::kHost);
   {
     std::lock_guard<std::mutex> lock(info_mutex_);
     info_ = info;

@@ -1,0 +1,248 @@
+// LLaVA on the GPU. The device vision tower and projector against the CPU encoder (float32 within
+// 1e-4 of the output's scale, bf16 within bf16's rounding), and images through the services with
+// litellama-vision and the worker both on CUDA: the worker maps the vision process's device pool
+// (CUDA IPC) and reads the rows in place; greedy ids equal the CPU in-process engine's in float32;
+// a repeated image is not encoded again; the vision process killed and started anew, the same
+// worker process maps the new pool and answers as before.
+#include <signal.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "services/vision/clip_preprocess.h"
+#include "services/vision/cuda/cuda_vision_encoder.h"
+#include "services/vision/image_decode.h"
+#include "services/vision/llava_vision_encoder.h"
+#include "services/worker/checkpoint.h"
+#include "services/worker/model_runner.h"
+#include "services/worker/offline_engine.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/integration/service_cluster.h"
+
+namespace litellama {
+namespace {
+
+using testing::ServiceCluster;
+
+std::string read_image(const std::string& name) {
+  std::ifstream in(testing::env_or("LITELLAMA_SOURCE_DIR", ".") + "/tests/golden/images/" + name,
+                   std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+vision::PixelValues pixels_of(const std::string& model, const std::string& image) {
+  auto config = vision::load_clip_preprocess_config(model);
+  auto rgb =
+      vision::decode_image(std::span(reinterpret_cast<const uint8_t*>(image.data()), image.size()));
+  EXPECT_TRUE(config.is_ok() && rgb.is_ok());
+  auto pixels = vision::clip_preprocess(*rgb, *config);
+  EXPECT_TRUE(pixels.is_ok());
+  return std::move(pixels).value();
+}
+
+// Largest |got - want| over the largest |want|.
+double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(got[i]) - want[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(want[i])));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+TEST(CudaVision, TowerAndProjectorMatchTheCpuEncoder) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  ServiceCluster cluster;
+  cluster.use_preset("llava-tiny");
+  ASSERT_NO_FATAL_FAILURE(cluster.make_model());
+  auto ckpt = Checkpoint::open(cluster.model_dir());
+  ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
+  auto cpu = vision::LlavaVisionEncoder::load(*ckpt, 2);
+  ASSERT_TRUE(cpu.is_ok());
+  for (const char* image : {"rgb_37x23.png", "gray_29x40.jpg"}) {
+    const vision::PixelValues pixels = pixels_of(cluster.model_dir(), read_image(image));
+    auto want_features = (*cpu)->vision_features(pixels);
+    auto want_rows = (*cpu)->encode(pixels);
+    ASSERT_TRUE(want_features.is_ok() && want_rows.is_ok());
+    for (const DType dtype : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(std::string(image) + " " + dtype_torch_name(dtype));
+      auto gpu = vision::CudaVisionEncoder::load(*ckpt, dtype);
+      ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
+      auto features = (*gpu)->vision_features(pixels);
+      auto rows = (*gpu)->encode(pixels);
+      ASSERT_TRUE(features.is_ok()) << features.status().to_string();
+      ASSERT_TRUE(rows.is_ok()) << rows.status().to_string();
+      // bf16: a few roundings of 2^-8 relative each through three layers and the projector.
+      const double tolerance = dtype == DType::kF32 ? 1e-4 : 4e-2;
+      EXPECT_LT(relative_error(*features, *want_features), tolerance);
+      EXPECT_LT(relative_error(*rows, *want_rows), tolerance);
+      EXPECT_GT((*gpu)->last_device_seconds(), 0.0);
+    }
+  }
+  // Pixel values of another size are refused, not read out of bounds.
+  auto gpu = vision::CudaVisionEncoder::load(*ckpt, DType::kF32);
+  ASSERT_TRUE(gpu.is_ok());
+  vision::PixelValues wrong;
+  wrong.height = wrong.width = 12;
+  wrong.data.assign(3 * 12 * 12, 0.0f);
+  EXPECT_EQ((*gpu)->encode(wrong).status().code(), StatusCode::kInvalidArgument);
+}
+
+struct Reference {
+  std::vector<int32_t> ids;
+  std::vector<std::pair<int32_t, float>> top;
+};
+
+// The CPU in-process engine, float32, given the CPU encoder's rows at the image's positions.
+Reference cpu_reference(const std::string& model, const std::vector<int32_t>& before,
+                        const std::string& image, const std::vector<int32_t>& after,
+                        int32_t n_new) {
+  auto ckpt = Checkpoint::open(model);
+  EXPECT_TRUE(ckpt.is_ok());
+  auto enc = vision::LlavaVisionEncoder::load(*ckpt, 2);
+  EXPECT_TRUE(enc.is_ok());
+  auto rows = (*enc)->encode(pixels_of(model, image));
+  EXPECT_TRUE(rows.is_ok());
+  RunnerOptions options;
+  options.n_kv_slots = 512;
+  auto runner = create_model_runner(*ckpt, options);
+  EXPECT_TRUE(runner.is_ok());
+  OfflineEngine engine(**runner);
+  GenerationRequest r;
+  r.prompt_ids = before;
+  const LlavaConfig& lc = (*enc)->config();
+  for (int32_t i = 0; i < lc.n_image_tokens(); ++i) {
+    r.input_embedding_positions.push_back(static_cast<int32_t>(r.prompt_ids.size()));
+    r.prompt_ids.push_back(lc.image_token_id);
+  }
+  r.prompt_ids.insert(r.prompt_ids.end(), after.begin(), after.end());
+  r.input_embeddings = std::move(rows).value();
+  r.max_new_tokens = n_new;
+  r.n_top_logits = 4;
+  auto res = engine.generate({r});
+  EXPECT_TRUE(res.is_ok());
+  return {res->front().output_ids, res->front().top_logits};
+}
+
+double vision_encodes(const ServiceCluster& cluster) {
+  const auto [status, body] = testing::http_get(cluster.vision_metrics_port(), "/metrics");
+  return status == 200 ? testing::metric_value(body, "litellama_vision_encodes_total") : -1;
+}
+
+TEST(CudaVision, ServicesReadTheDevicePoolInPlaceAndMapANewOneAfterAVisionRestart) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  ServiceCluster cluster;
+  cluster.use_preset("llava-tiny");
+  ASSERT_NO_FATAL_FAILURE(cluster.make_model());
+  cluster.add_worker_args({"--device", "cuda", "--dtype", "float32"});
+  cluster.add_vision_args({"--device", "cuda", "--dtype", "float32"});
+  cluster.start_scheduler();
+  cluster.start_worker();
+  cluster.start_tokenizer();
+  cluster.start_vision(int64_t{1} << 20);
+  ASSERT_NO_FATAL_FAILURE(cluster.wait_ready());
+  auto client = cluster.client();
+  auto vision_up = [&] {
+    auto info = client->server_info(1000);
+    return info.is_ok() && info->vision_up;
+  };
+  ASSERT_TRUE(testing::poll_until(vision_up, 30000)) << cluster.logs();
+  EXPECT_NE(cluster.log("vision").find("device memory shared through CUDA IPC"), std::string::npos)
+      << cluster.log("vision");
+
+  const std::vector<int32_t> before = {1, 319, 1967, 29901};
+  const std::vector<int32_t> after = {13, 5618, 338, 445};
+  const std::string png = read_image("rgb_37x23.png");
+  const std::string jpg = read_image("gray_29x40.jpg");
+  const Reference want_png = cpu_reference(cluster.model_dir(), before, png, after, 8);
+  const Reference want_jpg = cpu_reference(cluster.model_dir(), before, jpg, after, 8);
+  ASSERT_EQ(want_png.ids.size(), 8u);
+  ASSERT_NE(want_png.ids, want_jpg.ids);
+  auto request = [&] {
+    std::vector<int32_t> ids = before;
+    ids.push_back(32000);  // one image token, expanded by the scheduler
+    ids.insert(ids.end(), after.begin(), after.end());
+    proto::GenerateRequest r = testing::ignoring_eos_request(ids, 8);
+    r.top_logits = 4;
+    return r;
+  };
+  auto check = [&](const std::string& image, const Reference& want, const char* what) {
+    SCOPED_TRACE(what);
+    auto got = client->generate(request(), nullptr, 30000, {image});
+    ASSERT_TRUE(got.is_ok()) << got.status().to_string() << "\n" << cluster.logs();
+    EXPECT_EQ(got->token_ids, want.ids);
+    ASSERT_EQ(got->top_logits.size(), want.top.size());
+    for (size_t i = 0; i < want.top.size(); ++i) {
+      EXPECT_EQ(got->top_logits[i].first, want.top[i].first);
+      EXPECT_NEAR(got->top_logits[i].second, want.top[i].second, 1e-3);
+    }
+  };
+  ASSERT_NO_FATAL_FAILURE(check(png, want_png, "first image"));
+  EXPECT_EQ(vision_encodes(cluster), 1);
+  ASSERT_NO_FATAL_FAILURE(check(png, want_png, "the same image again"));
+  EXPECT_EQ(vision_encodes(cluster), 1);
+  ASSERT_NO_FATAL_FAILURE(check(jpg, want_jpg, "another image"));
+  EXPECT_EQ(vision_encodes(cluster), 2);
+
+  // A new vision process: a new device pool, which the same worker maps when a step names it.
+  const pid_t worker_pid = cluster.process("worker").pid();
+  cluster.process("vision").signal(SIGKILL);
+  ASSERT_TRUE(testing::poll_until([&] { return !vision_up(); }, 10000));
+  cluster.start_vision(int64_t{1} << 20);
+  ASSERT_TRUE(testing::poll_until(vision_up, 30000)) << cluster.log("vision");
+  ASSERT_NO_FATAL_FAILURE(check(jpg, want_jpg, "after the restart"));
+  ASSERT_NO_FATAL_FAILURE(check(png, want_png, "after the restart, the other image"));
+  EXPECT_EQ(cluster.process("worker").pid(), worker_pid);
+  EXPECT_TRUE(cluster.process("worker").running());
+}
+
+TEST(CudaVision, Bf16ServicesStayNearTheFloat32Reference) {
+  LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
+  ServiceCluster cluster;
+  cluster.use_preset("llava-tiny");
+  ASSERT_NO_FATAL_FAILURE(cluster.make_model());
+  cluster.add_worker_args({"--device", "cuda", "--dtype", "bfloat16"});
+  cluster.add_vision_args({"--device", "cuda", "--dtype", "bfloat16"});
+  cluster.start_scheduler();
+  cluster.start_worker();
+  cluster.start_tokenizer();
+  cluster.start_vision(int64_t{1} << 20);
+  ASSERT_NO_FATAL_FAILURE(cluster.wait_ready());
+  auto client = cluster.client();
+  ASSERT_TRUE(testing::poll_until(
+      [&] {
+        auto info = client->server_info(1000);
+        return info.is_ok() && info->vision_up;
+      },
+      30000))
+      << cluster.logs();
+  const std::vector<int32_t> before = {1, 319, 1967, 29901};
+  const std::vector<int32_t> after = {13, 5618, 338, 445};
+  const std::string png = read_image("rgb_37x23.png");
+  const Reference want = cpu_reference(cluster.model_dir(), before, png, after, 1);
+  std::vector<int32_t> ids = before;
+  ids.push_back(32000);
+  ids.insert(ids.end(), after.begin(), after.end());
+  proto::GenerateRequest r = testing::ignoring_eos_request(ids, 1);
+  r.top_logits = 4;
+  auto got = client->generate(r, nullptr, 30000, {png});
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string() << "\n" << cluster.logs();
+  ASSERT_EQ(got->top_logits.size(), want.top.size());
+  float scale = 0;
+  for (const auto& [id, logit] : want.top) scale = std::max(scale, std::abs(logit));
+  // The first position's largest logits, as the bf16 text tests bound them: 3% of their scale.
+  for (size_t i = 0; i < want.top.size(); ++i) {
+    EXPECT_NEAR(got->top_logits[i].second, want.top[i].second, 0.03 * scale) << i;
+  }
+  EXPECT_EQ(got->token_ids.front(), want.ids.front());
+}
+
+}  // namespace
+}  // namespace litellama
