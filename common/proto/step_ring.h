@@ -30,7 +30,7 @@
 namespace litellama::proto {
 
 inline constexpr uint64_t kStepRingMagic = 0x4c4c4d5354455031ull;  // "LLMSTEP1"
-inline constexpr uint32_t kStepRingLayoutVersion = 5;
+inline constexpr uint32_t kStepRingLayoutVersion = 6;
 inline constexpr int kStepRingBuffers = 2;
 // Most top logits one sequence can return per step (the CUDA sampler's limit).
 inline constexpr int32_t kMaxStepTopLogits = 64;
@@ -69,6 +69,10 @@ struct StepHeader {
   int32_t n_images;
   int32_t image_rows;
   uint64_t vision_incarnation;
+  // The latest time (the vision service's Unix ns) at which the rows of an image this step reads
+  // for the first time since its encode were complete; 0: none. The worker measures from it to
+  // the step's launch (the hand-off from vision service to prefill).
+  int64_t images_ready_unix_ns;
   char vision_pool[kVisionPoolNameBytes];
 };
 

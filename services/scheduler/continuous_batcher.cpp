@@ -164,11 +164,14 @@ ContinuousBatcher::AddResult ContinuousBatcher::add_sequence(Request* r, uint64_
   const int32_t s = h.n_seqs;
   if (!place_table(r, kv_len, limits)) return AddResult::kSkipped;
   view.image_start[static_cast<size_t>(s)] = h.n_images;
-  for (const RequestImage& image : r->images) {
+  for (RequestImage& image : r->images) {
     if (image.pos >= kv_len || image.pos + r->image_rows <= r->n_fed) continue;
     view.image_slot[static_cast<size_t>(h.n_images)] = image.slot;
     view.image_pos[static_cast<size_t>(h.n_images)] = image.pos;
     ++h.n_images;
+    // The first step that reads an image just encoded carries when its rows were complete.
+    h.images_ready_unix_ns = std::max(h.images_ready_unix_ns, image.ready_unix_ns);
+    image.ready_unix_ns = 0;
   }
   view.image_start[static_cast<size_t>(s + 1)] = h.n_images;
   (void)allocator_.allocate(n_new, &r->slots);

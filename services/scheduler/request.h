@@ -37,6 +37,10 @@ struct RequestImage {
   bool acquired = false;  // holds a reference in the scheduler's ImageTable
   bool ready = false;     // the rows are in the pool
   int32_t pos = -1;       // prompt position of its first row (image_rows rows)
+  // When the vision service completed the rows this request waited for (its clock, Unix ns),
+  // until the first step that reads them carries it to the worker; 0: none to report (the image
+  // was held already, or it was reported).
+  int64_t ready_unix_ns = 0;
 };
 
 struct Request {

@@ -249,7 +249,10 @@ void SchedulerService::on_encode_image_reply(const proto::EncodeImageReply& repl
     for (RequestImage& image : r->images) {
       if (image.acquired && image.hash == hash && !image.ready) {
         mine = true;
-        if (ok) image.ready = true;
+        if (ok) {
+          image.ready = true;
+          image.ready_unix_ns = reply.finished_unix_ns;
+        }
       }
     }
     if (!mine) continue;
@@ -271,9 +274,8 @@ void SchedulerService::vision_lost(const char* why, bool gone) {
   LITELLAMA_LOG_WARN("scheduler: vision service lost ({}); requests that need its rows fail", why);
   // A process that died left its shared-memory pool behind (a clean stop removes it); a worker
   // that still maps it keeps its mapping. One that is only silent may come back with it.
-  if (gone && vision_peer_->info.device == "cpu") {
-    EmbeddingPool::remove(vision_peer_->info.pool_name);
-  }
+  // A device pool's region holds its header; its rows went with the process.
+  if (gone) EmbeddingPool::remove(vision_peer_->info.pool_name);
   vision_peer_.reset();
   vision_ops_.clear();
   // Requests still waiting for their images, or admitted with KV that does not cover them yet,

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -186,6 +187,13 @@ TEST(CudaVision, ServicesReadTheDevicePoolInPlaceAndMapANewOneAfterAVisionRestar
   };
   ASSERT_NO_FATAL_FAILURE(check(png, want_png, "first image"));
   EXPECT_EQ(vision_encodes(cluster), 1);
+  // The hand-off from the vision service's rows to the prefill, measured in both processes.
+  const std::string worker_metrics = cluster.worker_metrics();
+  EXPECT_EQ(testing::metric_value(worker_metrics, "litellama_worker_image_handoff_seconds_count"),
+            1);
+  std::printf(
+      "image hand-off: %.1f us\n",
+      1e6 * testing::metric_value(worker_metrics, "litellama_worker_image_handoff_seconds_sum"));
   ASSERT_NO_FATAL_FAILURE(check(png, want_png, "the same image again"));
   EXPECT_EQ(vision_encodes(cluster), 1);
   ASSERT_NO_FATAL_FAILURE(check(jpg, want_jpg, "another image"));

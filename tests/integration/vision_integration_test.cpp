@@ -243,6 +243,16 @@ TEST(VisionIntegration, ImagesThroughTheServicesMatchTheInProcessEngine) {
     EXPECT_EQ(first->top_logits[i].second, want.top[i].second);  // float32: bit for bit
   }
   EXPECT_EQ(vision_encodes(cluster), 1);
+  // The worker measured the hand-off of the freshly encoded rows to the prefill, once.
+  auto handoffs = [&] {
+    return testing::metric_value(cluster.worker_metrics(),
+                                 "litellama_worker_image_handoff_seconds_count");
+  };
+  EXPECT_EQ(handoffs(), 1);
+  const double handoff =
+      testing::metric_value(cluster.worker_metrics(), "litellama_worker_image_handoff_seconds_sum");
+  EXPECT_GT(handoff, 0.0);
+  EXPECT_LT(handoff, 10.0);
 
   // The same image, the prompt already expanded: not encoded again, and its KV is cached.
   auto second = client->generate(request(25), nullptr, 30000, {png});
@@ -258,6 +268,7 @@ TEST(VisionIntegration, ImagesThroughTheServicesMatchTheInProcessEngine) {
   EXPECT_EQ(third->token_ids, want_jpg.ids);
   EXPECT_LE(third->n_cached_tokens, 4);
   EXPECT_EQ(vision_encodes(cluster), 2);
+  EXPECT_EQ(handoffs(), 2);  // the reused image had none to report
 
   // Bad input: each a clear error, and the server serves on.
   auto garbage = client->generate(request(1), nullptr, 30000, {std::string("no image here")});

@@ -26,7 +26,8 @@ using net::frame_view;
 using net::monotonic_seconds;
 
 prometheus::Histogram::BucketBoundaries encode_buckets() {
-  return {0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0};
+  return {0.0001, 0.00025, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01,
+          0.02,   0.05,    0.1,    0.2,   0.5,    1.0,   2.0,   5.0,   10.0};
 }
 
 // A decode or preprocessing failure is the image's (the client's) fault; anything else is ours.
@@ -55,6 +56,9 @@ VisionService::VisionService(VisionOptions options)
   encode_duration_ = net::histogram(
       r, "litellama_vision_encode_seconds",
       "Time to encode one image: decode, preprocess, tower and projector", encode_buckets());
+  encode_device_duration_ = net::histogram(
+      r, "litellama_vision_encode_device_seconds",
+      "Device time of one encode on a GPU: patch upload, tower and projector", encode_buckets());
   encodes_ = net::counter(r, "litellama_vision_encodes_total", "Images encoded into the pool");
   bad_images_ =
       net::counter(r, "litellama_vision_bad_images_total",
@@ -206,6 +210,7 @@ proto::EncodeImageReply VisionService::encode(const proto::EncodeImageRequest& r
     if (Status st = impl_->cuda_encoder->encode_to_device(*pixels, slot); !st) {
       return fail(st, false);
     }
+    encode_device_duration_->Observe(impl_->cuda_encoder->last_device_seconds());
   }
 #endif
   if (impl_->encoder) {

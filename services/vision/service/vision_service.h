@@ -78,6 +78,7 @@ class VisionService {
   proto::VisionHeartbeat heartbeat_;
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Histogram* encode_duration_ = nullptr;
+  prometheus::Histogram* encode_device_duration_ = nullptr;  // --device cuda
   prometheus::Counter* encodes_ = nullptr;
   prometheus::Counter* bad_images_ = nullptr;
   prometheus::Counter* encode_errors_ = nullptr;

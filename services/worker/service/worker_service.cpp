@@ -78,6 +78,15 @@ WorkerService::WorkerService(WorkerOptions options)
                           .Help("Unknown or malformed messages")
                           .Register(r)
                           .Add({});
+  image_handoff_ = &prometheus::BuildHistogram()
+                        .Name("litellama_worker_image_handoff_seconds")
+                        .Help(
+                            "From the vision service completing an image's rows (its clock) to "
+                            "this worker launching the first step that reads them")
+                        .Register(r)
+                        .Add({}, prometheus::Histogram::BucketBoundaries{
+                                     1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3,
+                                     1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0});
   // Series only a GPU backend writes exist only on one: every exported series can change.
   if (options_.runner.device == Device::kCuda) {
     step_device_duration_ =
@@ -357,6 +366,11 @@ std::string WorkerService::run_step(const std::string& doorbell_bytes) {
   if (Status st = reader_.read(view, ring_->limits(), previous_sampled_, ring_registered_, &batch_);
       !st) {
     return fail(st);
+  }
+  if (const int64_t ready = view.header->images_ready_unix_ns; ready > 0) {
+    // Both clocks are the host's realtime clock: the vision service and the worker share a host.
+    image_handoff_->Observe(static_cast<double>(std::max<int64_t>(0, net::unix_now_ns() - ready)) *
+                            1e-9);
   }
   if (Status st = runner_->step(batch_, &output_); !st) return fail(st);
   const size_t n = output_.sampled_ids.size();

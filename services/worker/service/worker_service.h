@@ -99,6 +99,7 @@ class WorkerService {
   std::unique_ptr<net::MetricsServer> metrics_;
   prometheus::Histogram* step_duration_ = nullptr;
   prometheus::Histogram* step_device_duration_ = nullptr;  // GPU backends only
+  prometheus::Histogram* image_handoff_ = nullptr;
   prometheus::Histogram* doorbell_latency_ = nullptr;
   prometheus::Counter* steps_ = nullptr;
   prometheus::Counter* step_errors_ = nullptr;
