@@ -40,7 +40,7 @@ __global__ void layer_norm_kernel(T* __restrict__ out, const T* __restrict__ in,
 }
 
 template <typename T, VisionActivation kAct>
-__global__ void bias_act_kernel(T* __restrict__ out, const T* x, const float* __restrict__ bias,
+__global__ void bias_act_kernel(T* out, const T* x, const float* __restrict__ bias,
                                 const T* residual, int64_t n, int cols) {
   pdl_wait();
   pdl_launch_dependents();
