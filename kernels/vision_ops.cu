@@ -15,9 +15,8 @@ namespace {
 constexpr int kRowThreads = 256;
 
 template <typename T>
-__global__ void layer_norm_kernel(T* __restrict__ out, const T* __restrict__ in,
-                                  const float* __restrict__ weight, const float* __restrict__ bias,
-                                  int dim, float eps) {
+__global__ void layer_norm_kernel(T* out, const T* in, const float* __restrict__ weight,
+                                  const float* __restrict__ bias, int dim, float eps) {
   pdl_wait();
   pdl_launch_dependents();
   __shared__ float scratch[32];
