@@ -249,7 +249,12 @@ TEST(CudaVision, Bf16ServicesStayNearTheFloat32Reference) {
   for (size_t i = 0; i < want.top.size(); ++i) {
     EXPECT_NEAR(got->top_logits[i].second, want.top[i].second, 0.03 * scale) << i;
   }
-  EXPECT_EQ(got->token_ids.front(), want.ids.front());
+  // The greedy token: the reference's, or one within the same bound of it (a near tie).
+  bool near_top = false;
+  for (const auto& [id, logit] : want.top) {
+    near_top |= id == got->token_ids.front() && logit >= want.top.front().second - 0.03f * scale;
+  }
+  EXPECT_TRUE(near_top) << got->token_ids.front() << " against " << want.ids.front();
 }
 
 }  // namespace
