@@ -36,6 +36,16 @@ std::vector<float> flatten_patches(const PixelValues& pixels, int32_t patch_size
   return patches;
 }
 
+Status check_pixel_values(const PixelValues& pixels, const ClipVisionConfig& vision) {
+  if (pixels.height != vision.image_size || pixels.width != vision.image_size ||
+      pixels.data.size() != static_cast<size_t>(3) * pixels.height * pixels.width) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "pixel values are {}x{} but the vision tower takes {}x{} images",
+                      pixels.width, pixels.height, vision.image_size, vision.image_size);
+  }
+  return Status::ok();
+}
+
 Result<std::unique_ptr<LlavaVisionEncoder>> LlavaVisionEncoder::load(const Checkpoint& ckpt,
                                                                      int32_t n_threads) {
   if (ckpt.llava() == nullptr) {
@@ -160,12 +170,7 @@ void LlavaVisionEncoder::attention(float* out, const float* q, const float* k, c
 
 Result<std::vector<float>> LlavaVisionEncoder::vision_features(const PixelValues& pixels) const {
   const ClipVisionConfig& vc = config_.vision;
-  if (pixels.height != vc.image_size || pixels.width != vc.image_size ||
-      pixels.data.size() != static_cast<size_t>(3) * pixels.height * pixels.width) {
-    return make_error(StatusCode::kInvalidArgument,
-                      "pixel values are {}x{} but the vision tower takes {}x{} images",
-                      pixels.width, pixels.height, vc.image_size, vc.image_size);
-  }
+  LITELLAMA_RETURN_IF_ERROR(check_pixel_values(pixels, vc));
   const int64_t H = vc.hidden_size, p = vc.patch_size;
   const int64_t n_patches = vc.n_patches(), T = vc.n_positions(), inter = vc.intermediate_size;
   const int64_t patch_len = 3 * p * p;

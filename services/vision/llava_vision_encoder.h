@@ -34,6 +34,9 @@ namespace litellama::vision {
 // order, patches row by row (the convolution output's flatten(2) order).
 std::vector<float> flatten_patches(const PixelValues& pixels, int32_t patch_size);
 
+// kInvalidArgument unless the pixel values are [3, image_size, image_size] of the tower.
+Status check_pixel_values(const PixelValues& pixels, const ClipVisionConfig& vision);
+
 class LlavaVisionEncoder {
  public:
   // Loads the vision tower and projector of a LLaVA checkpoint (either published layout).

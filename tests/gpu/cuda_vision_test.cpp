@@ -25,6 +25,7 @@
 #include "services/worker/offline_engine.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/integration/service_cluster.h"
+#include "tests/vision/llava_engine_answer.h"
 
 namespace litellama {
 namespace {
@@ -96,65 +97,33 @@ TEST(CudaVision, TowerAndProjectorMatchTheCpuEncoder) {
   EXPECT_EQ((*gpu)->encode(wrong).status().code(), StatusCode::kInvalidArgument);
 }
 
-struct Reference {
-  std::vector<int32_t> ids;
-  std::vector<std::pair<int32_t, float>> top;
-};
+using Reference = vision::test::EngineAnswer;
 
-// The CPU in-process engine, float32, given the CPU encoder's rows at the image's positions.
 Reference cpu_reference(const std::string& model, const std::vector<int32_t>& before,
                         const std::string& image, const std::vector<int32_t>& after,
                         int32_t n_new) {
-  auto ckpt = Checkpoint::open(model);
-  EXPECT_TRUE(ckpt.is_ok());
-  auto enc = vision::LlavaVisionEncoder::load(*ckpt, 2);
-  EXPECT_TRUE(enc.is_ok());
-  auto rows = (*enc)->encode(pixels_of(model, image));
-  EXPECT_TRUE(rows.is_ok());
-  RunnerOptions options;
-  options.n_kv_slots = 512;
-  auto runner = create_model_runner(*ckpt, options);
-  EXPECT_TRUE(runner.is_ok());
-  OfflineEngine engine(**runner);
-  GenerationRequest r;
-  r.prompt_ids = before;
-  const LlavaConfig& lc = (*enc)->config();
-  for (int32_t i = 0; i < lc.n_image_tokens(); ++i) {
-    r.input_embedding_positions.push_back(static_cast<int32_t>(r.prompt_ids.size()));
-    r.prompt_ids.push_back(lc.image_token_id);
-  }
-  r.prompt_ids.insert(r.prompt_ids.end(), after.begin(), after.end());
-  r.input_embeddings = std::move(rows).value();
-  r.max_new_tokens = n_new;
-  r.n_top_logits = 4;
-  auto res = engine.generate({r});
-  EXPECT_TRUE(res.is_ok());
-  return {res->front().output_ids, res->front().top_logits};
+  return vision::test::llava_engine_answer(model, before, image, after, n_new);
 }
 
-double vision_encodes(const ServiceCluster& cluster) {
-  const auto [status, body] = testing::http_get(cluster.vision_metrics_port(), "/metrics");
-  return status == 200 ? testing::metric_value(body, "litellama_vision_encodes_total") : -1;
+// The four services with the worker and the vision service on CUDA in `dtype`; waits until the
+// scheduler has the vision service.
+void start_on_cuda(ServiceCluster& cluster, const char* dtype) {
+  cluster.use_preset("llava-tiny");
+  ASSERT_NO_FATAL_FAILURE(cluster.make_model());
+  cluster.add_worker_args({"--device", "cuda", "--dtype", dtype});
+  cluster.add_vision_args({"--device", "cuda", "--dtype", dtype});
+  ASSERT_NO_FATAL_FAILURE(cluster.start_with_vision(int64_t{1} << 20));
 }
 
 TEST(CudaVision, ServicesReadTheDevicePoolInPlaceAndMapANewOneAfterAVisionRestart) {
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   ServiceCluster cluster;
-  cluster.use_preset("llava-tiny");
-  ASSERT_NO_FATAL_FAILURE(cluster.make_model());
-  cluster.add_worker_args({"--device", "cuda", "--dtype", "float32"});
-  cluster.add_vision_args({"--device", "cuda", "--dtype", "float32"});
-  cluster.start_scheduler();
-  cluster.start_worker();
-  cluster.start_tokenizer();
-  cluster.start_vision(int64_t{1} << 20);
-  ASSERT_NO_FATAL_FAILURE(cluster.wait_ready());
+  ASSERT_NO_FATAL_FAILURE(start_on_cuda(cluster, "float32"));
   auto client = cluster.client();
   auto vision_up = [&] {
     auto info = client->server_info(1000);
     return info.is_ok() && info->vision_up;
   };
-  ASSERT_TRUE(testing::poll_until(vision_up, 30000)) << cluster.logs();
   EXPECT_NE(cluster.log("vision").find("device memory shared through CUDA IPC"), std::string::npos)
       << cluster.log("vision");
 
@@ -186,7 +155,7 @@ TEST(CudaVision, ServicesReadTheDevicePoolInPlaceAndMapANewOneAfterAVisionRestar
     }
   };
   ASSERT_NO_FATAL_FAILURE(check(png, want_png, "first image"));
-  EXPECT_EQ(vision_encodes(cluster), 1);
+  EXPECT_EQ(cluster.vision_encodes(), 1);
   // The hand-off from the vision service's rows to the prefill, measured in both processes.
   const std::string worker_metrics = cluster.worker_metrics();
   EXPECT_EQ(testing::metric_value(worker_metrics, "litellama_worker_image_handoff_seconds_count"),
@@ -195,9 +164,9 @@ TEST(CudaVision, ServicesReadTheDevicePoolInPlaceAndMapANewOneAfterAVisionRestar
       "image hand-off: %.1f us\n",
       1e6 * testing::metric_value(worker_metrics, "litellama_worker_image_handoff_seconds_sum"));
   ASSERT_NO_FATAL_FAILURE(check(png, want_png, "the same image again"));
-  EXPECT_EQ(vision_encodes(cluster), 1);
+  EXPECT_EQ(cluster.vision_encodes(), 1);
   ASSERT_NO_FATAL_FAILURE(check(jpg, want_jpg, "another image"));
-  EXPECT_EQ(vision_encodes(cluster), 2);
+  EXPECT_EQ(cluster.vision_encodes(), 2);
 
   // A new vision process: a new device pool, which the same worker maps when a step names it.
   const pid_t worker_pid = cluster.process("worker").pid();
@@ -214,23 +183,8 @@ TEST(CudaVision, ServicesReadTheDevicePoolInPlaceAndMapANewOneAfterAVisionRestar
 TEST(CudaVision, Bf16ServicesStayNearTheFloat32Reference) {
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   ServiceCluster cluster;
-  cluster.use_preset("llava-tiny");
-  ASSERT_NO_FATAL_FAILURE(cluster.make_model());
-  cluster.add_worker_args({"--device", "cuda", "--dtype", "bfloat16"});
-  cluster.add_vision_args({"--device", "cuda", "--dtype", "bfloat16"});
-  cluster.start_scheduler();
-  cluster.start_worker();
-  cluster.start_tokenizer();
-  cluster.start_vision(int64_t{1} << 20);
-  ASSERT_NO_FATAL_FAILURE(cluster.wait_ready());
+  ASSERT_NO_FATAL_FAILURE(start_on_cuda(cluster, "bfloat16"));
   auto client = cluster.client();
-  ASSERT_TRUE(testing::poll_until(
-      [&] {
-        auto info = client->server_info(1000);
-        return info.is_ok() && info->vision_up;
-      },
-      30000))
-      << cluster.logs();
   const std::vector<int32_t> before = {1, 319, 1967, 29901};
   const std::vector<int32_t> after = {13, 5618, 338, 445};
   const std::string png = read_image("rgb_37x23.png");

@@ -229,11 +229,33 @@ class ServiceCluster {
     argv.insert(argv.end(), vision_args_.begin(), vision_args_.end());
     start("vision", argv);
   }
+  // The scheduler, worker, tokenizer and vision service (LLaVA presets, after make_model()); waits
+  // until the scheduler has the vision service.
+  void start_with_vision(int64_t pool_bytes = 64 << 10) {
+    start_scheduler();
+    start_worker();
+    start_tokenizer();
+    start_vision(pool_bytes);
+    ASSERT_NO_FATAL_FAILURE(wait_ready());
+    auto c = client();
+    ASSERT_TRUE(poll_until(
+        [&] {
+          auto info = c->server_info(1000);
+          return info.is_ok() && info->vision_up;
+        },
+        30000))
+        << logs();
+  }
   // Flags appended to the vision service's command line (e.g. --device cuda).
   void add_vision_args(const std::vector<std::string>& args) {
     vision_args_.insert(vision_args_.end(), args.begin(), args.end());
   }
   int vision_metrics_port() const { return vision_port_; }
+  // Images the vision service has encoded (litellama_vision_encodes_total), -1 when unreachable.
+  double vision_encodes() const {
+    const auto [status, body] = http_get(vision_port_, "/metrics");
+    return status == 200 ? metric_value(body, "litellama_vision_encodes_total") : -1;
+  }
   void start_all() {
     make_model();
     start_scheduler();

@@ -26,6 +26,7 @@
 #include "services/worker/model_runner.h"
 #include "services/worker/offline_engine.h"
 #include "tests/integration/service_cluster.h"
+#include "tests/vision/llava_engine_answer.h"
 
 namespace litellama {
 namespace {
@@ -39,55 +40,12 @@ std::string read_image(const std::string& name) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-struct Expected {
-  std::vector<int32_t> ids;
-  std::vector<std::pair<int32_t, float>> top;
-};
+using Expected = vision::test::EngineAnswer;
 
-// The in-process answer: the encoder's rows at the image's 25 positions, one CPU thread as the
-// cluster's worker has.
 Expected expected_for(const std::string& model, const std::vector<int32_t>& text_before,
                       const std::string& image, const std::vector<int32_t>& text_after,
                       int32_t n_new) {
-  Expected out;
-  auto ckpt = Checkpoint::open(model);
-  EXPECT_TRUE(ckpt.is_ok());
-  auto enc = vision::LlavaVisionEncoder::load(*ckpt, 2);
-  EXPECT_TRUE(enc.is_ok());
-  auto config = vision::load_clip_preprocess_config(model);
-  auto rgb =
-      vision::decode_image(std::span(reinterpret_cast<const uint8_t*>(image.data()), image.size()));
-  EXPECT_TRUE(rgb.is_ok() && config.is_ok());
-  auto pixels = vision::clip_preprocess(*rgb, *config);
-  auto rows = (*enc)->encode(*pixels);
-  EXPECT_TRUE(rows.is_ok());
-  RunnerOptions options;
-  options.n_kv_slots = 512;
-  options.n_threads = 1;
-  auto runner = create_model_runner(*ckpt, options);
-  EXPECT_TRUE(runner.is_ok());
-  OfflineEngine engine(**runner);
-  GenerationRequest r;
-  r.prompt_ids = text_before;
-  const LlavaConfig& lc = (*enc)->config();
-  for (int32_t i = 0; i < lc.n_image_tokens(); ++i) {
-    r.input_embedding_positions.push_back(static_cast<int32_t>(r.prompt_ids.size()));
-    r.prompt_ids.push_back(lc.image_token_id);
-  }
-  r.prompt_ids.insert(r.prompt_ids.end(), text_after.begin(), text_after.end());
-  r.input_embeddings = std::move(rows).value();
-  r.max_new_tokens = n_new;
-  r.n_top_logits = 4;
-  auto res = engine.generate({r});
-  EXPECT_TRUE(res.is_ok());
-  out.ids = res->front().output_ids;
-  out.top = res->front().top_logits;
-  return out;
-}
-
-double vision_encodes(const ServiceCluster& cluster) {
-  const auto [status, body] = testing::http_get(cluster.vision_metrics_port(), "/metrics");
-  return status == 200 ? testing::metric_value(body, "litellama_vision_encodes_total") : -1;
+  return vision::test::llava_engine_answer(model, text_before, image, text_after, n_new);
 }
 
 std::string base64(const std::string& bytes) {
@@ -122,24 +80,6 @@ void add_chat_template(const std::string& model_dir) {
   std::ofstream(path) << config.dump(2);
 }
 
-// Starts the scheduler, worker, tokenizer and vision service and waits until the scheduler
-// has the vision service.
-void start_with_vision(ServiceCluster& cluster) {
-  cluster.start_scheduler();
-  cluster.start_worker();
-  cluster.start_tokenizer();
-  cluster.start_vision();
-  ASSERT_NO_FATAL_FAILURE(cluster.wait_ready());
-  auto client = cluster.client();
-  ASSERT_TRUE(testing::poll_until(
-      [&] {
-        auto info = client->server_info(1000);
-        return info.is_ok() && info->vision_up;
-      },
-      20000))
-      << cluster.logs();
-}
-
 // llava-hf's LLaVA-1.5 checkpoints keep their chat template in the processor's
 // chat_template.json, in this form: each message's content read as typed parts, images first.
 void add_processor_chat_template(const std::string& model_dir) {
@@ -161,7 +101,7 @@ TEST(VisionIntegration, AProcessorTemplateThatReadsTypedPartsGetsThemThroughHttp
   const int api_port = testing::free_tcp_port();
   cluster.add_scheduler_args(
       {"--api-listen", "127.0.0.1:" + std::to_string(api_port), "--served-model-name", "llava"});
-  ASSERT_NO_FATAL_FAILURE(start_with_vision(cluster));
+  ASSERT_NO_FATAL_FAILURE(cluster.start_with_vision());
   auto client = cluster.client();
   ASSERT_TRUE(testing::poll_until(
       [&] { return testing::http(api_port, "GET", "/ready").status == 200; }, 10000));
@@ -209,7 +149,7 @@ TEST(VisionIntegration, ImagesThroughTheServicesMatchTheInProcessEngine) {
   cluster.add_scheduler_args({"--api-listen", "127.0.0.1:" + std::to_string(api_port),
                               "--served-model-name", "llava", "--allowed-local-media-path",
                               media.string()});
-  ASSERT_NO_FATAL_FAILURE(start_with_vision(cluster));
+  ASSERT_NO_FATAL_FAILURE(cluster.start_with_vision());
   auto client = cluster.client();
   auto info = client->server_info(1000);
   ASSERT_TRUE(info.is_ok());
@@ -242,7 +182,7 @@ TEST(VisionIntegration, ImagesThroughTheServicesMatchTheInProcessEngine) {
     EXPECT_EQ(first->top_logits[i].first, want.top[i].first);
     EXPECT_EQ(first->top_logits[i].second, want.top[i].second);  // float32: bit for bit
   }
-  EXPECT_EQ(vision_encodes(cluster), 1);
+  EXPECT_EQ(cluster.vision_encodes(), 1);
   // The worker measured the hand-off of the freshly encoded rows to the prefill, once.
   auto handoffs = [&] {
     return testing::metric_value(cluster.worker_metrics(),
@@ -259,7 +199,7 @@ TEST(VisionIntegration, ImagesThroughTheServicesMatchTheInProcessEngine) {
   ASSERT_TRUE(second.is_ok()) << second.status().to_string();
   EXPECT_EQ(second->token_ids, want.ids);
   EXPECT_GE(second->n_cached_tokens, 4 + 25);
-  EXPECT_EQ(vision_encodes(cluster), 1);
+  EXPECT_EQ(cluster.vision_encodes(), 1);
 
   // Another image: encoded, and the cache does not hand it the first image's KV.
   const Expected want_jpg = expected_for(cluster.model_dir(), before, jpg, after, 6);
@@ -267,7 +207,7 @@ TEST(VisionIntegration, ImagesThroughTheServicesMatchTheInProcessEngine) {
   ASSERT_TRUE(third.is_ok()) << third.status().to_string();
   EXPECT_EQ(third->token_ids, want_jpg.ids);
   EXPECT_LE(third->n_cached_tokens, 4);
-  EXPECT_EQ(vision_encodes(cluster), 2);
+  EXPECT_EQ(cluster.vision_encodes(), 2);
   EXPECT_EQ(handoffs(), 2);  // the reused image had none to report
 
   // Bad input: each a clear error, and the server serves on.

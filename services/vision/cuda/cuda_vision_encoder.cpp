@@ -164,12 +164,7 @@ Result<std::unique_ptr<CudaVisionEncoder>> CudaVisionEncoder::load(const Checkpo
 
 Status CudaVisionEncoder::run_tower(const PixelValues& pixels) {
   const ClipVisionConfig& vc = config_.vision;
-  if (pixels.height != vc.image_size || pixels.width != vc.image_size ||
-      pixels.data.size() != static_cast<size_t>(3) * pixels.height * pixels.width) {
-    return make_error(StatusCode::kInvalidArgument,
-                      "pixel values are {}x{} but the vision tower takes {}x{} images",
-                      pixels.width, pixels.height, vc.image_size, vc.image_size);
-  }
+  LITELLAMA_RETURN_IF_ERROR(check_pixel_values(pixels, vc));
   Impl& m = *impl_;
   const cudaStream_t stream = m.ctx.stream();
   const LinearHandle blas = m.ctx.linear();
