@@ -212,10 +212,11 @@ def main():
     p.add_argument("--metrics-port", type=int, default=18310)
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    model_dir = a.model or os.path.join(a.out, "llava1.5-7b")
-    if not a.model:
+    # The generated checkpoint (about 14 GB) lives outside --out, which keeps only results.
+    model_dir = a.model or "/tmp/litellama-vision-bench/llava1.5-7b"
+    if not a.model and not os.path.exists(os.path.join(model_dir, "config.json")):
         subprocess.run([f"{a.bin}/litellama", "make-model", "--preset", "llava1.5-7b",
-                        "--dtype", "bfloat16", model_dir], check=True)
+                        "--dtype", "bfloat16", "--out", model_dir], check=True)
     images = make_images(a.n + 3, seed=11)  # warm-up, timed, and one sent twice
     ours = our_side(a, model_dir, images, a.n, random.Random(5))
     theirs = transformers_side(model_dir, images, a.n, random.Random(5))
