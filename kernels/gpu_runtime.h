@@ -96,6 +96,12 @@
 #define cudaIpcOpenMemHandle hipIpcOpenMemHandle
 #define cudaIpcCloseMemHandle hipIpcCloseMemHandle
 #define cudaIpcMemLazyEnablePeerAccess hipIpcMemLazyEnablePeerAccess
+#define cudaIpcEventHandle_t hipIpcEventHandle_t
+#define cudaIpcGetEventHandle hipIpcGetEventHandle
+#define cudaIpcOpenEventHandle hipIpcOpenEventHandle
+#define cudaEventInterprocess hipEventInterprocess
+#define cudaEventQuery hipEventQuery
+#define cudaErrorNotReady hipErrorNotReady
 
 namespace litellama {
 // The device's 16-byte UUID (cudaDeviceProp::uuid in CUDA; ROCm's properties have none).

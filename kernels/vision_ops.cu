@@ -38,6 +38,41 @@ __global__ void layer_norm_kernel(T* out, const T* in, const float* __restrict__
   }
 }
 
+// launch_bias_residual_layer_norm: the residual add of launch_bias_act (kNone), then
+// layer_norm_kernel's statistics over the stored row, in the same order of sums.
+template <typename T>
+__global__ void bias_residual_layer_norm_kernel(T* x, const T* delta, const float* __restrict__ bias,
+                                                T* normed, const float* __restrict__ weight,
+                                                const float* __restrict__ norm_bias, int dim,
+                                                float eps) {
+  pdl_wait();
+  pdl_launch_dependents();
+  __shared__ float scratch[32];
+  T* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
+  const T* d = delta + static_cast<int64_t>(blockIdx.x) * dim;
+  float sum = 0.0f;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float v = to_float(from_float<T>(to_float(d[i]) + bias[i]));
+    const T stored = from_float<T>(v + to_float(xr[i]));
+    xr[i] = stored;
+    sum += to_float(stored);
+  }
+  const float mean = block_sum(sum, scratch) / static_cast<float>(dim);
+  float sq = 0.0f;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float c = to_float(xr[i]) - mean;  // this thread's own store above
+    sq += c * c;
+  }
+  // Every thread has read its delta before any writes normed (which may be delta): block_sum
+  // syncs.
+  const float var = block_sum(sq, scratch) / static_cast<float>(dim);
+  const float inv = rsqrtf(var + eps);
+  T* y = normed + static_cast<int64_t>(blockIdx.x) * dim;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    y[i] = from_float<T>((to_float(xr[i]) - mean) * inv * weight[i] + norm_bias[i]);
+  }
+}
+
 template <typename T, VisionActivation kAct>
 __global__ void bias_act_kernel(T* out, const T* x, const float* __restrict__ bias,
                                 const T* residual, int64_t n, int cols) {
@@ -145,6 +180,21 @@ Status launch_layer_norm(void* out, const void* in, const float* weight, const f
     LITELLAMA_CUDA_RETURN_IF_ERROR(
         launch_kernel(layer_norm_kernel<T>, dim3(n_rows), dim3(kRowThreads), 0, stream,
                       static_cast<T*>(out), static_cast<const T*>(in), weight, bias, dim, eps));
+    return Status::ok();
+  });
+}
+
+Status launch_bias_residual_layer_norm(void* x, const void* delta, const float* bias,
+                                       void* normed, const float* weight, const float* norm_bias,
+                                       int32_t n_rows, int32_t dim, float eps, DType dtype,
+                                       KernelStream stream) {
+  if (n_rows == 0) return Status::ok();
+  return dispatch_float_dtype(dtype, "bias_residual_layer_norm", [&](auto type) -> Status {
+    using T = typename decltype(type)::type;
+    LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(
+        bias_residual_layer_norm_kernel<T>, dim3(n_rows), dim3(kRowThreads), 0, stream,
+        static_cast<T*>(x), static_cast<const T*>(delta), bias, static_cast<T*>(normed), weight,
+        norm_bias, dim, eps));
     return Status::ok();
   });
 }

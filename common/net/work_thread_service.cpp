@@ -65,7 +65,7 @@ Status WorkThreadService::prepare() {
   return Status::ok();
 }
 
-Status WorkThreadService::connect(Serve serve) {
+Status WorkThreadService::connect(Serve serve, std::function<void()> after_reply) {
   try {
     scheduler_ = zmq::socket_t(context_, zmq::socket_type::dealer);
     configure_socket(scheduler_);
@@ -78,11 +78,12 @@ Status WorkThreadService::connect(Serve serve) {
     return make_error(StatusCode::kUnavailable, "cannot connect to '{}': {}",
                       config_.peer.scheduler_endpoint, e.what());
   }
-  work_thread_ = std::thread([this, serve = std::move(serve)] { work_main(serve); });
+  work_thread_ = std::thread(
+      [this, serve = std::move(serve), after = std::move(after_reply)] { work_main(serve, after); });
   return Status::ok();
 }
 
-void WorkThreadService::work_main(Serve serve) {
+void WorkThreadService::work_main(const Serve& serve, const std::function<void()>& after_reply) {
   zmq::socket_t io(context_, zmq::socket_type::pair);
   io.set(zmq::sockopt::linger, 0);
   io.set(zmq::sockopt::rcvtimeo, 200);
@@ -103,6 +104,7 @@ void WorkThreadService::work_main(Serve serve) {
     }
     const std::string reply = serve(frames);
     if (!reply.empty()) io.send(zmq::buffer(reply), zmq::send_flags::none);
+    if (after_reply) after_reply();
   }
 }
 

@@ -70,7 +70,9 @@ class WorkThreadService {
   Status prepare();
   void mark_loaded() { loaded_.store(true); }
   // Connects to the scheduler and starts the work thread serving with `serve`. After loading.
-  Status connect(Serve serve);
+  // `after_reply`, when set, runs on the work thread after each reply is handed to the I/O
+  // thread (the vision service waits for its device there, the reply already on its way).
+  Status connect(Serve serve, std::function<void()> after_reply = {});
   // The I/O loop: heartbeats of `heartbeat` bytes every interval, work to the work thread,
   // replies to the scheduler, until request_stop(); then stops the work thread.
   void run(const std::string& heartbeat);
@@ -83,7 +85,7 @@ class WorkThreadService {
 
  private:
   std::string ready_reason() const;
-  void work_main(Serve serve);
+  void work_main(const Serve& serve, const std::function<void()>& after_reply);
   // Stops and joins the work thread (idempotent).
   void stop_work();
 

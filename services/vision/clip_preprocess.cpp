@@ -60,14 +60,8 @@ double lanczos_weight(double x) {
 }
 
 // Fixed point of the coefficients: 8 bits of result, 2 of headroom for the filter's overshoot.
-constexpr int kPrecisionBits = 32 - 8 - 2;
-
-// Per output pixel: the first input pixel, how many it reads and their weights in fixed point.
-struct Coefficients {
-  int32_t ksize = 0;
-  std::vector<int32_t> first, count;
-  std::vector<int32_t> weights;  // [out_size, ksize]
-};
+constexpr int kPrecisionBits = kResamplePrecisionBits;
+using Coefficients = ResampleCoefficients;
 
 // precompute_coeffs + normalize_coeffs_8bpc over the whole input [0, in_size).
 Coefficients make_coefficients(int32_t in_size, int32_t out_size, const Filter& filter) {
@@ -291,11 +285,14 @@ Result<ClipPreprocessConfig> load_clip_preprocess_config(const std::string& dir)
   return parse_clip_preprocess_config(text);
 }
 
-Result<RgbImage> pillow_resize(const RgbImage& image, int32_t width, int32_t height,
-                               Resample resample) {
-  if (width < 1 || height < 1 || image.width < 1 || image.height < 1) {
+namespace {
+
+// Image.resize's passes from in_width x in_height to width x height, into plan's resize fields.
+Status plan_resize(int32_t in_width, int32_t in_height, int32_t width, int32_t height,
+                   Resample resample, ClipPreprocessPlan* plan) {
+  if (width < 1 || height < 1 || in_width < 1 || in_height < 1) {
     return make_error(StatusCode::kInvalidArgument, "cannot resize a {}x{} image to {}x{}",
-                      image.width, image.height, width, height);
+                      in_width, in_height, width, height);
   }
   if (int64_t{width} * height > kMaxImagePixels) {
     return make_error(StatusCode::kResourceExhausted, "resize target {}x{} is too large", width,
@@ -323,20 +320,42 @@ Result<RgbImage> pillow_resize(const RgbImage& image, int32_t width, int32_t hei
                         "resample 0 (nearest) is not supported (supported: 1 lanczos, 2 bilinear, "
                         "3 bicubic, 4 box, 5 hamming)");
   }
+  plan->resized_width = width;
+  plan->resized_height = height;
   // Image.resize returns a copy when the size is unchanged.
-  if (width == image.width && height == image.height) return image;
-  const bool need_horizontal = width != image.width;
-  const bool need_vertical = height != image.height;
-  const Coefficients vert = make_coefficients(image.height, height, filter);
-  // The horizontal pass only produces the rows the vertical pass reads.
-  const int32_t first_row = vert.first[0];
-  const int32_t last_row = vert.first[height - 1] + vert.count[height - 1];
-  if (!need_horizontal) return resample_vertical(image, height, 0, vert);
-  const Coefficients horiz = make_coefficients(image.width, width, filter);
-  RgbImage tmp = resample_horizontal(image, width, need_vertical ? first_row : 0,
-                                     need_vertical ? last_row - first_row : image.height, horiz);
-  if (!need_vertical) return tmp;
-  return resample_vertical(tmp, height, first_row, vert);
+  plan->horizontal = width != in_width;
+  plan->vertical = height != in_height;
+  plan->first_row = 0;
+  plan->n_rows = in_height;
+  if (plan->vertical) {
+    plan->vert = make_coefficients(in_height, height, filter);
+    if (plan->horizontal) {
+      // The horizontal pass only produces the rows the vertical pass reads.
+      plan->first_row = plan->vert.first[0];
+      plan->n_rows = plan->vert.first[height - 1] + plan->vert.count[height - 1] - plan->first_row;
+    }
+  }
+  if (plan->horizontal) plan->horiz = make_coefficients(in_width, width, filter);
+  return Status::ok();
+}
+
+// The resize fields of a plan applied to `image`.
+RgbImage run_resize(const RgbImage& image, const ClipPreprocessPlan& plan) {
+  if (!plan.horizontal && !plan.vertical) return image;
+  if (!plan.horizontal) return resample_vertical(image, plan.resized_height, 0, plan.vert);
+  RgbImage tmp =
+      resample_horizontal(image, plan.resized_width, plan.first_row, plan.n_rows, plan.horiz);
+  if (!plan.vertical) return tmp;
+  return resample_vertical(tmp, plan.resized_height, plan.first_row, plan.vert);
+}
+
+}  // namespace
+
+Result<RgbImage> pillow_resize(const RgbImage& image, int32_t width, int32_t height,
+                               Resample resample) {
+  ClipPreprocessPlan plan;
+  LITELLAMA_RETURN_IF_ERROR(plan_resize(image.width, image.height, width, height, resample, &plan));
+  return run_resize(image, plan);
 }
 
 std::pair<int32_t, int32_t> shortest_edge_output_size(int32_t height, int32_t width,
@@ -402,7 +421,8 @@ Result<RgbImage> expand_to_square(const RgbImage& image, const std::vector<doubl
   return out;
 }
 
-Result<PixelValues> clip_preprocess(const RgbImage& image, const ClipPreprocessConfig& config) {
+Result<ClipPreprocessPlan> plan_clip_preprocess(const RgbImage& image,
+                                                const ClipPreprocessConfig& config) {
   if (image.width < 1 || image.height < 1 ||
       image.pixels.size() != static_cast<size_t>(image.width) * image.height * 3) {
     return make_error(StatusCode::kInvalidArgument, "empty or malformed image ({}x{})", image.width,
@@ -413,48 +433,81 @@ Result<PixelValues> clip_preprocess(const RgbImage& image, const ClipPreprocessC
                       "image is {} and do_convert_rgb is false: the vision tower takes RGB",
                       source_mode_name(image.source_mode));
   }
-  const RgbImage* current = &image;
-  RgbImage squared, resized, cropped;
+  ClipPreprocessPlan plan;
+  int32_t width = image.width, height = image.height;
   if (config.pad_to_square) {
-    LITELLAMA_ASSIGN_OR_RETURN(squared, expand_to_square(*current, config.image_mean));
-    current = &squared;
+    LITELLAMA_ASSIGN_OR_RETURN(plan.squared, expand_to_square(image, config.image_mean));
+    if (plan.squared.width == image.width && plan.squared.height == image.height) {
+      plan.squared = RgbImage{};  // already square: the input goes on as it is
+    } else {
+      width = plan.squared.width;
+      height = plan.squared.height;
+    }
   }
+  plan.resized_width = width;
+  plan.resized_height = height;
+  plan.n_rows = height;
   if (config.do_resize) {
     int32_t h = config.resize_height, w = config.resize_width;
-    if (h <= 0 || w <= 0) {
-      std::tie(h, w) =
-          shortest_edge_output_size(current->height, current->width, config.shortest_edge);
-    }
+    if (h <= 0 || w <= 0) std::tie(h, w) = shortest_edge_output_size(height, width, config.shortest_edge);
     if (h < 1 || w < 1) {
       return make_error(StatusCode::kInvalidArgument,
-                        "image of {}x{} resizes to {}x{} (too thin for shortest edge {})",
-                        current->width, current->height, w, h, config.shortest_edge);
+                        "image of {}x{} resizes to {}x{} (too thin for shortest edge {})", width,
+                        height, w, h, config.shortest_edge);
     }
-    LITELLAMA_ASSIGN_OR_RETURN(resized, pillow_resize(*current, w, h, config.resample));
-    current = &resized;
+    LITELLAMA_RETURN_IF_ERROR(plan_resize(width, height, w, h, config.resample, &plan));
   }
+  plan.out_height = plan.resized_height;
+  plan.out_width = plan.resized_width;
   if (config.do_center_crop) {
-    cropped = center_crop(*current, config.crop_height, config.crop_width);
-    current = &cropped;
+    // Python's floor division: negative offsets where the crop is larger (zero padding).
+    auto floor_half = [](int32_t v) { return v >= 0 ? v / 2 : -((-v + 1) / 2); };
+    plan.top = floor_half(plan.resized_height - config.crop_height);
+    plan.left = floor_half(plan.resized_width - config.crop_width);
+    plan.out_height = config.crop_height;
+    plan.out_width = config.crop_width;
   }
-  PixelValues out;
-  out.height = current->height;
-  out.width = current->width;
-  const size_t plane = static_cast<size_t>(out.height) * out.width;
-  out.data.resize(plane * 3);
   for (int32_t ch = 0; ch < 3; ++ch) {
     // As transformers: rescale in float64 then float32, normalize in float32.
     const auto mean = static_cast<float>(config.image_mean[static_cast<size_t>(ch)]);
     const auto std_dev = static_cast<float>(config.image_std[static_cast<size_t>(ch)]);
-    for (size_t i = 0; i < plane; ++i) {
-      const uint8_t u = current->pixels[i * 3 + ch];
+    for (int32_t u = 0; u < 256; ++u) {
       float v =
           config.do_rescale ? static_cast<float>(u * config.rescale_factor) : static_cast<float>(u);
       if (config.do_normalize) v = (v - mean) / std_dev;
-      out.data[ch * plane + i] = v;
+      plan.value[static_cast<size_t>(ch)][static_cast<size_t>(u)] = v;
+    }
+  }
+  return plan;
+}
+
+PixelValues apply_clip_preprocess(const RgbImage& image, const ClipPreprocessPlan& plan) {
+  const RgbImage& source = plan.squared.width > 0 ? plan.squared : image;
+  const RgbImage resized = run_resize(source, plan);
+  PixelValues out;
+  out.height = plan.out_height;
+  out.width = plan.out_width;
+  const size_t plane = static_cast<size_t>(out.height) * out.width;
+  out.data.resize(plane * 3);
+  for (int32_t y = 0; y < out.height; ++y) {
+    const int32_t sy = y + plan.top;
+    const bool row_in = sy >= 0 && sy < resized.height;
+    for (int32_t x = 0; x < out.width; ++x) {
+      const int32_t sx = x + plan.left;
+      const bool in = row_in && sx >= 0 && sx < resized.width;
+      const size_t i = static_cast<size_t>(y) * out.width + x;
+      for (int32_t ch = 0; ch < 3; ++ch) {
+        const uint8_t u = in ? resized.at(sy, sx, ch) : 0;
+        out.data[ch * plane + i] = plan.value[static_cast<size_t>(ch)][u];
+      }
     }
   }
   return out;
+}
+
+Result<PixelValues> clip_preprocess(const RgbImage& image, const ClipPreprocessConfig& config) {
+  LITELLAMA_ASSIGN_OR_RETURN(ClipPreprocessPlan plan, plan_clip_preprocess(image, config));
+  return apply_clip_preprocess(image, plan);
 }
 
 }  // namespace litellama::vision

@@ -11,6 +11,7 @@
 // Pixel values therefore match the processor's exactly, not only within a tolerance.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -85,7 +86,47 @@ struct PixelValues {
   std::vector<float> data;  // [3, height, width]
 };
 
-// The whole preprocessing of one decoded image.
+// Fractional bits of Pillow's fixed-point resampling weights for 8-bit images (PRECISION_BITS).
+inline constexpr int kResamplePrecisionBits = 32 - 8 - 2;
+
+// Pillow's resampling coefficients of one axis (precompute_coeffs + normalize_coeffs_8bpc over
+// the whole input): per output pixel, the first input pixel, how many it reads and their weights
+// in fixed point of kResamplePrecisionBits fractional bits.
+struct ResampleCoefficients {
+  int32_t ksize = 0;
+  std::vector<int32_t> first, count;
+  std::vector<int32_t> weights;  // [out_size, ksize]
+};
+
+// What clip_preprocess does to one image, decided on the host: everything that involves floating
+// point or rounding. Applying it is integer arithmetic and table lookups, which the device
+// preprocessing (services/vision/cuda/) does bit for bit as apply_clip_preprocess does.
+struct ClipPreprocessPlan {
+  // pad_to_square's padded image; width 0 when the input goes on as it is.
+  RgbImage squared;
+  // The resize: the passes Pillow runs (none when the size does not change). The horizontal pass
+  // produces input rows [first_row, first_row + n_rows) only (the rows the vertical pass reads);
+  // the vertical pass then reads its rows shifted by first_row.
+  bool horizontal = false, vertical = false;
+  int32_t resized_width = 0, resized_height = 0;  // the input's size when there is no resize
+  ResampleCoefficients horiz, vert;
+  int32_t first_row = 0, n_rows = 0;
+  // The output: out_height x out_width pixels of the resized image from (top, left); positions
+  // outside it read byte 0 (transformers pads a crop larger than the image with zeros).
+  int32_t top = 0, left = 0, out_height = 0, out_width = 0;
+  // value[c][byte]: the pixel value of `byte` in channel c after rescale and normalize, computed
+  // as transformers does (rescale in float64 then float32, normalize in float32).
+  std::array<std::array<float, 256>, 3> value{};
+};
+
+// Checks the image and the configuration and plans the preprocessing (pad_to_square runs here,
+// into plan.squared).
+Result<ClipPreprocessPlan> plan_clip_preprocess(const RgbImage& image,
+                                                const ClipPreprocessConfig& config);
+// Runs a plan of `image` on the host.
+PixelValues apply_clip_preprocess(const RgbImage& image, const ClipPreprocessPlan& plan);
+
+// The whole preprocessing of one decoded image: plan_clip_preprocess, then apply.
 Result<PixelValues> clip_preprocess(const RgbImage& image, const ClipPreprocessConfig& config);
 
 }  // namespace litellama::vision

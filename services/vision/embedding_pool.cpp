@@ -23,7 +23,7 @@ namespace bip = boost::interprocess;
 namespace {
 
 constexpr uint64_t kEmbeddingPoolMagic = 0x4c4c4d454d425031ull;  // "LLMEMBP1"
-constexpr uint32_t kEmbeddingPoolLayoutVersion = 3;
+constexpr uint32_t kEmbeddingPoolLayoutVersion = 4;
 constexpr size_t kAlign = 64;
 // The largest region create() makes or open() accepts: 1 TiB, far above any real pool, and small
 // enough that every size computation below stays exact in 64 bits.
@@ -43,6 +43,8 @@ struct RegionHeader {
   uint64_t incarnation;
   uint8_t ipc_handle[64];
   uint8_t device_uuid[16];
+  uint8_t ready_event[64];
+  uint64_t finished_ns_offset;
 };
 
 constexpr uint64_t align_up(uint64_t n) {
@@ -148,6 +150,8 @@ Result<std::unique_ptr<EmbeddingPool>> EmbeddingPool::create(const std::string& 
       header->on_device = 1;
       std::memcpy(header->ipc_handle, device->ipc_handle.data(), sizeof header->ipc_handle);
       std::memcpy(header->device_uuid, device->device_uuid.data(), sizeof header->device_uuid);
+      std::memcpy(header->ready_event, device->ready_event.data(), sizeof header->ready_event);
+      header->finished_ns_offset = device->finished_ns_offset;
     }
     header->layout_version = kEmbeddingPoolLayoutVersion;
     header->magic = kEmbeddingPoolMagic;
@@ -207,6 +211,8 @@ Result<std::unique_ptr<EmbeddingPool>> EmbeddingPool::open(const std::string& na
     if (on_device) {
       std::memcpy(pool->device_.ipc_handle.data(), header.ipc_handle, sizeof header.ipc_handle);
       std::memcpy(pool->device_.device_uuid.data(), header.device_uuid, sizeof header.device_uuid);
+      std::memcpy(pool->device_.ready_event.data(), header.ready_event, sizeof header.ready_event);
+      pool->device_.finished_ns_offset = header.finished_ns_offset;
     }
     return pool;
   } catch (const bip::interprocess_exception& e) {

@@ -36,10 +36,17 @@ struct EmbeddingPoolGeometry {
 };
 
 // Where a device pool's rows are: the exporting process's cudaIpcMemHandle_t of the allocation
-// (its bytes) and the UUID of the GPU that holds it (cudaDeviceProp::uuid).
+// (its bytes) and the UUID of the GPU that holds it (cudaDeviceProp::uuid). And how a reader knows
+// that rows are complete: the exporter's cudaIpcEventHandle_t of an interprocess event recorded
+// after each encode's last write (a reader waits for it before reading rows the scheduler
+// announced), and, at finished_ns_offset bytes into the allocation (past the rows; 0: none), a
+// uint64 the exporter's stream sets to the GPU's nanosecond time (kernels/device_time.h) when an
+// encode's rows are complete.
 struct EmbeddingPoolDevice {
   std::array<uint8_t, 64> ipc_handle{};
   std::array<uint8_t, 16> device_uuid{};
+  std::array<uint8_t, 64> ready_event{};
+  uint64_t finished_ns_offset = 0;
 };
 
 class EmbeddingPool {

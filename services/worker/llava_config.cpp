@@ -47,8 +47,12 @@ int64_t llava_vision_device_bytes(const LlavaConfig& c, int64_t elem_bytes, int6
   // The pool holds whole slots of [n_image_tokens, text_hidden] float32 rows, at least one.
   const int64_t slot = int64_t{c.n_image_tokens()} * th * 4;
   const int64_t pool = std::max(slot, pool_bytes / std::max<int64_t>(slot, 1) * slot);
+  // Device preprocessing: the decoded image with the plan's tables (1 MiB more at most), the
+  // horizontal pass's rows and the resized image, 3 bytes a pixel each.
+  const int64_t preprocess = 3 * 3 * kVisionDevicePreprocessPixels + (int64_t{1} << 20);
   constexpr int64_t kContextBytes = int64_t{1} << 30;
-  return weights * elem_bytes + activations + attention + pool + kContextBytes;
+  return weights * elem_bytes + activations + attention + pool + preprocess +
+         kVisionCublasWorkspaceBytes + kContextBytes;
 }
 
 Result<LlavaConfig> parse_llava_config(const json& j) {

@@ -54,10 +54,18 @@ struct LlavaConfig {
   int32_t n_image_tokens() const;
 };
 
+// The largest image (in pixels, for each of the decoded image, the resize's intermediate rows and
+// the resized image) that the vision service on a GPU preprocesses on the device; larger ones are
+// preprocessed on the host (services/vision/cuda/cuda_vision_encoder.h).
+inline constexpr int64_t kVisionDevicePreprocessPixels = int64_t{16} << 20;
+// Device bytes of the vision service's cuBLAS workspace (set on its handle for graph capture).
+inline constexpr int64_t kVisionCublasWorkspaceBytes = int64_t{32} << 20;
+
 // What a vision service on a GPU holds for this model (services/vision/cuda/): the weights of the
-// layers it runs and of the projector in `elem_bytes` per value, its workspaces, the embedding
-// pool of `pool_bytes` (whole slots of float32 rows), and 1 GiB for the process's CUDA context
-// and cuBLAS. An upper bound, so that a worker on the same GPU can leave it that much
+// layers it runs and of the projector in `elem_bytes` per value, its workspaces (device
+// preprocessing of images up to kVisionDevicePreprocessPixels and cuBLAS's included), the
+// embedding pool of `pool_bytes` (whole slots of float32 rows), and 1 GiB for the process's CUDA
+// context. An upper bound, so that a worker on the same GPU can leave it that much
 // (RunnerOptions::reserve_device_bytes) before the vision service has started.
 int64_t llava_vision_device_bytes(const LlavaConfig& config, int64_t elem_bytes,
                                   int64_t pool_bytes);

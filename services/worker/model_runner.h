@@ -239,8 +239,10 @@ struct RunnerOptions {
 class DeviceEmbeddingMapper {
  public:
   virtual ~DeviceEmbeddingMapper() = default;
-  // The rows' `bytes`, mapped. kUnavailable when the handle cannot be opened (another GPU without
-  // peer access, an exporter gone). Each successful map is undone by one unmap.
+  // The rows' `bytes`, mapped, with the pool's ready event where it exports one (a step that reads
+  // the rows first waits, boundedly, for the event's latest record). kUnavailable when a handle
+  // cannot be opened (another GPU without peer access, an exporter gone). Each successful map is
+  // undone by one unmap.
   virtual Result<const float*> map_device_embeddings(const EmbeddingPoolDevice& pool,
                                                      uint64_t bytes) = 0;
   // Waits until no queued step reads `rows`, then unmaps them.
@@ -279,6 +281,11 @@ class ModelRunner : public DeviceEmbeddingMapper {
   // time is host work and launch/synchronisation latency. nullopt where the backend has no
   // separate device (CPU) or no step ran yet.
   virtual std::optional<double> last_step_device_seconds() const { return std::nullopt; }
+  // For the last step that read image rows of a device embedding pool whose exporter stamps when
+  // rows are complete (EmbeddingPoolDevice::finished_ns_offset) on this GPU: the GPU time from
+  // that stamp to the step's first read of the rows. nullopt otherwise (no such rows, another
+  // GPU, no device clock).
+  virtual std::optional<double> last_image_handoff_seconds() const { return std::nullopt; }
   // Steps launched as a CUDA graph: replays of a graph an earlier step captured, and steps that
   // captured one (each pure decode step of a new batch shape runs eagerly first, captures on its
   // second sight and replays after). Always 0 where there are no graphs.

@@ -149,6 +149,7 @@ TEST(Observability, InfoGaugesAndEveryNonFailureSeriesIsWritten) {
       "litellama_scheduler_requests_overloaded_total",
       // Written only by requests with images (vision_integration_test checks them).
       "litellama_scheduler_images_total",
+      "litellama_worker_image_handoff_seconds",
   };
   size_t n_checked = 0;
   for (const std::string* body : {&scheduler, &worker, &tokenizer}) {

@@ -1,6 +1,7 @@
 #include "services/vision/service/vision_service.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 
@@ -16,6 +17,7 @@
 #if LITELLAMA_VISION_CUDA
 #include "kernels/gpu_runtime.h"
 #include "services/vision/cuda/cuda_vision_encoder.h"
+#include "services/worker/cuda/device_buffer.h"
 #endif
 
 namespace litellama {
@@ -46,6 +48,9 @@ struct VisionService::Impl {
 #endif
   vision::ClipPreprocessConfig preprocess;
   std::unique_ptr<EmbeddingPool> pool;  // destroyed before device_rows: the header goes first
+  // A device encode announced before it finished (its metrics are observed when it has).
+  bool encode_in_flight = false;
+  double encode_start = 0.0;
 };
 
 VisionService::VisionService(VisionOptions options)
@@ -118,9 +123,27 @@ Status VisionService::start() {
         resolve_compute_dtype(Device::kCuda, options_.dtype, checkpoint.config().torch_dtype));
     LITELLAMA_ASSIGN_OR_RETURN(impl_->cuda_encoder,
                                vision::CudaVisionEncoder::load(checkpoint, dtype));
-    backend = fmt::format("cuda {}, {} MiB of weights and {} MiB of workspaces on the device",
-                          dtype_torch_name(dtype), impl_->cuda_encoder->weight_bytes() >> 20,
-                          impl_->cuda_encoder->workspace_bytes() >> 20);
+    // Two encodes of a plain image: the first runs the tower eagerly (lazy module loading,
+    // cuBLAS's choices), the second captures its graph, so that no request pays for either.
+    vision::RgbImage blank;
+    blank.width = blank.height = checkpoint.llava()->vision.image_size;
+    blank.pixels.assign(static_cast<size_t>(blank.width) * blank.height * 3, 128);
+    LITELLAMA_ASSIGN_OR_RETURN(vision::ClipPreprocessConfig warm,
+                               vision::load_clip_preprocess_config(options_.model_dir));
+    LITELLAMA_ASSIGN_OR_RETURN(
+        DeviceBuffer scratch,
+        DeviceBuffer::allocate(static_cast<size_t>(checkpoint.llava()->n_image_tokens()) *
+                               checkpoint.llava()->text_hidden_size * sizeof(float)));
+    for (int i = 0; i < 2; ++i) {
+      LITELLAMA_RETURN_IF_ERROR(
+          impl_->cuda_encoder->enqueue_image(blank, warm, scratch.as<float>(), nullptr));
+      LITELLAMA_RETURN_IF_ERROR(impl_->cuda_encoder->finish());
+    }
+    backend = fmt::format(
+        "cuda {}, {} MiB of weights and {} MiB of workspaces on the device, tower {}",
+        dtype_torch_name(dtype), impl_->cuda_encoder->weight_bytes() >> 20,
+        impl_->cuda_encoder->workspace_bytes() >> 20,
+        impl_->cuda_encoder->tower_graph() ? "as a CUDA graph" : "launched eagerly");
   }
 #endif
   LITELLAMA_ASSIGN_OR_RETURN(impl_->preprocess,
@@ -161,7 +184,8 @@ Status VisionService::start() {
   heartbeat_.max_image_bytes = options_.max_image_bytes;
   loop_->mark_loaded();
   LITELLAMA_RETURN_IF_ERROR(
-      loop_->connect([this](std::vector<zmq::message_t>& frames) { return serve(frames); }));
+      loop_->connect([this](std::vector<zmq::message_t>& frames) { return serve(frames); },
+                     [this] { after_reply(); }));
   LITELLAMA_LOG_INFO(
       "vision: {} loaded on {} ({} image tokens of {} per image), pool '{}' of {} slots ({} MiB, "
       "{}), scheduler at {}, metrics on {}",
@@ -200,19 +224,31 @@ proto::EncodeImageReply VisionService::encode(const proto::EncodeImageRequest& r
   const std::span<const uint8_t> data(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
   auto image = vision::decode_image(data);
   if (!image) return fail(image.status(), is_bad_image(image.status()));
-  auto pixels = vision::clip_preprocess(*image, impl_->preprocess);
-  if (!pixels) return fail(pixels.status(), is_bad_image(pixels.status()));
 #if LITELLAMA_VISION_CUDA
   if (impl_->cuda_encoder) {
-    // In place: the tower's last GEMM writes the slot's rows in device memory.
+    // In place: the tower's last GEMM writes the slot's rows in device memory. Preprocessing runs
+    // on the device too. The reply goes out as soon as the work is queued: the worker waits for
+    // the pool's ready event (recorded after the rows' last write, before this reply) and reads
+    // the rows the moment the device has written them, while the messages that announce them
+    // travel in the meantime. after_reply() then waits for the device.
     float* slot = impl_->device_rows->data() +
                   impl_->pool->row_index(request.slot, 0) * static_cast<int64_t>(g.hidden);
-    if (Status st = impl_->cuda_encoder->encode_to_device(*pixels, slot); !st) {
-      return fail(st, false);
+    if (Status st = impl_->cuda_encoder->enqueue_image(*image, impl_->preprocess, slot,
+                                                       impl_->device_rows.get());
+        !st) {
+      return fail(st, is_bad_image(st));
     }
-    encode_device_duration_->Observe(impl_->cuda_encoder->last_device_seconds());
+    impl_->encode_in_flight = true;
+    impl_->encode_start = start;
+    reply.n_rows = g.rows_per_slot;
+    reply.encode_seconds = monotonic_seconds() - start;
+    reply.finished_unix_ns = net::unix_now_ns();
+    encodes_->Increment();
+    return reply;
   }
 #endif
+  auto pixels = vision::clip_preprocess(*image, impl_->preprocess);
+  if (!pixels) return fail(pixels.status(), is_bad_image(pixels.status()));
   if (impl_->encoder) {
     auto rows = impl_->encoder->encode(*pixels);
     if (!rows) return fail(rows.status(), false);
@@ -242,6 +278,24 @@ std::string VisionService::serve(std::vector<zmq::message_t>& frames) {
   // A missing bytes frame reaches encode() as an empty image, which it refuses as the client's.
   const std::string_view bytes = frames.size() > 1 ? frame_view(frames[1]) : std::string_view();
   return proto::encode(encode(*request, bytes));
+}
+
+void VisionService::after_reply() {
+#if LITELLAMA_VISION_CUDA
+  if (!impl_->encode_in_flight) return;
+  impl_->encode_in_flight = false;
+  if (Status st = impl_->cuda_encoder->finish(); !st) {
+    // The rows were announced and may be read already: nothing this process writes can be
+    // trusted after a device fault (CUDA's are sticky). Its supervisor starts a new one, which the
+    // scheduler and the worker take up as after any vision restart.
+    LITELLAMA_LOG_ERROR("vision: the device failed during an announced encode: {}; exiting",
+                        st.to_string());
+    spdlog::default_logger()->flush();
+    std::_Exit(70);
+  }
+  encode_duration_->Observe(monotonic_seconds() - impl_->encode_start);
+  encode_device_duration_->Observe(impl_->cuda_encoder->last_device_seconds());
+#endif
 }
 
 void VisionService::run() {

@@ -72,6 +72,8 @@ class VisionService {
   struct Impl;
   // Serves [encode_image_request, image bytes] on the work thread; "" when malformed (counted).
   std::string serve(std::vector<zmq::message_t>& frames);
+  // On the work thread after each reply: waits for a device encode the reply announced.
+  void after_reply();
 
   VisionOptions options_;
   std::unique_ptr<Impl> impl_;

@@ -62,6 +62,7 @@
 #include "kernels/gpu_runtime.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -70,6 +71,7 @@
 #include <optional>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "common/log.h"
 #include "kernels/add_rmsnorm.h"
@@ -77,6 +79,7 @@
 #include "kernels/attention_general.h"
 #include "kernels/attention_prefill.h"
 #include "kernels/cuda_check.h"
+#include "kernels/device_time.h"
 #include "kernels/embedding.h"
 #include "kernels/gather_rows.h"
 #include "kernels/gemv.h"
@@ -135,6 +138,9 @@ class CudaModelRunner final : public ModelRunner {
   void unregister_host_memory(void* data) override;
   std::optional<double> last_step_device_seconds() const override {
     return last_step_device_seconds_;
+  }
+  std::optional<double> last_image_handoff_seconds() const override {
+    return last_image_handoff_seconds_;
   }
   int64_t graph_replays() const override { return graphs_.replays(); }
   int64_t cascade_steps() const override { return cascade_steps_; }
@@ -269,6 +275,23 @@ class CudaModelRunner final : public ModelRunner {
   DeviceBuffer history_device_;
   GraphRunner graphs_{kMaxDecodeGraphs};  // decode graphs by ForwardPlan::graph_key
   std::optional<double> last_step_device_seconds_;
+  // Device embedding pools mapped through map_device_embeddings: the rows, the exporter's ready
+  // event (null: it exports none) and its "rows complete" stamp (null: none, or another GPU's
+  // clock).
+  struct MappedPool {
+    const float* rows = nullptr;
+    cudaEvent_t ready = nullptr;
+    const uint64_t* finished_ns = nullptr;
+  };
+  std::vector<MappedPool> mapped_pools_;
+  // Waits for a pool's ready event before a step reads its rows (bounded: an exporter that died
+  // mid-encode fails the step instead of stalling the worker).
+  Status wait_for_rows(const MappedPool& pool) const;
+  // The mapped pool whose rows this step reads (null: none), the int64 nanoseconds the step's
+  // hand-off kernel writes (page-locked), and the last figure.
+  const MappedPool* step_rows_pool_ = nullptr;
+  PinnedBuffer handoff_ns_;
+  std::optional<double> last_image_handoff_seconds_;
 };
 
 void* CudaModelRunner::k_pool(int32_t layer) const {
@@ -350,6 +373,7 @@ Status CudaModelRunner::allocate_workspaces() {
                                2 * S * sizeof(float) + 64;
   LITELLAMA_ASSIGN_OR_RETURN(results_, DeviceBuffer::allocate(results_bytes));
   LITELLAMA_ASSIGN_OR_RETURN(results_host_, PinnedBuffer::allocate(results_bytes));
+  LITELLAMA_ASSIGN_OR_RETURN(handoff_ns_, PinnedBuffer::allocate(sizeof(int64_t)));
 
   const std::vector<float> inv_freq = rope_inv_freq(c, 0);
   LITELLAMA_ASSIGN_OR_RETURN(rope_inv_freq_,
@@ -535,13 +559,66 @@ Result<const float*> CudaModelRunner::map_device_embeddings(const EmbeddingPoolD
                       same_gpu ? "this worker's" : "another", cudaGetErrorString(err));
   }
   (void)bytes;  // the allocation is the exporter's; its size is checked by whoever wrote the pool
-  return static_cast<const float*>(rows);
+  MappedPool mapped;
+  mapped.rows = static_cast<const float*>(rows);
+  const bool has_event = std::any_of(pool.ready_event.begin(), pool.ready_event.end(),
+                                     [](uint8_t b) { return b != 0; });
+  if (has_event) {
+    cudaIpcEventHandle_t event_handle;
+    static_assert(sizeof event_handle == std::tuple_size_v<decltype(pool.ready_event)>);
+    std::memcpy(&event_handle, pool.ready_event.data(), sizeof event_handle);
+    const cudaError_t opened = cudaIpcOpenEventHandle(&mapped.ready, event_handle);
+    if (opened != cudaSuccess) {
+      (void)cudaGetLastError();
+      (void)cudaIpcCloseMemHandle(rows);
+      return make_error(StatusCode::kUnavailable,
+                        "cannot open the embedding pool's ready event (CUDA IPC): {}",
+                        cudaGetErrorString(opened));
+    }
+  }
+  // The stamp is comparable with this GPU's clock only when the pool is on this GPU.
+  if (same_gpu && pool.finished_ns_offset > 0 && device_time_supported()) {
+    mapped.finished_ns =
+        reinterpret_cast<const uint64_t*>(static_cast<const char*>(rows) + pool.finished_ns_offset);
+  }
+  mapped_pools_.push_back(mapped);
+  return mapped.rows;
 }
 
 void CudaModelRunner::unmap_device_embeddings(const float* rows) {
   if (rows == nullptr) return;
   (void)cudaStreamSynchronize(ctx_.stream());
+  for (auto it = mapped_pools_.begin(); it != mapped_pools_.end(); ++it) {
+    if (it->rows != rows) continue;
+    if (it->ready != nullptr) (void)cudaEventDestroy(it->ready);
+    mapped_pools_.erase(it);
+    break;
+  }
   (void)cudaIpcCloseMemHandle(const_cast<float*>(rows));
+}
+
+Status CudaModelRunner::wait_for_rows(const MappedPool& pool) const {
+  if (pool.ready == nullptr) return Status::ok();
+  // An encode takes milliseconds; this bounds a wait on an exporter that will never record again.
+  constexpr double kTimeoutSeconds = 30.0;
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    const cudaError_t state = cudaEventQuery(pool.ready);
+    if (state == cudaSuccess) return Status::ok();
+    if (state != cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return make_error(StatusCode::kUnavailable,
+                        "the embedding pool's ready event failed (its vision process is gone?): {}",
+                        cudaGetErrorString(state));
+    }
+    const std::chrono::duration<double> waited = std::chrono::steady_clock::now() - start;
+    if (waited.count() > kTimeoutSeconds) {
+      return make_error(StatusCode::kUnavailable,
+                        "the image rows of this step were not complete after {} s (the vision "
+                        "process stopped mid-encode?)",
+                        kTimeoutSeconds);
+    }
+  }
 }
 
 Status CudaModelRunner::step(const StepBatchView& batch, StepOutput* out) {
@@ -563,6 +640,15 @@ Status CudaModelRunner::step(const StepBatchView& batch, StepOutput* out) {
     return make_error(StatusCode::kUnsupported,
                       "the CUDA backend returns at most {} top logits (asked for {})",
                       kSamplingMaxTopLogits, batch.n_top_logits);
+  }
+  step_rows_pool_ = nullptr;
+  last_image_handoff_seconds_.reset();
+  if (!batch.embed_token_index.empty()) {
+    // Rows an exporter announced may still be in its stream: run_layers waits for its ready
+    // event right before the first read of them, everything before already launched.
+    for (const MappedPool& pool : mapped_pools_) {
+      if (pool.rows == batch.embed_rows) step_rows_pool_ = &pool;
+    }
   }
   StepPlan plan = plan_step(batch, config_, cascade_.members > 0);
   const StepLayout& L = plan.layout;
@@ -620,6 +706,9 @@ Status CudaModelRunner::step(const StepBatchView& batch, StepOutput* out) {
   LITELLAMA_CUDA_RETURN_IF_ERROR(
       cudaEventElapsedTime(&device_ms, ctx_.step_start(), ctx_.step_end()));
   last_step_device_seconds_ = 1e-3 * static_cast<double>(device_ms);
+  if (step_rows_pool_ != nullptr && step_rows_pool_->finished_ns != nullptr && plan.n_embed > 0) {
+    last_image_handoff_seconds_ = 1e-9 * static_cast<double>(*handoff_ns_.as<const int64_t>());
+  }
   if (n_sampled == 0) return Status::ok();
   const auto* sampled = results_host_.as<const int32_t>();
   const int32_t* top_ids = sampled + n_sampled;
@@ -766,6 +855,15 @@ Status CudaModelRunner::run_layers(const StepPlan& plan, const ForwardPlan& fp) 
 
   LITELLAMA_RETURN_IF_ERROR(
       launch_embedding(residual_.data(), i32(L.token_ids), weights_.embed, T, H, dtype_, stream));
+  if (step_rows_pool_ != nullptr && plan.n_embed > 0) {
+    LITELLAMA_RETURN_IF_ERROR(wait_for_rows(*step_rows_pool_));
+    if (step_rows_pool_->finished_ns != nullptr) {
+      // The image hand-off as the GPU sees it: from the exporter's "rows complete" stamp to
+      // here, the first read of the rows.
+      LITELLAMA_RETURN_IF_ERROR(launch_device_time_since(step_rows_pool_->finished_ns,
+                                                         handoff_ns_.as<int64_t>(), stream));
+    }
+  }
   LITELLAMA_RETURN_IF_ERROR(launch_scatter_rows_f32(
       residual_.data(), plan.embed_rows, i32(L.embed_index),
       plan.embed_by_row_index ? i32(L.embed_row_index) : nullptr, plan.n_embed, H, dtype_, stream));

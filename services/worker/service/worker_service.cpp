@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -367,12 +368,20 @@ std::string WorkerService::run_step(const std::string& doorbell_bytes) {
       !st) {
     return fail(st);
   }
+  // The image hand-off: measured by the runner on the GPU's clock where the rows are in device
+  // memory of this GPU (the vision service announces them before its stream has written them);
+  // otherwise from the vision service's host clock (both processes share a host) to here.
+  std::optional<double> host_handoff;
   if (const int64_t ready = view.header->images_ready_unix_ns; ready > 0) {
-    // Both clocks are the host's realtime clock: the vision service and the worker share a host.
-    image_handoff_->Observe(static_cast<double>(std::max<int64_t>(0, net::unix_now_ns() - ready)) *
-                            1e-9);
+    host_handoff =
+        static_cast<double>(std::max<int64_t>(0, net::unix_now_ns() - ready)) * 1e-9;
   }
   if (Status st = runner_->step(batch_, &output_); !st) return fail(st);
+  if (const auto device = runner_->last_image_handoff_seconds()) {
+    image_handoff_->Observe(*device);
+  } else if (host_handoff) {
+    image_handoff_->Observe(*host_handoff);
+  }
   const size_t n = output_.sampled_ids.size();
   std::copy(output_.sampled_ids.begin(), output_.sampled_ids.end(), view.sampled_ids.begin());
   previous_sampled_.assign(output_.sampled_ids.begin(), output_.sampled_ids.begin() + n);
