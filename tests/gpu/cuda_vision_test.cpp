@@ -15,6 +15,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,13 +66,20 @@ double relative_error(const std::vector<float>& got, const std::vector<float>& w
   return scale > 0 ? diff / scale : diff;
 }
 
+// The llava-tiny checkpoint, written into the cluster's model directory and opened.
+void open_tiny_llava(ServiceCluster& cluster, std::optional<Checkpoint>* ckpt) {
+  cluster.use_preset("llava-tiny");
+  ASSERT_NO_FATAL_FAILURE(cluster.make_model());
+  auto opened = Checkpoint::open(cluster.model_dir());
+  ASSERT_TRUE(opened.is_ok()) << opened.status().to_string();
+  ckpt->emplace(std::move(opened).value());
+}
+
 TEST(CudaVision, TowerAndProjectorMatchTheCpuEncoder) {
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   ServiceCluster cluster;
-  cluster.use_preset("llava-tiny");
-  ASSERT_NO_FATAL_FAILURE(cluster.make_model());
-  auto ckpt = Checkpoint::open(cluster.model_dir());
-  ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
+  std::optional<Checkpoint> ckpt;
+  ASSERT_NO_FATAL_FAILURE(open_tiny_llava(cluster, &ckpt));
   auto cpu = vision::LlavaVisionEncoder::load(*ckpt, 2);
   ASSERT_TRUE(cpu.is_ok());
   for (const char* image : {"rgb_37x23.png", "gray_29x40.jpg"}) {
@@ -109,10 +117,8 @@ TEST(CudaVision, TowerAndProjectorMatchTheCpuEncoder) {
 TEST(CudaVision, DevicePreprocessingIsTheHostsBitForBit) {
   LITELLAMA_SKIP_WITHOUT_CUDA_DEVICE();
   ServiceCluster cluster;
-  cluster.use_preset("llava-tiny");
-  ASSERT_NO_FATAL_FAILURE(cluster.make_model());
-  auto ckpt = Checkpoint::open(cluster.model_dir());
-  ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
+  std::optional<Checkpoint> ckpt;
+  ASSERT_NO_FATAL_FAILURE(open_tiny_llava(cluster, &ckpt));
   auto base = vision::load_clip_preprocess_config(cluster.model_dir());
   ASSERT_TRUE(base.is_ok());
   const int32_t side = ckpt->llava()->vision.image_size;
