@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -32,7 +33,26 @@ inline std::string env_or(const char* name, const std::string& fallback) {
   return v != nullptr ? std::string(v) : fallback;
 }
 
+// A loopback port free now, for a service to bind later. Drawn from [20000, 32000), below
+// Linux's ephemeral range (32768 up): a port the kernel hands out itself (bind to 0) can be taken
+// by any test's outgoing connection before the service binds it, which made parallel tests fail
+// with "already in use". Each candidate is bound once to check it is free.
 inline int free_tcp_port() {
+  static std::mt19937 rng(std::random_device{}() ^ static_cast<unsigned>(getpid()));
+  std::uniform_int_distribution<int> pick(20000, 31999);
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int port = pick(rng);
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) break;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    close(fd);
+    if (free) return port;
+  }
+  // Every draw taken: the kernel's choice.
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;

@@ -42,7 +42,13 @@
 namespace litellama {
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+// GCC names its sanitizers with __SANITIZE_*__; clang 14 only through __has_feature.
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define LITELLAMA_SOAK_SANITIZED 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || defined(LITELLAMA_SOAK_SANITIZED)
 constexpr bool kSanitizedBuild = true;
 #else
 constexpr bool kSanitizedBuild = false;
