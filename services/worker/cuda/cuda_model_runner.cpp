@@ -96,6 +96,7 @@
 #include "services/worker/cuda/device_buffer.h"
 #include "services/worker/cuda/forward_plan.h"
 #include "services/worker/cuda/graph_runner.h"
+#include "services/worker/cuda/kv_budget.h"
 #include "services/worker/cuda/step_staging.h"
 #include "services/worker/rope_scaling.h"
 
@@ -228,12 +229,6 @@ class CudaModelRunner final : public ModelRunner {
   // Free device memory before the weights were uploaded: what this worker takes since then is
   // its own share of --gpu-memory-utilization.
   size_t free_before_load_ = 0;
-  // Device memory --gpu-memory-utilization leaves free after the KV pool (cuBLAS and graph
-  // captures allocate after it).
-  static constexpr size_t kGpuMemoryReserveBytes = size_t{512} << 20;
-  // The share of the device's memory the worker sizes against when it reserves bytes for another
-  // process and no --gpu-memory-utilization is given.
-  static constexpr double kDefaultUtilizationWithReserve = 0.9;
 
   // Activations, [max_batch_tokens, ...] each.
   DeviceBuffer residual_;  // [T, hidden]
@@ -432,33 +427,14 @@ Status CudaModelRunner::allocate_kv_pool() {
   if (n_slots <= 0) {
     size_t free_bytes = 0, total_bytes = 0;
     LITELLAMA_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
-    double budget = static_cast<double>(free_bytes) * options_.kv_memory_fraction;
-    const double reserve = static_cast<double>(std::max<int64_t>(options_.reserve_device_bytes, 0));
-    const double utilization = options_.gpu_memory_utilization > 0.0
-                                   ? options_.gpu_memory_utilization
-                               : reserve > 0.0 ? kDefaultUtilizationWithReserve
-                                               : 0.0;
-    if (utilization > 0.0) {
-      // A per-instance limit, as vLLM's: this share of the device's total memory for this
-      // worker's weights, workspaces and KV pool, whatever other processes on the device hold
-      // (a second server), less what is reserved for the vision service (already started or
-      // not: the limit does not depend on what is free), and never more than is free now less a
-      // margin for what cuBLAS and graph captures allocate later.
-      const double own =
-          std::max(0.0, static_cast<double>(free_before_load_) - static_cast<double>(free_bytes));
-      const double limit = static_cast<double>(total_bytes) * utilization - reserve;
-      budget = std::min(limit - own, static_cast<double>(free_bytes) -
-                                         static_cast<double>(kGpuMemoryReserveBytes));
-      if (budget <= 0.0) {
-        return make_error(StatusCode::kResourceExhausted,
-                          "--gpu-memory-utilization {} leaves no memory for the KV pool: the "
-                          "limit is {} bytes ({} reserved for another process), this worker's "
-                          "weights and workspaces take {}, and {} of the device's {} bytes are "
-                          "free",
-                          utilization, static_cast<size_t>(limit), static_cast<size_t>(reserve),
-                          static_cast<size_t>(own), free_bytes, total_bytes);
-      }
-    }
+    KvBudgetInputs in;
+    in.free_before_load = free_before_load_;
+    in.free_now = free_bytes;
+    in.total = total_bytes;
+    in.kv_memory_fraction = options_.kv_memory_fraction;
+    in.gpu_memory_utilization = options_.gpu_memory_utilization;
+    in.reserve_bytes = options_.reserve_device_bytes;
+    LITELLAMA_ASSIGN_OR_RETURN(const double budget, kv_pool_budget_bytes(in));
     n_slots = static_cast<int64_t>(budget / static_cast<double>(per_slot_all_layers));
     n_slots = std::min<int64_t>(n_slots, int64_t{1} << 30);
   }
