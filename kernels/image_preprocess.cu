@@ -27,8 +27,7 @@ __global__ void resample_horizontal_kernel(uint8_t* __restrict__ out,
   const int xx = blockIdx.x * blockDim.x + threadIdx.x;
   const int y = blockIdx.y;
   if (xx >= out_width) return;
-  const uint8_t* src =
-      in + (static_cast<int64_t>(y + row_offset) * in_width + axis.first[xx]) * 3;
+  const uint8_t* src = in + (static_cast<int64_t>(y + row_offset) * in_width + axis.first[xx]) * 3;
   const int32_t* k = axis.weights + static_cast<int64_t>(xx) * axis.ksize;
   int32_t s0 = 1 << (kImageResamplePrecisionBits - 1), s1 = s0, s2 = s0;
   const int n = axis.count[xx];
@@ -96,10 +95,10 @@ Status launch_resample_horizontal(uint8_t* out, const uint8_t* in, int32_t in_wi
     const int32_t rows = std::min(kMaxGridRows, n_rows - y0);
     const dim3 grid(static_cast<unsigned>(ceil_div(out_width, kThreads)),
                     static_cast<unsigned>(rows));
-    LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(
-        resample_horizontal_kernel, grid, dim3(kThreads), 0, stream,
-        out + static_cast<int64_t>(y0) * out_width * 3, in, in_width, row_offset + y0, out_width,
-        axis));
+    LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(resample_horizontal_kernel, grid, dim3(kThreads),
+                                                 0, stream,
+                                                 out + static_cast<int64_t>(y0) * out_width * 3, in,
+                                                 in_width, row_offset + y0, out_width, axis));
   }
   return Status::ok();
 }
@@ -111,10 +110,9 @@ Status launch_resample_vertical(uint8_t* out, const uint8_t* in, int32_t width, 
   const int32_t stride = width * 3;
   for (int32_t y0 = 0; y0 < out_height; y0 += kMaxGridRows) {
     const int32_t rows = std::min(kMaxGridRows, out_height - y0);
-    const dim3 grid(static_cast<unsigned>(ceil_div(stride, kThreads)),
-                    static_cast<unsigned>(rows));
-    LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(resample_vertical_kernel, grid, dim3(kThreads),
-                                                 0, stream, out, in, stride, row_shift, y0, axis));
+    const dim3 grid(static_cast<unsigned>(ceil_div(stride, kThreads)), static_cast<unsigned>(rows));
+    LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(resample_vertical_kernel, grid, dim3(kThreads), 0,
+                                                 stream, out, in, stride, row_shift, y0, axis));
   }
   return Status::ok();
 }

@@ -1,8 +1,9 @@
-// CLIP image preprocessing on the device, bit for bit the host's (services/vision/clip_preprocess.h,
-// which matches Pillow and transformers' CLIPImageProcessor): the host decides everything that
-// involves floating point or rounding (Pillow's fixed-point resampling coefficients, the crop
-// window, the value of each byte per channel), and these kernels only apply it with integer
-// arithmetic and table lookups, so their results cannot differ from the host's.
+// CLIP image preprocessing on the device, bit for bit the host's
+// (services/vision/clip_preprocess.h, which matches Pillow and transformers' CLIPImageProcessor):
+// the host decides everything that involves floating point or rounding (Pillow's fixed-point
+// resampling coefficients, the crop window, the value of each byte per channel), and these kernels
+// only apply it with integer arithmetic and table lookups, so their results cannot differ from the
+// host's.
 //   - resample_horizontal / resample_vertical: Pillow's two separable passes over 8-bit RGB rows
 //     (ImagingResampleHorizontal_8bpc / ImagingResampleVertical_8bpc): per output pixel, the
 //     weighted sum of `count` input pixels from `first` in 22-bit fixed point, rounded by adding

@@ -41,8 +41,9 @@ __global__ void layer_norm_kernel(T* out, const T* in, const float* __restrict__
 // launch_bias_residual_layer_norm: the residual add of launch_bias_act (kNone), then
 // layer_norm_kernel's statistics over the stored row, in the same order of sums.
 template <typename T>
-__global__ void bias_residual_layer_norm_kernel(T* x, const T* delta, const float* __restrict__ bias,
-                                                T* normed, const float* __restrict__ weight,
+__global__ void bias_residual_layer_norm_kernel(T* x, const T* delta,
+                                                const float* __restrict__ bias, T* normed,
+                                                const float* __restrict__ weight,
                                                 const float* __restrict__ norm_bias, int dim,
                                                 float eps) {
   pdl_wait();
@@ -184,17 +185,16 @@ Status launch_layer_norm(void* out, const void* in, const float* weight, const f
   });
 }
 
-Status launch_bias_residual_layer_norm(void* x, const void* delta, const float* bias,
-                                       void* normed, const float* weight, const float* norm_bias,
-                                       int32_t n_rows, int32_t dim, float eps, DType dtype,
-                                       KernelStream stream) {
+Status launch_bias_residual_layer_norm(void* x, const void* delta, const float* bias, void* normed,
+                                       const float* weight, const float* norm_bias, int32_t n_rows,
+                                       int32_t dim, float eps, DType dtype, KernelStream stream) {
   if (n_rows == 0) return Status::ok();
   return dispatch_float_dtype(dtype, "bias_residual_layer_norm", [&](auto type) -> Status {
     using T = typename decltype(type)::type;
-    LITELLAMA_CUDA_RETURN_IF_ERROR(launch_kernel(
-        bias_residual_layer_norm_kernel<T>, dim3(n_rows), dim3(kRowThreads), 0, stream,
-        static_cast<T*>(x), static_cast<const T*>(delta), bias, static_cast<T*>(normed), weight,
-        norm_bias, dim, eps));
+    LITELLAMA_CUDA_RETURN_IF_ERROR(
+        launch_kernel(bias_residual_layer_norm_kernel<T>, dim3(n_rows), dim3(kRowThreads), 0,
+                      stream, static_cast<T*>(x), static_cast<const T*>(delta), bias,
+                      static_cast<T*>(normed), weight, norm_bias, dim, eps));
     return Status::ok();
   });
 }

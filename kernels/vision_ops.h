@@ -33,10 +33,9 @@ Status launch_layer_norm(void* out, const void* in, const float* weight, const f
 // x[r] = x[r] + (delta[r] + bias) (each sum rounded to dtype, as launch_bias_act with a residual)
 // and then normed[r] = layer_norm(x[r]) (as launch_layer_norm over the stored x). normed may be
 // delta; x may not alias either.
-Status launch_bias_residual_layer_norm(void* x, const void* delta, const float* bias,
-                                       void* normed, const float* weight, const float* norm_bias,
-                                       int32_t n_rows, int32_t dim, float eps, DType dtype,
-                                       KernelStream stream);
+Status launch_bias_residual_layer_norm(void* x, const void* delta, const float* bias, void* normed,
+                                       const float* weight, const float* norm_bias, int32_t n_rows,
+                                       int32_t dim, float eps, DType dtype, KernelStream stream);
 
 enum class VisionActivation { kNone, kQuickGelu, kGeluErf };
 

@@ -78,8 +78,9 @@ Status WorkThreadService::connect(Serve serve, std::function<void()> after_reply
     return make_error(StatusCode::kUnavailable, "cannot connect to '{}': {}",
                       config_.peer.scheduler_endpoint, e.what());
   }
-  work_thread_ = std::thread(
-      [this, serve = std::move(serve), after = std::move(after_reply)] { work_main(serve, after); });
+  work_thread_ = std::thread([this, serve = std::move(serve), after = std::move(after_reply)] {
+    work_main(serve, after);
+  });
   return Status::ok();
 }
 

@@ -449,7 +449,8 @@ Result<ClipPreprocessPlan> plan_clip_preprocess(const RgbImage& image,
   plan.n_rows = height;
   if (config.do_resize) {
     int32_t h = config.resize_height, w = config.resize_width;
-    if (h <= 0 || w <= 0) std::tie(h, w) = shortest_edge_output_size(height, width, config.shortest_edge);
+    if (h <= 0 || w <= 0)
+      std::tie(h, w) = shortest_edge_output_size(height, width, config.shortest_edge);
     if (h < 1 || w < 1) {
       return make_error(StatusCode::kInvalidArgument,
                         "image of {}x{} resizes to {}x{} (too thin for shortest edge {})", width,

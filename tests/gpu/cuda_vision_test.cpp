@@ -376,8 +376,8 @@ TEST(CudaVisionTiming, DISABLED_TowerOpsAtLlava15Shape) {
       runs.push_back(ms);
     }
     std::sort(runs.begin(), runs.end());
-    std::printf("%-28s %8.1f us per layer, %8.1f us for %d layers\n", what,
-                1e3 * runs[2] / layers, 1e3 * runs[2], layers);
+    std::printf("%-28s %8.1f us per layer, %8.1f us for %d layers\n", what, 1e3 * runs[2] / layers,
+                1e3 * runs[2], layers);
   };
   const LinearHandle blas = ctx.linear();
   time_us("qkv GEMM 577x3072x1024", [&] {
@@ -388,26 +388,23 @@ TEST(CudaVisionTiming, DISABLED_TowerOpsAtLlava15Shape) {
                            dt, s);
   });
   time_us("attention", [&] {
-    return launch_dense_attention(attn.data(), qkv.data(), ws.data(), T, heads, H / heads, dt,
-                                  blas, s);
+    return launch_dense_attention(attn.data(), qkv.data(), ws.data(), T, heads, H / heads, dt, blas,
+                                  s);
   });
-  time_us("out GEMM 577x1024x1024", [&] {
-    return launch_linear(h.data(), attn.data(), w.data(), T, H, H, dt, dt, blas, s);
-  });
+  time_us("out GEMM 577x1024x1024",
+          [&] { return launch_linear(h.data(), attn.data(), w.data(), T, H, H, dt, dt, blas, s); });
   time_us("bias+residual+layernorm", [&] {
     return launch_bias_residual_layer_norm(x.data(), h.data(), b, h.data(), b, b, T, H, 1e-5f, dt,
                                            s);
   });
-  time_us("fc1 GEMM 577x4096x1024", [&] {
-    return launch_linear(mid.data(), h.data(), w.data(), T, I, H, dt, dt, blas, s);
-  });
+  time_us("fc1 GEMM 577x4096x1024",
+          [&] { return launch_linear(mid.data(), h.data(), w.data(), T, I, H, dt, dt, blas, s); });
   time_us("fc1 bias+quick_gelu", [&] {
     return launch_bias_act(mid.data(), mid.data(), b, nullptr, T, I, VisionActivation::kQuickGelu,
                            dt, s);
   });
-  time_us("fc2 GEMM 577x1024x4096", [&] {
-    return launch_linear(h.data(), mid.data(), w.data(), T, H, I, dt, dt, blas, s);
-  });
+  time_us("fc2 GEMM 577x1024x4096",
+          [&] { return launch_linear(h.data(), mid.data(), w.data(), T, H, I, dt, dt, blas, s); });
   time_us("projector 576x4096x4096 f32", [&] {
     return launch_linear(out32.data(), mid.data(), w.data(), T - 1, I, I, dt, DType::kF32, blas, s);
   });

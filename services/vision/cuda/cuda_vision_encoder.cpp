@@ -321,10 +321,9 @@ Status CudaVisionEncoder::enqueue_preprocess(const RgbImage& image,
   uint8_t* resized_dev = m.pre_work.as<uint8_t>(align(rows_bytes));
   const uint8_t* current = image_dev;
   if (plan.horizontal) {
-    LITELLAMA_RETURN_IF_ERROR(launch_resample_horizontal(rows_dev, current, source.width,
-                                                         plan.first_row, plan.n_rows,
-                                                         plan.resized_width, axis(plan.horiz, horiz),
-                                                         stream));
+    LITELLAMA_RETURN_IF_ERROR(
+        launch_resample_horizontal(rows_dev, current, source.width, plan.first_row, plan.n_rows,
+                                   plan.resized_width, axis(plan.horiz, horiz), stream));
     current = rows_dev;
   }
   if (plan.vertical) {
@@ -370,8 +369,8 @@ Status CudaVisionEncoder::run_tower() {
                                               nullptr, T, 3 * H, VisionActivation::kNone, dtype_,
                                               stream));
     LITELLAMA_RETURN_IF_ERROR(launch_dense_attention(m.attn.data(), m.qkv.data(),
-                                                     m.attention_ws.data(), T, vc.n_heads,
-                                                     head_dim, dtype_, blas, stream));
+                                                     m.attention_ws.data(), T, vc.n_heads, head_dim,
+                                                     dtype_, blas, stream));
     LITELLAMA_RETURN_IF_ERROR(launch_linear(m.h.data(), m.attn.data(), L.o_w.data(), T, H, H,
                                             dtype_, dtype_, blas, stream));
     // x += out_proj + bias; h = layer_norm2(x).
@@ -418,17 +417,18 @@ Status CudaVisionEncoder::run_projector_head() {
 Status CudaVisionEncoder::enqueue_tower_and_projector(float* dst, const DevicePoolRows* pool) {
   Impl& m = *impl_;
   const cudaStream_t stream = m.ctx.stream();
-  LITELLAMA_RETURN_IF_ERROR(m.graphs.run(dst != nullptr ? kEncodeGraphKey : kFeaturesGraphKey, stream, [&]() -> Status {
-    LITELLAMA_RETURN_IF_ERROR(run_tower());
-    return dst != nullptr ? run_projector_head() : Status::ok();
-  }));
+  LITELLAMA_RETURN_IF_ERROR(
+      m.graphs.run(dst != nullptr ? kEncodeGraphKey : kFeaturesGraphKey, stream, [&]() -> Status {
+        LITELLAMA_RETURN_IF_ERROR(run_tower());
+        return dst != nullptr ? run_projector_head() : Status::ok();
+      }));
   if (dst != nullptr) {
     // linear_2 writes float32 rows into the destination; its bias is added there.
     const int32_t th = config_.text_hidden_size, n_rows = config_.n_image_tokens();
     LITELLAMA_RETURN_IF_ERROR(launch_linear(dst, m.mid.data(), m.proj2_w.data(), n_rows, th, th,
                                             dtype_, DType::kF32, m.ctx.linear(), stream));
-    LITELLAMA_RETURN_IF_ERROR(launch_bias_act(dst, dst, m.proj2_b.as<float>(), nullptr, n_rows,
-                                              th, VisionActivation::kNone, DType::kF32, stream));
+    LITELLAMA_RETURN_IF_ERROR(launch_bias_act(dst, dst, m.proj2_b.as<float>(), nullptr, n_rows, th,
+                                              VisionActivation::kNone, DType::kF32, stream));
   }
   if (pool != nullptr) {
     LITELLAMA_RETURN_IF_ERROR(launch_write_device_time(pool->finished_ns(), stream));

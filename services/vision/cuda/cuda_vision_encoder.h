@@ -8,13 +8,14 @@
 // convolution's input rows (images above kVisionDevicePreprocessPixels are preprocessed on the
 // host instead, which bounds the device memory this takes). Then the tower and projector: the
 // patch convolution as a GEMM; per encoder layer a fused q/k/v GEMM with its bias, dense
-// attention (kernels/vision_ops.h: two batched GEMMs around a float32 softmax), the output GEMM whose bias and residual add run fused with
-// the next LayerNorm, the MLP's GEMMs around bias + quick_gelu (the second one's bias and residual
-// again fused with the next LayerNorm); the projector's two GEMMs, exact GELU between, the last one
-// writing float32 rows into the destination. GEMMs are cuBLAS (kernels/linear.h). Everything from
-// the patch rows to the projector's first GEMM is one CUDA graph (captured on the second encode,
-// replayed after: its buffers never move); the last GEMM, whose destination is the slot, and its
-// bias are launched directly.
+// attention (kernels/vision_ops.h: two batched GEMMs around a float32 softmax), the output GEMM
+// whose bias and residual add run fused with the next LayerNorm, the MLP's GEMMs around bias +
+// quick_gelu (the second one's bias and residual again fused with the next LayerNorm); the
+// projector's two GEMMs, exact GELU between, the last one writing float32 rows into the
+// destination. GEMMs are cuBLAS (kernels/linear.h). Everything from the patch rows to the
+// projector's first GEMM is one CUDA graph (captured on the second encode, replayed after: its
+// buffers never move); the last GEMM, whose destination is the slot, and its bias are launched
+// directly.
 //
 // Encodes are asynchronous: enqueue_image returns once the work is queued on the encoder's
 // stream, after the pool's completion signals (DevicePoolRows: a GPU timestamp and an

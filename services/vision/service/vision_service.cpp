@@ -139,11 +139,11 @@ Status VisionService::start() {
           impl_->cuda_encoder->enqueue_image(blank, warm, scratch.as<float>(), nullptr));
       LITELLAMA_RETURN_IF_ERROR(impl_->cuda_encoder->finish());
     }
-    backend = fmt::format(
-        "cuda {}, {} MiB of weights and {} MiB of workspaces on the device, tower {}",
-        dtype_torch_name(dtype), impl_->cuda_encoder->weight_bytes() >> 20,
-        impl_->cuda_encoder->workspace_bytes() >> 20,
-        impl_->cuda_encoder->tower_graph() ? "as a CUDA graph" : "launched eagerly");
+    backend =
+        fmt::format("cuda {}, {} MiB of weights and {} MiB of workspaces on the device, tower {}",
+                    dtype_torch_name(dtype), impl_->cuda_encoder->weight_bytes() >> 20,
+                    impl_->cuda_encoder->workspace_bytes() >> 20,
+                    impl_->cuda_encoder->tower_graph() ? "as a CUDA graph" : "launched eagerly");
   }
 #endif
   LITELLAMA_ASSIGN_OR_RETURN(impl_->preprocess,

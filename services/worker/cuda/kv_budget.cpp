@@ -13,8 +13,7 @@ Result<double> kv_pool_budget_bytes(const KvBudgetInputs& in) {
   if (utilization <= 0.0) return free_now * in.kv_memory_fraction;
   const double own = std::max(0.0, static_cast<double>(in.free_before_load) - free_now);
   const double limit = static_cast<double>(in.total) * utilization - reserve;
-  const double budget =
-      std::min(limit - own, free_now - static_cast<double>(kKvBudgetMarginBytes));
+  const double budget = std::min(limit - own, free_now - static_cast<double>(kKvBudgetMarginBytes));
   if (budget <= 0.0) {
     return make_error(StatusCode::kResourceExhausted,
                       "--gpu-memory-utilization {} leaves no memory for the KV pool: the limit is "

@@ -10,10 +10,10 @@
 namespace litellama {
 
 struct KvBudgetInputs {
-  size_t free_before_load = 0;  // free device memory before this worker loaded anything
-  size_t free_now = 0;          // free device memory now (weights and workspaces allocated)
-  size_t total = 0;             // the device's memory
-  double kv_memory_fraction = 0.85;    // RunnerOptions: share of free memory (no utilization)
+  size_t free_before_load = 0;          // free device memory before this worker loaded anything
+  size_t free_now = 0;                  // free device memory now (weights and workspaces allocated)
+  size_t total = 0;                     // the device's memory
+  double kv_memory_fraction = 0.85;     // RunnerOptions: share of free memory (no utilization)
   double gpu_memory_utilization = 0.0;  // RunnerOptions: 0 = unset
   int64_t reserve_bytes = 0;            // RunnerOptions::reserve_device_bytes
 };

@@ -3,11 +3,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <optional>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <numeric>
+#include <optional>
 #include <set>
 
 #include "common/load_progress.h"
@@ -373,8 +373,7 @@ std::string WorkerService::run_step(const std::string& doorbell_bytes) {
   // otherwise from the vision service's host clock (both processes share a host) to here.
   std::optional<double> host_handoff;
   if (const int64_t ready = view.header->images_ready_unix_ns; ready > 0) {
-    host_handoff =
-        static_cast<double>(std::max<int64_t>(0, net::unix_now_ns() - ready)) * 1e-9;
+    host_handoff = static_cast<double>(std::max<int64_t>(0, net::unix_now_ns() - ready)) * 1e-9;
   }
   if (Status st = runner_->step(batch_, &output_); !st) return fail(st);
   if (const auto device = runner_->last_image_handoff_seconds()) {
