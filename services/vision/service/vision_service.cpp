@@ -63,7 +63,8 @@ VisionService::VisionService(VisionOptions options)
       "Time to encode one image: decode, preprocess, tower and projector", encode_buckets());
   encode_device_duration_ = net::histogram(
       r, "litellama_vision_encode_device_seconds",
-      "Device time of one encode on a GPU: patch upload, tower and projector", encode_buckets());
+      "Device time of one encode on a GPU: image upload, preprocessing, tower and projector",
+      encode_buckets());
   encodes_ = net::counter(r, "litellama_vision_encodes_total", "Images encoded into the pool");
   bad_images_ =
       net::counter(r, "litellama_vision_bad_images_total",
@@ -105,6 +106,9 @@ Status VisionService::start() {
                       "'{}' is not a LLaVA checkpoint: the vision service needs a vision tower",
                       options_.model_dir);
   }
+  LITELLAMA_ASSIGN_OR_RETURN(impl_->preprocess,
+                             vision::load_clip_preprocess_config(options_.model_dir));
+  impl_->preprocess.pad_to_square = options_.pad_to_square;
   const bool on_gpu = options_.device == "cuda";
   std::string backend = "cpu float32";
   if (!on_gpu) {
@@ -128,15 +132,13 @@ Status VisionService::start() {
     vision::RgbImage blank;
     blank.width = blank.height = checkpoint.llava()->vision.image_size;
     blank.pixels.assign(static_cast<size_t>(blank.width) * blank.height * 3, 128);
-    LITELLAMA_ASSIGN_OR_RETURN(vision::ClipPreprocessConfig warm,
-                               vision::load_clip_preprocess_config(options_.model_dir));
     LITELLAMA_ASSIGN_OR_RETURN(
         DeviceBuffer scratch,
         DeviceBuffer::allocate(static_cast<size_t>(checkpoint.llava()->n_image_tokens()) *
                                checkpoint.llava()->text_hidden_size * sizeof(float)));
     for (int i = 0; i < 2; ++i) {
-      LITELLAMA_RETURN_IF_ERROR(
-          impl_->cuda_encoder->enqueue_image(blank, warm, scratch.as<float>(), nullptr));
+      LITELLAMA_RETURN_IF_ERROR(impl_->cuda_encoder->enqueue_image(blank, impl_->preprocess,
+                                                                   scratch.as<float>(), nullptr));
       LITELLAMA_RETURN_IF_ERROR(impl_->cuda_encoder->finish());
     }
     backend =
@@ -146,9 +148,6 @@ Status VisionService::start() {
                     impl_->cuda_encoder->tower_graph() ? "as a CUDA graph" : "launched eagerly");
   }
 #endif
-  LITELLAMA_ASSIGN_OR_RETURN(impl_->preprocess,
-                             vision::load_clip_preprocess_config(options_.model_dir));
-  impl_->preprocess.pad_to_square = options_.pad_to_square;
   const LlavaConfig& cfg = *checkpoint.llava();
 
   EmbeddingPoolGeometry geometry;
